@@ -1,0 +1,122 @@
+"""Errors with stable codes. Each class's docstring is its default message."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class AgbossError(Exception):
+    """A store or framework error."""
+
+    code: ClassVar[str] = "agboss.error"
+
+    def __init__(self, message: str | None = None, **facts: Any) -> None:
+        self.facts = facts
+        text = message or (type(self).__doc__ or type(self).__name__).strip().splitlines()[0]
+        super().__init__(f"[{self.code}] {text}")
+
+
+class ExecutionFencedError(AgbossError):
+    """The write was refused: its lease token is not the lease's current one.
+
+    Another instance owns this execution now; stop and let it continue.
+    """
+
+    code = "execution.fenced"
+
+    def __init__(self, scope_key: str, token: int, reason: str, message: str | None = None) -> None:
+        self.scope_key = scope_key
+        self.token = token
+        self.reason = reason
+        super().__init__(
+            message
+            or f"write at token {token} of {scope_key} refused ({reason}): another instance "
+            "owns this execution now; stop and let the new holder continue",
+            scope_key=scope_key,
+            token=token,
+            reason=reason,
+        )
+
+
+class ExecutionLeaseLostError(AgbossError):
+    """This instance no longer holds the execution's lease: start no further call."""
+
+    code = "execution.lease-lost"
+
+
+class ExecutionCancelledError(AgbossError):
+    """The execution was cancelled (possibly from another instance)."""
+
+    code = "execution.cancelled"
+
+
+class IdempotencyKeyConflictError(AgbossError):
+    """The key was used before with another fingerprint: use a new key for new content."""
+
+    code = "idempotency.key-conflict"
+
+
+class InvalidFencedEffectNameError(AgbossError):
+    """An effect name must be 1-100 characters of [A-Za-z0-9._-]."""
+
+    code = "fenced-effect.invalid-name"
+
+
+class InvalidBusinessKeyError(AgbossError):
+    """A business key must be 1-255 characters, not blank, with no control characters."""
+
+    code = "fenced-effect.invalid-business-key"
+
+
+class InvalidIdentifierError(AgbossError):
+    """An identifier must be a non-empty text of at most 255 characters."""
+
+    code = "store.invalid-identifier"
+
+
+class FencedEffectStoreMismatchError(AgbossError):
+    """The fencing store is not on the lease store's backend: list one on the same backend."""
+
+    code = "fenced-effect.store-mismatch"
+
+
+class DuplicateExecutionError(AgbossError):
+    """An execution with this id already exists."""
+
+    code = "execution.duplicate"
+
+
+class DuplicateChildError(AgbossError):
+    """A child with this id is already queued."""
+
+    code = "child.duplicate"
+
+
+class DuplicatePauseError(AgbossError):
+    """A pause with this id already exists."""
+
+    code = "pause.duplicate"
+
+
+class NotPausedError(AgbossError):
+    """The pause is not pending (already answered, taken, cancelled or unknown)."""
+
+    code = "pause.not-paused"
+
+
+class CorruptStoredRowError(AgbossError):
+    """A stored row lacks facts it must have: the store's data is damaged."""
+
+    code = "store.corrupt-row"
+
+
+class StoreUnavailableError(AgbossError):
+    """The store's database could not be reached or kept failing."""
+
+    code = "store.unavailable"
+
+
+class AssemblyError(AgbossError):
+    """The application's store layout is invalid."""
+
+    code = "application.assembly"

@@ -1,0 +1,209 @@
+"""Key helpers: the rules of a fenced effect's key. Store authors call these; never copy them."""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from agboss_sql.contracts.errors import (
+    CorruptStoredRowError,
+    IdempotencyKeyConflictError,
+    InvalidBusinessKeyError,
+    InvalidFencedEffectNameError,
+    InvalidIdentifierError,
+)
+from agboss_sql.contracts.types import (
+    AttemptOwner,
+    ExecutionContext,
+    FencedEffectKey,
+    JsonValue,
+    OutboundCall,
+    OutboundCallStatus,
+    StepRef,
+    StoredKeyFacts,
+)
+
+MAX_IDENTIFIER_LENGTH = 255
+_EFFECT_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+EFFECT_NAME_RULE = "an effect name is 1-100 characters of [A-Za-z0-9._-]"
+KEY_TEXT_RULE = "a key's text is 1-255 characters, not blank, with no control characters"
+
+
+def _joined(*parts: object) -> str:
+    # A JSON array escapes every separator inside a part: no two part lists share a text.
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+
+
+def checked_identifier(what: str, value: object) -> str:
+    """`value` if it is an identifier (1-255 characters of text), else `InvalidIdentifierError`."""
+    if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_LENGTH:
+        raise InvalidIdentifierError(
+            f"{what} must be a non-empty text of at most {MAX_IDENTIFIER_LENGTH} characters, "
+            f"got {value!r:.80}"
+        )
+    return value
+
+
+def checked_effect_name(name: object) -> str:
+    """`name` if it is 1-100 of `[A-Za-z0-9._-]`, else `InvalidFencedEffectNameError`."""
+    if not isinstance(name, str) or _EFFECT_NAME.fullmatch(name) is None:
+        raise InvalidFencedEffectNameError(f"{EFFECT_NAME_RULE}; got {name!r:.120}")
+    return name
+
+
+def key_text_rule_of(text: object) -> str | None:
+    """The rule `text` breaks as a key's text, or `None` when it is a valid key text."""
+    if not isinstance(text, str):
+        return f"{KEY_TEXT_RULE}; got a {type(text).__name__}"
+    if not 1 <= len(text) <= MAX_IDENTIFIER_LENGTH:
+        return f"{KEY_TEXT_RULE}; got {len(text)} characters"
+    if not text.strip():
+        return f"{KEY_TEXT_RULE}; got a blank text"
+    if any(unicodedata.category(ch) == "Cc" for ch in text):
+        return f"{KEY_TEXT_RULE}; got a control character"
+    return None
+
+
+def checked_business_key(key: FencedEffectKey) -> FencedEffectKey:
+    """`key` if its business key, when present, is a key's text, else `InvalidBusinessKeyError`."""
+    if key.business_key is not None:
+        rule = key_text_rule_of(key.business_key)
+        if rule is not None:
+            raise InvalidBusinessKeyError(f"business key refused: {rule}")
+    return key
+
+
+def scope_key_of(tenant_id: str, execution_id: str) -> str:
+    """The scope of a lease: its `(tenant, execution)` as one unambiguous text."""
+    return _joined(tenant_id, execution_id)
+
+
+def fenced_effect_key_of(
+    ctx: ExecutionContext,
+    name: str,
+    *,
+    business_key: str | None = None,
+    fingerprint: str | None = None,
+) -> FencedEffectKey:
+    """The key of effect `name` of the running step, fenced by the step's lease."""
+    lease = ctx.lease
+    key = FencedEffectKey(
+        tenant_id=ctx.tenant_id,
+        lease_execution_id=lease.execution_id,
+        token=lease.lease_epoch,
+        scope_key=scope_key_of(lease.tenant_id, lease.execution_id),
+        step=ctx.step,
+        name=checked_effect_name(name),
+        business_key=business_key,
+        fingerprint=fingerprint,
+    )
+    return checked_business_key(key)
+
+
+def fenced_key_identity_of(key: FencedEffectKey) -> str:
+    """The key's row identity: the scope, the step's idempotency key and the name;
+    or, with a business key, the tenant, the name and the business key."""
+    if key.business_key is not None:
+        return _joined("business", key.tenant_id, key.name, key.business_key)
+    return _joined("step", key.scope_key, key.step.idempotency_key, key.name)
+
+
+def business_identity_of(key: FencedEffectKey) -> str | None:
+    """The business identity of a key (tenant, name, business key), or `None`."""
+    if key.business_key is None:
+        return None
+    return _joined("business", key.tenant_id, key.name, key.business_key)
+
+
+def stored_key_facts_of(key: FencedEffectKey) -> StoredKeyFacts:
+    """What a row keeps of its key: the fingerprint and the step."""
+    return StoredKeyFacts(fingerprint=key.fingerprint, step=key.step)
+
+
+def _stored_step(stored: StoredKeyFacts | Mapping[str, Any]) -> tuple[str | None, object]:
+    if isinstance(stored, StoredKeyFacts):
+        step: object = stored.step
+        fingerprint = stored.fingerprint
+    else:
+        fingerprint = stored.get("fingerprint")
+        step = stored.get("step")
+        if step is None and "step_execution_id" in stored:
+            step = (
+                stored.get("step_execution_id"),
+                stored.get("step_idempotency_key"),
+                stored.get("step_name"),
+            )
+    if isinstance(step, StepRef):
+        step = (step.execution_id, step.idempotency_key, step.name)
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise CorruptStoredRowError(f"stored fingerprint is not a text: {fingerprint!r:.80}")
+    return fingerprint, step
+
+
+def replayed_from_of(
+    key: FencedEffectKey, stored: StoredKeyFacts | Mapping[str, Any]
+) -> StepRef | None:
+    """On a stored row for `key`: the step that wrote it when it is another step, else `None`.
+
+    Another fingerprint under a business key is `IdempotencyKeyConflictError`,
+    never a replay. A row is never trusted: a stored step that is not three
+    non-empty texts is `CorruptStoredRowError`.
+    """
+    fingerprint, step = _stored_step(stored)
+    if key.business_key is not None and fingerprint != key.fingerprint:
+        raise IdempotencyKeyConflictError(
+            f"business key {key.business_key!r} of effect {key.name!r} was used with another "
+            "fingerprint: the same business key must carry the same content"
+        )
+    if (
+        not isinstance(step, (tuple, list))
+        or len(step) != 3
+        or not all(isinstance(part, str) and part for part in step)
+    ):
+        raise CorruptStoredRowError(f"stored step is not a step reference: {step!r:.120}")
+    stored_step = StepRef(execution_id=step[0], idempotency_key=step[1], name=step[2])
+    return None if stored_step == key.step else stored_step
+
+
+def attempt_owner_of(key: FencedEffectKey) -> str:
+    """The owner text of an attempt made under `key`'s lease and token."""
+    return _joined(key.tenant_id, key.lease_execution_id, key.token)
+
+
+def parse_attempt_owner(owner: str) -> AttemptOwner | None:
+    """The lease behind an owner text, or `None` for an owner that is not one."""
+    try:
+        tenant_id, execution_id, token = json.loads(owner)
+    except (ValueError, TypeError):
+        return None
+    if not (
+        isinstance(tenant_id, str) and isinstance(execution_id, str) and isinstance(token, int)
+    ):
+        return None
+    return AttemptOwner(tenant_id, execution_id, token)
+
+
+def pending_outbound_call_of(
+    key: FencedEffectKey, intent: JsonValue, recorded_at: int
+) -> OutboundCall:
+    """The record `save_if_absent` writes: the intent, pending at attempt 0, under the key's
+    lease and token."""
+    return OutboundCall(
+        key_identity=fenced_key_identity_of(key),
+        business_identity=business_identity_of(key),
+        tenant_id=key.tenant_id,
+        name=key.name,
+        intent=intent,
+        status=OutboundCallStatus.PENDING,
+        attempt=0,
+        attempt_owner=attempt_owner_of(key),
+        lease_execution_id=key.lease_execution_id,
+        token=key.token,
+        fingerprint=key.fingerprint,
+        step=key.step,
+        recorded_at=recorded_at,
+        updated_at=recorded_at,
+    )

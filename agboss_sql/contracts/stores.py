@@ -1,0 +1,459 @@
+"""The store contracts: one abstract base class per shared store.
+
+Every method is `async`. Times are integer ms; identifiers are texts of at
+most 255 characters. Each docstring states the promise an implementation keeps.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from agboss_sql.contracts.types import (
+    AttemptRef,
+    BudgetScope,
+    ChildExecution,
+    ClaimedChild,
+    CostEntry,
+    CostTotal,
+    ExecutionLease,
+    ExecutionLeaseEvent,
+    ExecutionRecord,
+    ExecutionRecordStatus,
+    ExecutionSnapshot,
+    FencedEffectKey,
+    FencedEffectResult,
+    FinishResult,
+    HistoryCursor,
+    JsonValue,
+    LeaseCheck,
+    LeaseState,
+    MeshRequest,
+    MeshRequestSaved,
+    OutboundCall,
+    OutboundCallSaved,
+    PausedExecution,
+    QueuedChild,
+    WindowResult,
+)
+
+T = TypeVar("T")
+Tx = TypeVar("Tx")
+
+CANCEL_REQUEST_KEY = "@agboss/cancel-request"
+UNWINDING_KEY = "@agboss/unwinding"
+COMPENSATED_PREFIX = "@agboss/compensated/"
+
+
+class Store(ABC):
+    """What every store has: where its rows live, and a readiness probe."""
+
+    backend: ClassVar[str | None] = None
+    """`"<kind>"` or `"<kind>:<database>"`; two stores share a transactional
+    backend exactly when these texts are equal. SQL stores answer per instance."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Return when the store can serve; raise when it cannot (readiness, 2 s timeout)."""
+
+    def backend_of(self) -> str | None:
+        """This instance's backend (SQL stores read it from their connection)."""
+        return type(self).backend
+
+
+class FencingStore(Store):
+    """A store whose writes are fenced by an execution lease."""
+
+    lease_repository: ClassVar[type[ExecutionLeaseRepository] | None] = None
+    lease_check: ClassVar[LeaseCheck] = LeaseCheck.ATOMIC
+
+
+class ExecutionLeaseRepository(Store):
+    """One owner at a time: one lease per `(tenant_id, execution_id)`, with epochs as fencing
+    tokens. Expiry is decided by the store's time; a lease is live while `expires_at > now`."""
+
+    @abstractmethod
+    async def acquire(
+        self, tenant_id: str, execution_id: str, lease_ms: int
+    ) -> ExecutionLease | None:
+        """In one atomic step: take the lease when it is absent, or not finished and released,
+        yielded or expired (`expires_at <= now`), at `lease_epoch + 1` (1 when new) for
+        `lease_ms`. `None` when refused. `taken_over_from` names the previous holder when its
+        epoch expired unreleased (a takeover, also from itself)."""
+
+    @abstractmethod
+    async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
+        """While the lease is held at its epoch, not released/yielded/finished and live:
+        `expires_at = max(expires_at, now + lease_ms)` (never shortens). The ms left, or
+        `None` once the lease is over."""
+
+    @abstractmethod
+    async def release(self, lease: ExecutionLease) -> bool:
+        """Set released when held at its epoch and not released/finished. True when it did."""
+
+    @abstractmethod
+    async def yield_lease(self, lease: ExecutionLease) -> bool:
+        """Set yielded (anyone may acquire it) when held at its epoch, not
+        released/yielded/finished, and live. True when it did."""
+
+    @abstractmethod
+    async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
+        """Take back a yielded, still-live lease at `lease_epoch + 1` when nobody took it.
+        The new lease, or `None`."""
+
+    @abstractmethod
+    async def finish(self, lease: ExecutionLease) -> bool:
+        """Set finished and released when held at its epoch and not released/finished.
+        A finished lease is never granted again. True when it did."""
+
+    @abstractmethod
+    async def save_execution_id_if_absent(self, tenant_id: str, execution_id: str) -> bool:
+        """Insert the execution id if no execution ever had it, by the id alone whatever the
+        tenant; never deleted. True when this call inserted it."""
+
+
+class ExecutionLeaseEventRepository(Store):
+    """The lease log: what each instance did with each lease, read back exactly as saved."""
+
+    @abstractmethod
+    async def save(self, event: ExecutionLeaseEvent) -> None:
+        """Append `event`."""
+
+    @abstractmethod
+    async def list(self, tenant_id: str, execution_id: str) -> Sequence[ExecutionLeaseEvent]:
+        """The execution's events, exactly as saved, in save order."""
+
+    @abstractmethod
+    async def recent(self, limit: int) -> Sequence[ExecutionLeaseEvent]:
+        """The newest `limit` events, newest first."""
+
+
+class FencedEffectRepository(FencingStore, Generic[Tx]):
+    """One effect per key: the lease check, the scope's high-water mark, the stored result
+    and the business rows in one atomic step."""
+
+    @abstractmethod
+    async def save_result_if_absent(
+        self, key: FencedEffectKey, work: Callable[[Tx], Awaitable[T]]
+    ) -> FencedEffectResult[T]:
+        """In one transaction: refuse (`ExecutionFencedError`) unless the key's lease is held
+        at its token, not released/yielded/finished and live, and the scope's mark is not
+        above the token; raise the mark; replay a stored result for the key; else run
+        `work(tx)` in the transaction and store its (JSON) result. Any refusal or exception
+        rolls everything back, the work's rows included."""
+
+
+class OutboundCallRepository(FencingStore):
+    """One send per key: an intent to call another system, moved by compare-and-set under
+    the same lease and mark check as a fenced effect."""
+
+    @abstractmethod
+    async def get(self, key: FencedEffectKey) -> OutboundCall | None:
+        """The stored intent for the key, or `None`."""
+
+    @abstractmethod
+    async def save_if_absent(
+        self, key: FencedEffectKey, intent: JsonValue, recorded_at: int
+    ) -> OutboundCallSaved:
+        """After the lease and mark check: insert the pending intent if no row has the key.
+        The stored row and whether this call created it."""
+
+    @abstractmethod
+    async def mark_pending(self, key: FencedEffectKey, expected: AttemptRef, owner: str) -> bool:
+        """After the lease and mark check: when the row is still at `expected`, claim the next
+        attempt (`attempt + 1`) for `owner`, status pending. True when one row changed."""
+
+    @abstractmethod
+    async def mark_completed(
+        self, key: FencedEffectKey, attempt: AttemptRef, response: JsonValue
+    ) -> bool:
+        """After the lease and mark check: complete the pending `attempt` when it is still the
+        row's attempt and owner. True when one row changed."""
+
+    @abstractmethod
+    async def mark_failed(
+        self, key: FencedEffectKey, attempt: AttemptRef, error: JsonValue
+    ) -> bool:
+        """As `mark_completed`, ending the attempt as failed."""
+
+    @abstractmethod
+    async def lease_state_of(self, tenant_id: str, execution_id: str, token: int) -> LeaseState:
+        """Lock the execution's lease row; if it expired at `token`, close it (released,
+        superseded) in the same step. The lease's state at that token."""
+
+
+class ChildExecutionQueueRepository(Store):
+    """Children on any instance: claimed once, finished once, the parent woken once."""
+
+    @abstractmethod
+    async def enqueue(self, child: QueuedChild) -> None:
+        """Queue the child; a child id already queued is `DuplicateChildError`."""
+
+    @abstractmethod
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        """In one step: take the next queued child, deepest first then oldest, and mark it
+        running for `instance_id`. Two claimers never get one child."""
+
+    @abstractmethod
+    async def running(self, limit: int) -> Sequence[ChildExecution]:
+        """Running children, oldest first (the recovery sweep tries each one's lease)."""
+
+    @abstractmethod
+    async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
+        """For a running child still at `attempt`: record this store's instance as claimer
+        and `attempt + 1` (compare-and-set). The claimed child, or `None`."""
+
+    @abstractmethod
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> FinishResult:
+        """Move running -> finished once (only at `attempt` when given) and count the
+        parent's unfinished children in the same step: exactly one finisher sees 0."""
+
+    @abstractmethod
+    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The parent's children, in the order they were queued."""
+
+
+class ExecutionRecordRepository(Store):
+    """Runs and their status; status moves are compare-and-set."""
+
+    @abstractmethod
+    async def save(self, record: ExecutionRecord) -> None:
+        """Insert; an existing `(tenant_id, execution_id)` is `DuplicateExecutionError`."""
+
+    @abstractmethod
+    async def get(self, tenant_id: str, execution_id: str) -> ExecutionRecord | None:
+        """The record, or `None` (another tenant's record is `None`)."""
+
+    @abstractmethod
+    async def find_by_thread(self, tenant_id: str, thread_id: str) -> Sequence[ExecutionRecord]:
+        """The tenant's records of a thread, oldest first."""
+
+    @abstractmethod
+    async def find_by_status(
+        self, status: ExecutionRecordStatus, limit: int
+    ) -> Sequence[ExecutionRecord]:
+        """Up to `limit` records in `status`, oldest update first."""
+
+    @abstractmethod
+    async def transition(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        new: ExecutionRecordStatus,
+    ) -> bool:
+        """Compare-and-set the status from `expected` to `new`. True when it moved."""
+
+    @abstractmethod
+    async def complete(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        final: ExecutionRecordStatus,
+        outcome: JsonValue,
+    ) -> bool:
+        """Compare-and-set from `expected` to `final` with the outcome: one outcome per run."""
+
+
+class ExecutionTreeRepository(Store):
+    """Request-scoped keys shared by a tree (cancel requests, unwinding, compensations)."""
+
+    @abstractmethod
+    async def save_if_absent(
+        self, tenant_id: str, root_execution_id: str, key: str, value: JsonValue
+    ) -> bool:
+        """Insert if the tree has no such key. True when this call inserted it."""
+
+    @abstractmethod
+    async def get(self, tenant_id: str, root_execution_id: str, key: str) -> JsonValue | None:
+        """The key's value, or `None`."""
+
+    @abstractmethod
+    async def list(
+        self, tenant_id: str, root_execution_id: str, prefix: str = ""
+    ) -> dict[str, JsonValue]:
+        """The tree's keys starting with `prefix`, in key order."""
+
+    @abstractmethod
+    async def delete_tree(self, tenant_id: str, root_execution_id: str) -> int:
+        """Delete every key of the tree. The number deleted."""
+
+
+class MeshRequestRepository(Store):
+    """One run per incoming request, by its idempotency key."""
+
+    @abstractmethod
+    async def save_if_absent(
+        self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
+    ) -> MeshRequestSaved:
+        """Insert if absent; the stored request and whether it was created. The same key
+        with another fingerprint is `IdempotencyKeyConflictError`."""
+
+    @abstractmethod
+    async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
+        """Store the response once. True when it did."""
+
+    @abstractmethod
+    async def get(self, idempotency_key: str) -> MeshRequest | None:
+        """The request, or `None`."""
+
+
+class RateLimitRepository(Store):
+    """Limits across instances, on the application's clock; each counted and taken under
+    one lock."""
+
+    @abstractmethod
+    async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
+        """Take a slot for `holder` while fewer than `max_slots` unexpired slots are held
+        (a holder's own live slot is refreshed). Never more than `max_slots` under load."""
+
+    @abstractmethod
+    async def renew_slot(self, key: str, holder: str, ttl_ms: int) -> bool:
+        """Extend the holder's unexpired slot. False when it has none."""
+
+    @abstractmethod
+    async def release_slot(self, key: str, holder: str) -> None:
+        """Give the holder's slot back."""
+
+    @abstractmethod
+    async def add_to_window(
+        self, key: str, window_ms: int, amount: int, limit: int
+    ) -> WindowResult:
+        """Add `amount` to the current fixed window when it stays within `limit`; a refused
+        amount is not added."""
+
+    @abstractmethod
+    async def pause_until(self, key: str, until: int) -> None:
+        """Pause `key` until `until` (never shortens a pause)."""
+
+    @abstractmethod
+    async def paused_until(self, key: str) -> int | None:
+        """The end of the pause, or `None` once past."""
+
+
+class PausedExecutionRepository(Store):
+    """Human-in-the-loop pauses, answered once whichever instance takes the answer."""
+
+    @abstractmethod
+    async def save(self, pause: PausedExecution) -> None:
+        """Insert; an existing pause id is `DuplicatePauseError`."""
+
+    @abstractmethod
+    async def get(self, tenant_id: str, pause_id: str) -> PausedExecution | None:
+        """The pause, or `None`."""
+
+    @abstractmethod
+    async def resolve(self, tenant_id: str, pause_id: str, decision: JsonValue) -> PausedExecution:
+        """Compare-and-set pending -> resolved with the decision; the second answer (or an
+        unknown pause) is `NotPausedError`."""
+
+    @abstractmethod
+    async def resolved(self, tenant_id: str, root_execution_id: str) -> Sequence[PausedExecution]:
+        """The tree's resolved pauses to drain in one pass, oldest first."""
+
+    @abstractmethod
+    async def take(self, tenant_id: str, pause_id: str) -> bool:
+        """Compare-and-set resolved -> taken. True when it moved."""
+
+    @abstractmethod
+    async def cancel(self, tenant_id: str, pause_id: str) -> bool:
+        """Compare-and-set pending -> cancelled. True when it moved."""
+
+    @abstractmethod
+    async def purge(self, older_than: int) -> int:
+        """Delete taken and cancelled pauses last moved before `older_than`. How many."""
+
+
+class CostLedgerRepository(Store):
+    """Spend across instances."""
+
+    @abstractmethod
+    async def record(self, entry: CostEntry) -> bool:
+        """Record once by `entry.entry_id` (a replayed step does not count twice). True when
+        this call recorded it."""
+
+    @abstractmethod
+    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+        """The spend of the scope's key (an execution, a tenant or an application), recorded
+        at or after `since`, reservations included."""
+
+    @abstractmethod
+    async def try_reserve(
+        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+    ) -> bool:
+        """Atomically add `amount_micros` to the scope's key while its total stays within
+        `limit_micros`. True when it was added."""
+
+
+class ExecutionHistoryRepository(Store):
+    """Finished runs, kept for export and evaluation."""
+
+    @abstractmethod
+    async def save(self, snapshot: ExecutionSnapshot) -> None:
+        """Insert or replace by tenant and execution id."""
+
+    @abstractmethod
+    async def get(self, tenant_id: str, execution_id: str) -> ExecutionSnapshot | None:
+        """The snapshot, or `None`."""
+
+    @abstractmethod
+    async def list(
+        self,
+        tenant_id: str,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        after: HistoryCursor | None = None,
+    ) -> Sequence[ExecutionSnapshot]:
+        """The tenant's snapshots finished in `[since, until)`, newest first, up to `limit`,
+        continuing after the cursor of the last one of the previous page."""
+
+    @abstractmethod
+    async def purge(self, older_than: int) -> int:
+        """Delete snapshots finished before `older_than`. How many."""
+
+
+CONTRACTS: dict[str, type[Any]] = {
+    "execution_lease": ExecutionLeaseRepository,
+    "execution_lease_event": ExecutionLeaseEventRepository,
+    "fenced_effect": FencedEffectRepository,
+    "outbound_call": OutboundCallRepository,
+    "child_queue": ChildExecutionQueueRepository,
+    "rate_limit": RateLimitRepository,
+    "execution_record": ExecutionRecordRepository,
+    "execution_tree": ExecutionTreeRepository,
+    "mesh_request": MeshRequestRepository,
+    "paused_execution": PausedExecutionRepository,
+    "cost_ledger": CostLedgerRepository,
+    "execution_history": ExecutionHistoryRepository,
+}
+"""Every store contract by its key in `store_conformance(stores=...)`."""
+
+FENCING_CONTRACTS = (FencedEffectRepository, OutboundCallRepository)
+
+__all__ = [
+    "CANCEL_REQUEST_KEY",
+    "COMPENSATED_PREFIX",
+    "CONTRACTS",
+    "FENCING_CONTRACTS",
+    "UNWINDING_KEY",
+    "ChildExecutionQueueRepository",
+    "CostLedgerRepository",
+    "ExecutionHistoryRepository",
+    "ExecutionLeaseEventRepository",
+    "ExecutionLeaseRepository",
+    "ExecutionRecordRepository",
+    "ExecutionTreeRepository",
+    "FencedEffectRepository",
+    "FencingStore",
+    "MeshRequestRepository",
+    "OutboundCallRepository",
+    "PausedExecutionRepository",
+    "RateLimitRepository",
+    "Store",
+]
