@@ -49,17 +49,15 @@ COMPENSATED_PREFIX = "@agboss/compensated/"
 class Store(ABC):
     """What every store has: where its rows live, and a readiness probe."""
 
-    backend: ClassVar[str | None] = None
-    """`"<kind>"` or `"<kind>:<database>"`; two stores share a transactional
-    backend exactly when these texts are equal. SQL stores answer per instance."""
+    backend: str | None = None
+    """`"<kind>"` or `"<kind>:<database>"`: where the store's rows live. Two stores share a
+    transactional backend exactly when these texts are equal. In-memory stores declare
+    `"in-memory"` on the class; SQL stores answer their connection's dialect (optionally
+    `":<database>"`) on each instance."""
 
     @abstractmethod
     async def ping(self) -> None:
         """Return when the store can serve; raise when it cannot (readiness, 2 s timeout)."""
-
-    def backend_of(self) -> str | None:
-        """This instance's backend (SQL stores read it from their connection)."""
-        return type(self).backend
 
 
 class FencingStore(Store):

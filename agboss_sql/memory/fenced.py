@@ -1,0 +1,242 @@
+"""In-memory fenced effects and outbound calls, fenced by the leases of the same backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import ClassVar, TypeVar
+
+from agboss_sql.contracts.clocks import StoreClock
+from agboss_sql.contracts.keys import (
+    checked_identifier,
+    fenced_key_identity_of,
+    pending_outbound_call_of,
+    replayed_from_of,
+    stored_key_facts_of,
+)
+from agboss_sql.contracts.stores import FencedEffectRepository, OutboundCallRepository
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    AttemptRef,
+    FencedEffectKey,
+    FencedEffectResult,
+    JsonValue,
+    LeaseState,
+    OutboundCall,
+    OutboundCallSaved,
+    OutboundCallStatus,
+    StoredKeyFacts,
+)
+from agboss_sql.memory._fencing import (
+    SUPERSEDED,
+    checked_application,
+    checked_key,
+    checked_store_clock,
+    checked_token,
+    fence,
+    raise_mark,
+    store_now,
+)
+from agboss_sql.memory.backend import (
+    FencedResultRow,
+    InMemoryBackend,
+    InMemoryTransaction,
+    json_copy,
+    json_text,
+)
+from agboss_sql.memory.leases import InMemoryExecutionLeaseRepository
+
+T = TypeVar("T")
+
+
+class InMemoryFencedEffectRepository(FencedEffectRepository[InMemoryTransaction]):
+    """Fenced effects in an `InMemoryBackend`: the lease check, the mark, the stored result
+    and the work's business rows (staged on an `InMemoryTransaction`) in one atomic step."""
+
+    backend: str | None = "in-memory"
+    lease_repository: ClassVar[type[InMemoryExecutionLeaseRepository] | None] = (
+        InMemoryExecutionLeaseRepository
+    )
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.store_clock = checked_store_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def save_result_if_absent(
+        self, key: FencedEffectKey, work: Callable[[InMemoryTransaction], Awaitable[T]]
+    ) -> FencedEffectResult[T]:
+        checked_key(key)
+        identity = fenced_key_identity_of(key)
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            must_raise_mark = fence(self.memory, key, now)
+            stored = self.memory.fenced_results.get(identity)
+            if stored is not None:
+                replayed_from = replayed_from_of(key, stored.facts)
+                if must_raise_mark:
+                    raise_mark(self.memory, key)
+                value: T = json.loads(stored.value_json)
+                return FencedEffectResult(value, True, replayed_from)
+            tx = InMemoryTransaction(self.memory)
+            try:
+                value = await work(tx)
+                # Stored as a JSON column would store it: a value JSON refuses fails the effect.
+                row = FencedResultRow(json_text(value), stored_key_facts_of(key), key.token, now)
+                if must_raise_mark:
+                    tx._stage(lambda: raise_mark(self.memory, key))
+                tx._stage(lambda: self.memory.fenced_results.__setitem__(identity, row))
+                tx._commit()
+            except BaseException:
+                tx._rollback()
+                raise
+            return FencedEffectResult(value, False, None)
+
+
+def _call_out(call: OutboundCall) -> OutboundCall:
+    """A copy the caller may change without changing the stored row."""
+    return dataclasses.replace(
+        call,
+        intent=json_copy(call.intent),
+        response=json_copy(call.response),
+        error=json_copy(call.error),
+    )
+
+
+class InMemoryOutboundCallRepository(OutboundCallRepository):
+    """Outbound calls in an `InMemoryBackend`: every fenced method checks the lease and the
+    scope's mark in the same step as its read or write of the intent."""
+
+    backend: str | None = "in-memory"
+    lease_repository: ClassVar[type[InMemoryExecutionLeaseRepository] | None] = (
+        InMemoryExecutionLeaseRepository
+    )
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.store_clock = checked_store_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    def _fenced(self, key: FencedEffectKey) -> int:
+        """The lease and mark check, the mark raised; the store's time of the step."""
+        now = store_now(self.store_clock)
+        if fence(self.memory, key, now):
+            raise_mark(self.memory, key)
+        return now
+
+    async def get(self, key: FencedEffectKey) -> OutboundCall | None:
+        checked_key(key)
+        call = self.memory.outbound_calls.get(fenced_key_identity_of(key))
+        return None if call is None else _call_out(call)
+
+    async def save_if_absent(
+        self, key: FencedEffectKey, intent: JsonValue, recorded_at: int
+    ) -> OutboundCallSaved:
+        checked_key(key)
+        identity = fenced_key_identity_of(key)
+        intent = json_copy(intent)
+        async with self.memory.atomic():
+            self._fenced(key)
+            existing = self.memory.outbound_calls.get(identity)
+            if existing is not None:
+                # Under a business key, other content is a conflict, never the old intent.
+                replayed_from_of(key, StoredKeyFacts(existing.fingerprint, existing.step))
+                return OutboundCallSaved(_call_out(existing), False)
+            call = pending_outbound_call_of(key, intent, recorded_at)
+            self.memory.outbound_calls[identity] = call
+            return OutboundCallSaved(_call_out(call), True)
+
+    async def mark_pending(self, key: FencedEffectKey, expected: AttemptRef, owner: str) -> bool:
+        checked_key(key)
+        if not isinstance(owner, str) or not owner:
+            raise ValueError(f"an attempt owner is a non-empty text, got {owner!r:.80}")
+        identity = fenced_key_identity_of(key)
+        async with self.memory.atomic():
+            now = self._fenced(key)
+            call = self.memory.outbound_calls.get(identity)
+            if call is None or call.attempt_ref != expected:
+                return False
+            self.memory.outbound_calls[identity] = dataclasses.replace(
+                call,
+                status=OutboundCallStatus.PENDING,
+                attempt=call.attempt + 1,
+                attempt_owner=owner,
+                updated_at=now,
+                response=None,
+                error=None,
+            )
+            return True
+
+    async def _end(
+        self,
+        key: FencedEffectKey,
+        attempt: AttemptRef,
+        status: OutboundCallStatus,
+        response: JsonValue,
+        error: JsonValue,
+    ) -> bool:
+        checked_key(key)
+        identity = fenced_key_identity_of(key)
+        response = json_copy(response)
+        error = json_copy(error)
+        async with self.memory.atomic():
+            now = self._fenced(key)
+            call = self.memory.outbound_calls.get(identity)
+            if (
+                call is None
+                or call.status is not OutboundCallStatus.PENDING
+                or call.attempt_ref != attempt
+            ):
+                return False
+            self.memory.outbound_calls[identity] = dataclasses.replace(
+                call, status=status, updated_at=now, response=response, error=error
+            )
+            return True
+
+    async def mark_completed(
+        self, key: FencedEffectKey, attempt: AttemptRef, response: JsonValue
+    ) -> bool:
+        return await self._end(key, attempt, OutboundCallStatus.COMPLETED, response, None)
+
+    async def mark_failed(
+        self, key: FencedEffectKey, attempt: AttemptRef, error: JsonValue
+    ) -> bool:
+        return await self._end(key, attempt, OutboundCallStatus.FAILED, None, error)
+
+    async def lease_state_of(self, tenant_id: str, execution_id: str, token: int) -> LeaseState:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
+        checked_token(token)
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            row = self.memory.leases.get((tenant_id, execution_id))
+            if row is None or row.lease_epoch < token:
+                # No lease was ever granted at that token.
+                return LeaseState.ABSENT
+            if row.lease_epoch > token:
+                return LeaseState.SUPERSEDED
+            if row.finished:
+                return LeaseState.FINISHED
+            if row.released:
+                return (
+                    LeaseState.SUPERSEDED
+                    if row.closed_reason == SUPERSEDED
+                    else LeaseState.RELEASED
+                )
+            if row.expires_at <= now:
+                # Closed in the same step, so a late renewal can no longer revive it.
+                row.released = True
+                row.closed_reason = SUPERSEDED
+                return LeaseState.SUPERSEDED
+            return LeaseState.LIVE

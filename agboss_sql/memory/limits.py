@@ -1,0 +1,175 @@
+"""In-memory rate limits and the cost ledger."""
+
+from __future__ import annotations
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import CostLedgerRepository, RateLimitRepository
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    BudgetScope,
+    CostEntry,
+    CostTotal,
+    WindowResult,
+)
+from agboss_sql.memory._fencing import (
+    checked_application,
+    checked_clock,
+    checked_count,
+    checked_positive,
+)
+from agboss_sql.memory.backend import InMemoryBackend, ReservationRow, WindowRow
+
+
+class InMemoryRateLimitRepository(RateLimitRepository):
+    """Rate limits in an `InMemoryBackend`, on the application's clock.
+
+    Each method counts and takes without awaiting in between: one atomic step on the event
+    loop. A slot is live while `expires_at > now`, as a lease is. Windows are fixed windows
+    aligned to multiples of `window_ms`, one counter per key and window size.
+    """
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    def _live_slots(self, key: str, now: int) -> dict[str, int]:
+        slots = self.memory.slots.setdefault(key, {})
+        for holder in [h for h, expires_at in slots.items() if expires_at <= now]:
+            del slots[holder]
+        return slots
+
+    async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
+        checked_identifier("key", key)
+        checked_identifier("holder", holder)
+        checked_count("max_slots", max_slots)
+        checked_positive("ttl_ms", ttl_ms)
+        now = self.clock.now()
+        slots = self._live_slots(key, now)
+        if holder in slots:
+            slots[holder] = max(slots[holder], now + ttl_ms)
+            return True
+        if len(slots) >= max_slots:
+            return False
+        slots[holder] = now + ttl_ms
+        return True
+
+    async def renew_slot(self, key: str, holder: str, ttl_ms: int) -> bool:
+        checked_positive("ttl_ms", ttl_ms)
+        now = self.clock.now()
+        slots = self._live_slots(key, now)
+        if holder not in slots:
+            return False
+        slots[holder] = max(slots[holder], now + ttl_ms)
+        return True
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        self.memory.slots.get(key, {}).pop(holder, None)
+
+    async def add_to_window(
+        self, key: str, window_ms: int, amount: int, limit: int
+    ) -> WindowResult:
+        checked_identifier("key", key)
+        checked_positive("window_ms", window_ms)
+        checked_count("amount", amount)
+        checked_count("limit", limit)
+        now = self.clock.now()
+        start = now - now % window_ms
+        window = self.memory.windows.get((key, window_ms))
+        if window is None or window.start != start:
+            window = WindowRow(start=start, used=0)
+            self.memory.windows[(key, window_ms)] = window
+        allowed = window.used + amount <= limit
+        if allowed:
+            window.used += amount
+        return WindowResult(allowed=allowed, used=window.used, resets_at=start + window_ms)
+
+    async def pause_until(self, key: str, until: int) -> None:
+        checked_identifier("key", key)
+        current = self.memory.rate_pauses.get(key)
+        if current is None or until > current:
+            self.memory.rate_pauses[key] = until
+
+    async def paused_until(self, key: str) -> int | None:
+        until = self.memory.rate_pauses.get(key)
+        if until is None or until <= self.clock.now():
+            return None
+        return until
+
+
+def _matches(scope: BudgetScope, key: str, entry: CostEntry) -> bool:
+    if scope is BudgetScope.EXECUTION:
+        return entry.execution_id == key
+    if scope is BudgetScope.TENANT:
+        return entry.tenant_id == key
+    return entry.application == key
+
+
+class InMemoryCostLedgerRepository(CostLedgerRepository):
+    """Spend in an `InMemoryBackend`: entries recorded once by id, reservations per scope key.
+
+    A reservation counts in `total` of its scope and key only (cost, no tokens), from the
+    application clock's time it was made.
+    """
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def record(self, entry: CostEntry) -> bool:
+        checked_identifier("entry_id", entry.entry_id)
+        checked_identifier("tenant_id", entry.tenant_id)
+        checked_identifier("execution_id", entry.execution_id)
+        checked_identifier("application", entry.application)
+        if entry.entry_id in self.memory.cost_entries:
+            return False
+        self.memory.cost_entries[entry.entry_id] = entry
+        return True
+
+    def _total(self, scope: BudgetScope, key: str, since: int | None) -> CostTotal:
+        tokens_in = tokens_out = cost_micros = 0
+        for entry in self.memory.cost_entries.values():
+            if _matches(scope, key, entry) and (since is None or entry.at >= since):
+                tokens_in += entry.tokens_in
+                tokens_out += entry.tokens_out
+                cost_micros += entry.cost_micros
+        for reservation in self.memory.reservations:
+            if (
+                reservation.scope == scope
+                and reservation.key == key
+                and (since is None or reservation.at >= since)
+            ):
+                cost_micros += reservation.amount_micros
+        return CostTotal(tokens_in, tokens_out, cost_micros)
+
+    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+        return self._total(BudgetScope(scope), key, since)
+
+    async def try_reserve(
+        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+    ) -> bool:
+        scope = BudgetScope(scope)
+        checked_identifier("key", key)
+        checked_count("amount_micros", amount_micros)
+        checked_count("limit_micros", limit_micros)
+        spent = self._total(scope, key, None).cost_micros
+        if spent + amount_micros > limit_micros:
+            return False
+        self.memory.reservations.append(ReservationRow(scope, key, amount_micros, self.clock.now()))
+        return True

@@ -1,0 +1,155 @@
+"""The in-memory child execution queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.errors import DuplicateChildError
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import ChildExecutionQueueRepository
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    ChildExecution,
+    ChildStatus,
+    ClaimedChild,
+    FinishResult,
+    JsonValue,
+    QueuedChild,
+)
+from agboss_sql.memory._fencing import checked_application, checked_clock, checked_count
+from agboss_sql.memory.backend import ChildRow, InMemoryBackend, json_copy
+
+
+def _claimed(row: ChildRow, claimed_by: str) -> ClaimedChild:
+    return ClaimedChild(
+        tenant_id=row.tenant_id,
+        root_execution_id=row.root_execution_id,
+        parent_execution_id=row.parent_execution_id,
+        child_execution_id=row.child_execution_id,
+        depth=row.depth,
+        payload=json_copy(row.payload),
+        attempt=row.attempt,
+        claimed_by=claimed_by,
+    )
+
+
+def _listed(row: ChildRow) -> ChildExecution:
+    return ChildExecution(
+        tenant_id=row.tenant_id,
+        root_execution_id=row.root_execution_id,
+        parent_execution_id=row.parent_execution_id,
+        child_execution_id=row.child_execution_id,
+        depth=row.depth,
+        payload=json_copy(row.payload),
+        status=row.status,
+        attempt=row.attempt,
+        claimed_by=row.claimed_by,
+        queued_at=row.queued_at,
+        outcome=json_copy(row.outcome),
+    )
+
+
+class InMemoryChildExecutionQueueRepository(ChildExecutionQueueRepository):
+    """The child queue in an `InMemoryBackend`.
+
+    Each method reads and writes without awaiting in between, which makes it one atomic
+    step on the event loop: two claimers never get one child, and exactly one finisher of
+    a parent's last child sees `remaining == 0`.
+    """
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def enqueue(self, child: QueuedChild) -> None:
+        checked_identifier("tenant_id", child.tenant_id)
+        checked_identifier("root_execution_id", child.root_execution_id)
+        checked_identifier("parent_execution_id", child.parent_execution_id)
+        checked_identifier("child_execution_id", child.child_execution_id)
+        if isinstance(child.depth, bool) or not isinstance(child.depth, int):
+            raise ValueError(f"a child's depth is an int, got {child.depth!r}")
+        payload = json_copy(child.payload)
+        if child.child_execution_id in self.memory.children:
+            raise DuplicateChildError(
+                f"child {child.child_execution_id!r} is already queued: a child id is unique"
+            )
+        self.memory.children[child.child_execution_id] = ChildRow(
+            tenant_id=child.tenant_id,
+            root_execution_id=child.root_execution_id,
+            parent_execution_id=child.parent_execution_id,
+            child_execution_id=child.child_execution_id,
+            depth=child.depth,
+            payload=payload,
+            queued_at=self.clock.now(),
+            sequence=self.memory.next_sequence(),
+        )
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        checked_identifier("instance_id", instance_id)
+        queued = [row for row in self.memory.children.values() if row.status is ChildStatus.QUEUED]
+        if not queued:
+            return None
+        row = min(queued, key=lambda r: (-r.depth, r.queued_at, r.sequence))
+        row.status = ChildStatus.RUNNING
+        row.claimed_by = instance_id
+        row.attempt += 1
+        return _claimed(row, instance_id)
+
+    async def running(self, limit: int) -> Sequence[ChildExecution]:
+        checked_count("limit", limit)
+        rows = sorted(
+            (row for row in self.memory.children.values() if row.status is ChildStatus.RUNNING),
+            key=lambda r: (r.queued_at, r.sequence),
+        )
+        return [_listed(row) for row in rows[:limit]]
+
+    async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
+        checked_identifier("child_execution_id", child_execution_id)
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.status is not ChildStatus.RUNNING or row.attempt != attempt:
+            return None
+        row.attempt += 1
+        row.claimed_by = self.application.instance_id
+        return _claimed(row, row.claimed_by)
+
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> FinishResult:
+        checked_identifier("child_execution_id", child_execution_id)
+        outcome = json_copy(outcome)
+        row = self.memory.children.get(child_execution_id)
+        if row is None:
+            return FinishResult(False, 0)
+        finished = row.status is ChildStatus.RUNNING and (attempt is None or row.attempt == attempt)
+        if finished:
+            row.status = ChildStatus.FINISHED
+            row.outcome = outcome
+        remaining = sum(
+            1
+            for other in self.memory.children.values()
+            if other.tenant_id == row.tenant_id
+            and other.parent_execution_id == row.parent_execution_id
+            and other.status is not ChildStatus.FINISHED
+        )
+        return FinishResult(finished, remaining)
+
+    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
+        checked_identifier("parent_execution_id", parent_execution_id)
+        rows = sorted(
+            (
+                row
+                for row in self.memory.children.values()
+                if row.parent_execution_id == parent_execution_id
+            ),
+            key=lambda r: r.sequence,
+        )
+        return [_listed(row) for row in rows]

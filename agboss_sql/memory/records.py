@@ -1,0 +1,307 @@
+"""In-memory execution records, tree keys, mesh requests and execution history."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.errors import DuplicateExecutionError, IdempotencyKeyConflictError
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import (
+    ExecutionHistoryRepository,
+    ExecutionRecordRepository,
+    ExecutionTreeRepository,
+    MeshRequestRepository,
+)
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    ExecutionRecord,
+    ExecutionRecordStatus,
+    ExecutionSnapshot,
+    HistoryCursor,
+    JsonValue,
+    MeshRequest,
+    MeshRequestSaved,
+)
+from agboss_sql.memory._fencing import checked_application, checked_clock, checked_count
+from agboss_sql.memory.backend import InMemoryBackend, RecordRow, json_copy, json_text
+
+TERMINAL_STATUSES = frozenset(
+    {
+        ExecutionRecordStatus.SUCCEEDED,
+        ExecutionRecordStatus.FAILED,
+        ExecutionRecordStatus.CANCELLED,
+    }
+)
+"""A run in one of these has its outcome: its status never moves again."""
+
+
+def _record_out(record: ExecutionRecord) -> ExecutionRecord:
+    return dataclasses.replace(record, outcome=json_copy(record.outcome))
+
+
+class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
+    """Execution records in an `InMemoryBackend`; status moves are compare-and-set.
+
+    A run that reached a terminal status (succeeded, failed, cancelled) never moves again,
+    so two outcomes for one run are impossible.
+    """
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def save(self, record: ExecutionRecord) -> None:
+        checked_identifier("tenant_id", record.tenant_id)
+        checked_identifier("execution_id", record.execution_id)
+        checked_identifier("root_execution_id", record.root_execution_id)
+        stored = ExecutionRecordStatus(record.status)
+        record = dataclasses.replace(record, status=stored, outcome=json_copy(record.outcome))
+        key = (record.tenant_id, record.execution_id)
+        if key in self.memory.records:
+            raise DuplicateExecutionError(
+                f"execution {record.execution_id!r} of tenant {record.tenant_id!r} already "
+                "has a record"
+            )
+        sequence = self.memory.next_sequence()
+        self.memory.records[key] = RecordRow(record, sequence, sequence)
+
+    async def get(self, tenant_id: str, execution_id: str) -> ExecutionRecord | None:
+        row = self.memory.records.get((tenant_id, execution_id))
+        return None if row is None else _record_out(row.record)
+
+    async def find_by_thread(self, tenant_id: str, thread_id: str) -> Sequence[ExecutionRecord]:
+        rows = sorted(
+            (
+                row
+                for row in self.memory.records.values()
+                if row.record.tenant_id == tenant_id and row.record.thread_id == thread_id
+            ),
+            key=lambda r: (r.record.created_at, r.sequence),
+        )
+        return [_record_out(row.record) for row in rows]
+
+    async def find_by_status(
+        self, status: ExecutionRecordStatus, limit: int
+    ) -> Sequence[ExecutionRecord]:
+        checked_count("limit", limit)
+        rows = sorted(
+            (row for row in self.memory.records.values() if row.record.status == status),
+            key=lambda r: (r.record.updated_at, r.moved),
+        )
+        return [_record_out(row.record) for row in rows[:limit]]
+
+    def _move(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        new: ExecutionRecordStatus,
+        outcome: JsonValue | None,
+        with_outcome: bool,
+    ) -> bool:
+        row = self.memory.records.get((tenant_id, execution_id))
+        if row is None or row.record.status != expected or row.record.status in TERMINAL_STATUSES:
+            return False
+        row.record = dataclasses.replace(
+            row.record,
+            status=ExecutionRecordStatus(new),
+            updated_at=self.clock.now(),
+            outcome=outcome if with_outcome else row.record.outcome,
+        )
+        row.moved = self.memory.next_sequence()
+        return True
+
+    async def transition(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        new: ExecutionRecordStatus,
+    ) -> bool:
+        return self._move(tenant_id, execution_id, expected, new, None, with_outcome=False)
+
+    async def complete(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        final: ExecutionRecordStatus,
+        outcome: JsonValue,
+    ) -> bool:
+        if ExecutionRecordStatus(final) not in TERMINAL_STATUSES:
+            raise ValueError(f"a run completes as succeeded, failed or cancelled, not {final!r}")
+        outcome = json_copy(outcome)
+        return self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True)
+
+
+class InMemoryExecutionTreeRepository(ExecutionTreeRepository):
+    """Request-scoped keys of a tree in an `InMemoryBackend`; the first write of a key wins."""
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def save_if_absent(
+        self, tenant_id: str, root_execution_id: str, key: str, value: JsonValue
+    ) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("root_execution_id", root_execution_id)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a tree key is a non-empty text, got {key!r:.80}")
+        text = json_text(value)
+        tree = self.memory.trees.setdefault((tenant_id, root_execution_id), {})
+        if key in tree:
+            return False
+        tree[key] = text
+        return True
+
+    async def get(self, tenant_id: str, root_execution_id: str, key: str) -> JsonValue | None:
+        text = self.memory.trees.get((tenant_id, root_execution_id), {}).get(key)
+        return None if text is None else json.loads(text)
+
+    async def list(
+        self, tenant_id: str, root_execution_id: str, prefix: str = ""
+    ) -> dict[str, JsonValue]:
+        tree = self.memory.trees.get((tenant_id, root_execution_id), {})
+        return {key: json.loads(tree[key]) for key in sorted(tree) if key.startswith(prefix)}
+
+    async def delete_tree(self, tenant_id: str, root_execution_id: str) -> int:
+        tree = self.memory.trees.pop((tenant_id, root_execution_id), {})
+        return len(tree)
+
+
+class InMemoryMeshRequestRepository(MeshRequestRepository):
+    """Incoming requests in an `InMemoryBackend`, one run per idempotency key.
+
+    The key is global: the same key from another tenant, or with another fingerprint, is
+    `IdempotencyKeyConflictError` (never another tenant's request or response).
+    """
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    @staticmethod
+    def _out(request: MeshRequest) -> MeshRequest:
+        return dataclasses.replace(request, response=json_copy(request.response))
+
+    async def save_if_absent(
+        self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
+    ) -> MeshRequestSaved:
+        checked_identifier("idempotency_key", idempotency_key)
+        checked_identifier("tenant_id", tenant_id)
+        if not isinstance(fingerprint, str):
+            raise ValueError(f"a fingerprint is a text, got {fingerprint!r:.80}")
+        existing = self.memory.mesh_requests.get(idempotency_key)
+        if existing is not None:
+            if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
+                raise IdempotencyKeyConflictError(
+                    f"idempotency key {idempotency_key!r} was used before with another "
+                    "request: use a new key for new content"
+                )
+            return MeshRequestSaved(self._out(existing), False)
+        request = MeshRequest(idempotency_key, tenant_id, fingerprint, received_at)
+        self.memory.mesh_requests[idempotency_key] = request
+        return MeshRequestSaved(self._out(request), True)
+
+    async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
+        response = json_copy(response)
+        existing = self.memory.mesh_requests.get(idempotency_key)
+        if existing is None or existing.completed:
+            return False
+        self.memory.mesh_requests[idempotency_key] = dataclasses.replace(
+            existing, response=response, completed=True
+        )
+        return True
+
+    async def get(self, idempotency_key: str) -> MeshRequest | None:
+        request = self.memory.mesh_requests.get(idempotency_key)
+        return None if request is None else self._out(request)
+
+
+def _snapshot_out(snapshot: ExecutionSnapshot) -> ExecutionSnapshot:
+    return dataclasses.replace(snapshot, record=json_copy(snapshot.record))
+
+
+class InMemoryExecutionHistoryRepository(ExecutionHistoryRepository):
+    """Finished runs in an `InMemoryBackend`, listed newest first with keyset pages."""
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None
+
+    async def save(self, snapshot: ExecutionSnapshot) -> None:
+        checked_identifier("tenant_id", snapshot.tenant_id)
+        checked_identifier("execution_id", snapshot.execution_id)
+        stored = dataclasses.replace(snapshot, record=json_copy(snapshot.record))
+        self.memory.history[(snapshot.tenant_id, snapshot.execution_id)] = stored
+
+    async def get(self, tenant_id: str, execution_id: str) -> ExecutionSnapshot | None:
+        snapshot = self.memory.history.get((tenant_id, execution_id))
+        return None if snapshot is None else _snapshot_out(snapshot)
+
+    async def list(
+        self,
+        tenant_id: str,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        after: HistoryCursor | None = None,
+    ) -> Sequence[ExecutionSnapshot]:
+        checked_count("limit", limit)
+        found = [
+            snapshot
+            for snapshot in self.memory.history.values()
+            if snapshot.tenant_id == tenant_id
+            and (since is None or snapshot.finished_at >= since)
+            and (until is None or snapshot.finished_at < until)
+            and (
+                after is None
+                or (snapshot.finished_at, snapshot.execution_id)
+                < (after.finished_at, after.execution_id)
+            )
+        ]
+        found.sort(key=lambda s: (s.finished_at, s.execution_id), reverse=True)
+        return [_snapshot_out(snapshot) for snapshot in found[:limit]]
+
+    async def purge(self, older_than: int) -> int:
+        old = [key for key, s in self.memory.history.items() if s.finished_at < older_than]
+        for key in old:
+            del self.memory.history[key]
+        return len(old)

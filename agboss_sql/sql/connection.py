@@ -1,0 +1,480 @@
+"""`SqlConnection`: one per application instance; runs atomic steps at the driver's floor.
+
+Statements are written once with SQLAlchemy Core and compiled once per
+dialect; each execution then goes straight to the async driver (psycopg,
+aiomysql) or, for SQLite, to the stdlib driver on the connection's own
+thread. An atomic step is written once as a generator of statements
+(`Step`): on SQLite the whole step runs in one thread hop inside
+`BEGIN IMMEDIATE`; on a server each statement is one await on one pooled
+connection, inside `BEGIN … COMMIT` when the step needs a transaction. A
+single-statement operation is sent alone, in autocommit: no `BEGIN`/`COMMIT`
+round trips around it.
+
+Transient conflicts (deadlock, serialization failure, lock timeout,
+`SQLITE_BUSY`) roll the step back and run it again with backoff; they never
+surface as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from agboss_sql._dialects import dialect_module
+from agboss_sql.contracts.errors import StoreUnavailableError
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+MAX_ATTEMPTS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Exec:
+    """One statement of a step, with its parameters."""
+
+    statement: Any
+    params: Mapping[str, Any]
+
+
+class Result:
+    """The rows a statement returned (if any) and the rows it changed or matched."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rows: list[Any] | None, rowcount: int) -> None:
+        self.rows = rows if rows is not None else []
+        self.rowcount = rowcount
+
+    def first(self) -> Any | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any | None:
+        return self.rows[0][0] if self.rows else None
+
+
+Step = Generator[Exec, Result, T]
+"""An atomic step: yields statements, receives their results, returns its answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suffixed:
+    """A statement with text appended after compilation (a clause SQLAlchemy will not
+    compile for this dialect, e.g. MariaDB's `INSERT … RETURNING`)."""
+
+    statement: Any
+    suffix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    sql: str
+    defaults: Mapping[str, Any]
+
+
+class SqlBuilder:
+    """What a statement set needs to build its statements for one dialect."""
+
+    def __init__(self, ops: ModuleType, database_time: bool) -> None:
+        self.ops = ops
+        self.dialect_name: str = ops.NAME
+        self.database_time = database_time
+
+    def now(self) -> tuple[Any, Any]:
+        """`(source, now)`: a FROM to join (or `None`) and the statement's time, read once."""
+        return self.ops.now_source(self.database_time)  # type: ignore[no-any-return]
+
+
+StatementListener = Callable[[str, Mapping[str, Any]], None]
+
+
+def normalize_url(url: str | URL) -> URL:
+    """A plain URL (`sqlite:///…`, `postgresql://…`, `mysql://…`) as its async-driver URL."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend in ("mysql", "mariadb"):
+        return parsed.set(drivername="mysql+aiomysql")
+    raise ValueError(f"unsupported database URL {parsed!r}: use sqlite, postgresql or mysql")
+
+
+class SqlConnection:
+    """The database of one application instance: the raw-driver pool for the stores'
+    atomic steps, and (lazily) a SQLAlchemy `AsyncEngine` for work that needs one."""
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        database: str | None = None,
+        pool_size: int = 8,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.ops = dialect_module(self.url.get_backend_name())
+        self.dialect_name: str = self.ops.NAME
+        self.backend = self.dialect_name if database is None else f"{self.dialect_name}:{database}"
+        self._dialect = self.ops.compile_dialect()
+        self._compiled: dict[int, tuple[Any, Compiled]] = {}
+        self._prepared: dict[tuple[Any, bool], Any] = {}
+        self._listeners: list[StatementListener] = []
+        self._pool_size = pool_size
+        self._engine: AsyncEngine | None = None
+        self._closed = False
+        if self.dialect_name == "sqlite":
+            database_path = self.url.database or ""
+            if database_path in ("", ":memory:"):
+                raise ValueError(
+                    "sqlite:///:memory: is one database per connection: use a file "
+                    "(instances sharing a store must share one file)"
+                )
+            Path(database_path).parent.mkdir(parents=True, exist_ok=True)
+            self._sqlite_path = database_path
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agboss-sqlite")
+            self._sqlite_raw: Any = None
+            self._sqlite_lock = threading.Lock()
+        else:
+            self.is_mariadb: bool | None = None
+            self._idle: list[Any] = []
+            self._open = 0
+            self._available: asyncio.Condition | None = None
+
+    # --- statements -----------------------------------------------------------------
+
+    def prepared(self, factory: Callable[[SqlBuilder], S], *, database_time: bool = False) -> S:
+        """The statement set built by `factory` for this dialect, built once and reused."""
+        cache_key: tuple[Any, bool] = (factory, database_time)
+        found = self._prepared.get(cache_key)
+        if found is None:
+            found = factory(SqlBuilder(self.ops, database_time))
+            self._prepared[cache_key] = found
+        return found
+
+    def compiled(self, statement: Any) -> Compiled:
+        entry = self._compiled.get(id(statement))
+        if entry is not None and entry[0] is statement:
+            return entry[1]
+        if isinstance(statement, str):
+            compiled = Compiled(statement, {})
+        elif isinstance(statement, Suffixed):
+            inner = self.compiled(statement.statement)
+            compiled = Compiled(inner.sql + statement.suffix, inner.defaults)
+        else:
+            result = statement.compile(dialect=self._dialect)
+            compiled = Compiled(result.string, dict(result.params))
+        # Keep the statement alive with its compiled form, so its id is never reused.
+        self._compiled[id(statement)] = (statement, compiled)
+        return compiled
+
+    def add_statement_listener(self, listener: StatementListener) -> Callable[[], None]:
+        """Call `listener(sql, params)` before every statement this connection sends
+        (`BEGIN`/`COMMIT` included). Returns a function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _params(self, compiled: Compiled, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not compiled.defaults:
+            return params
+        merged = dict(compiled.defaults)
+        merged.update(params)
+        return merged
+
+    def _notify(self, sql: str, params: Mapping[str, Any]) -> None:
+        for listener in self._listeners:
+            listener(sql, params)
+
+    # --- running steps ----------------------------------------------------------------
+
+    async def execute(self, statement: Any, params: Mapping[str, Any] | None = None) -> Result:
+        """Send one statement alone, in autocommit (retried on transient conflicts)."""
+        return await self.run(_single(statement, params or {}), transaction=False)
+
+    async def insert_if_absent(self, statement: Any, params: Mapping[str, Any]) -> bool:
+        """Send an `insert_if_absent` statement; True when it inserted the row."""
+        try:
+            return (await self.execute(statement, params)).rowcount == 1
+        except Exception as exc:
+            if self.ops.INSERT_IF_ABSENT_RAISES and self.ops.is_unique_violation(exc):
+                return False
+            raise
+
+    async def run(self, step: Callable[[], Step[T]] | Step[T], *, transaction: bool = True) -> T:
+        """Run an atomic step: in one transaction when `transaction`, else each statement in
+        autocommit. A factory (a callable returning a fresh step) is re-run on a transient
+        conflict; a bare generator cannot be re-run and is tried once."""
+        factory = step if callable(step) else None
+        attempt = 0
+        while True:
+            attempt += 1
+            current = factory() if factory is not None else step
+            try:
+                if self.dialect_name == "sqlite":
+                    return await self._run_sqlite(current, transaction)  # type: ignore[arg-type]
+                return await self._run_server(current, transaction)  # type: ignore[arg-type]
+            except Exception as exc:
+                if factory is None or attempt >= MAX_ATTEMPTS or not self.ops.is_retryable(exc):
+                    raise
+            await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
+
+    # SQLite: the whole step in one hop to the connection's thread.
+
+    def _sqlite_connection(self) -> Any:
+        if self._sqlite_raw is None:
+            self._sqlite_raw = self.ops.connect_sync(self._sqlite_path)
+        return self._sqlite_raw
+
+    def _drive_sqlite(self, step: Step[T], transaction: bool) -> T:
+        if self._closed:
+            raise StoreUnavailableError("the connection is closed")
+        raw = self._sqlite_connection()
+        execute_sync = self.ops.execute_sync
+        listeners = self._listeners
+        if transaction:
+            if listeners:
+                self._notify(self.ops.BEGIN, {})
+            raw.execute(self.ops.BEGIN)
+        try:
+            result: Result | None = None
+            while True:
+                try:
+                    request = step.send(result) if result is not None else next(step)
+                except StopIteration as stop:
+                    answer: T = stop.value
+                    break
+                compiled = self.compiled(request.statement)
+                params = self._params(compiled, request.params)
+                if listeners:
+                    self._notify(compiled.sql, params)
+                rows, count = execute_sync(raw, compiled.sql, params)
+                result = Result(rows, count)
+        except BaseException:
+            if transaction and raw.in_transaction:
+                raw.execute("ROLLBACK")
+            step.close()
+            raise
+        if transaction:
+            if listeners:
+                self._notify("COMMIT", {})
+            raw.execute("COMMIT")
+        return answer
+
+    async def _run_sqlite(self, step: Step[T], transaction: bool) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._drive_sqlite, step, transaction)
+
+    # Servers: one pooled raw connection per step.
+
+    @contextlib.asynccontextmanager
+    async def _raw(self) -> AsyncIterator[Any]:
+        if self._closed:
+            raise StoreUnavailableError("the connection is closed")
+        if self._available is None:
+            self._available = asyncio.Condition()
+        async with self._available:
+            while not self._idle and self._open >= self._pool_size:
+                await self._available.wait()
+            raw = self._idle.pop() if self._idle else None
+            if raw is None:
+                self._open += 1
+        if raw is None:
+            try:
+                raw = await self.ops.connect(self.url)
+            except BaseException as exc:
+                async with self._available:
+                    self._open -= 1
+                    self._available.notify()
+                raise StoreUnavailableError(f"cannot connect to {self.url!r}: {exc}") from exc
+            if self.dialect_name == "mysql" and self.is_mariadb is None:
+                self.is_mariadb = "mariadb" in str(raw.get_server_info()).lower()
+        healthy = False
+        try:
+            yield raw
+            healthy = True
+        finally:
+            if healthy and not self._closed:
+                async with self._available:
+                    self._idle.append(raw)
+                    self._available.notify()
+            else:
+                with contextlib.suppress(Exception):
+                    await self.ops.close(raw)
+                async with self._available:
+                    self._open -= 1
+                    self._available.notify()
+
+    async def _run_server(self, step: Step[T], transaction: bool) -> T:
+        async with self._raw() as raw:
+            return await self.drive(raw, step, transaction)
+
+    async def drive(self, raw: Any, step: Step[T], transaction: bool) -> T:
+        """Run `step` on the raw driver connection `raw` (in a transaction of its own when
+        `transaction`)."""
+        ops = self.ops
+        execute = ops.execute
+        listeners = self._listeners
+        if transaction:
+            if listeners:
+                self._notify(ops.BEGIN, {})
+            await ops.run_text(raw, ops.BEGIN)
+        try:
+            result: Result | None = None
+            while True:
+                try:
+                    request = step.send(result) if result is not None else next(step)
+                except StopIteration as stop:
+                    answer: T = stop.value
+                    break
+                compiled = self.compiled(request.statement)
+                params = self._params(compiled, request.params)
+                if listeners:
+                    self._notify(compiled.sql, params)
+                rows, count = await execute(raw, compiled.sql, params)
+                result = Result(rows, count)
+        except BaseException:
+            step.close()
+            if transaction:
+                with contextlib.suppress(Exception):
+                    await ops.run_text(raw, "ROLLBACK")
+            raise
+        if transaction:
+            if listeners:
+                self._notify("COMMIT", {})
+            await ops.run_text(raw, "COMMIT")
+        return answer
+
+    async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
+        """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
+        transaction the caller holds open on it (for work that shares our transaction)."""
+        raw: Any = (await connection.get_raw_connection()).driver_connection
+        listeners = self._listeners
+        result: Result | None = None
+        while True:
+            try:
+                request = step.send(result) if result is not None else next(step)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            compiled = self.compiled(request.statement)
+            params = self._params(compiled, request.params)
+            if listeners:
+                self._notify(compiled.sql, params)
+            if self.dialect_name == "sqlite":
+                cursor = await raw.execute(compiled.sql, params)
+                rows = await cursor.fetchall() if cursor.description is not None else None
+                count = cursor.rowcount
+                await cursor.close()
+            else:
+                rows, count = await self.ops.execute(raw, compiled.sql, params)
+            result = Result(list(rows) if rows is not None else None, count)
+
+    # --- SQLAlchemy engine, for work that wants an AsyncConnection -------------------------
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """A SQLAlchemy async engine on the same database (created on first use)."""
+        if self._engine is None:
+            kwargs: dict[str, Any] = {"pool_pre_ping": False}
+            if self.dialect_name == "sqlite":
+                kwargs["connect_args"] = {"timeout": self.ops.BUSY_TIMEOUT_MS / 1000}
+            self._engine = create_async_engine(self.url, **kwargs)
+            if self.dialect_name == "sqlite":
+                _sqlite_begin_immediate(self._engine)
+        return self._engine
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A SQLAlchemy connection in a transaction that took the write lock first on SQLite
+        (`BEGIN IMMEDIATE`); committed on success, rolled back on any exception."""
+        async with self.engine.connect() as connection:
+            async with connection.begin():
+                yield connection
+
+    async def run_in_transaction(
+        self, body: Callable[[AsyncConnection], Any], *, attempts: int = MAX_ATTEMPTS
+    ) -> Any:
+        """`await body(connection)` in a transaction, run again on a transient conflict."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self.transaction() as connection:
+                    return await body(connection)
+            except Exception as exc:
+                if attempt >= attempts or not self.ops.is_retryable(exc):
+                    raise
+            await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
+
+    async def server_flavour(self) -> str:
+        """`sqlite`, `postgresql`, `mysql` or `mariadb` (connects once to find out)."""
+        if self.dialect_name != "mysql":
+            return self.dialect_name
+        if self.is_mariadb is None:
+            await self.ping()
+        return "mariadb" if self.is_mariadb else "mysql"
+
+    async def ping(self) -> None:
+        """Return when the database answers a trivial statement."""
+        await self.execute("SELECT 1")
+
+    async def close(self) -> None:
+        """Close every connection; later calls fail with `StoreUnavailableError`."""
+        self._closed = True
+        if self.dialect_name == "sqlite":
+
+            def _close() -> None:
+                raw, self._sqlite_raw = self._sqlite_raw, None
+                if raw is not None:
+                    raw.close()
+
+            await asyncio.get_running_loop().run_in_executor(self._thread, _close)
+            self._thread.shutdown(wait=False)
+        else:
+            idle, self._idle = self._idle, []
+            for raw in idle:
+                with contextlib.suppress(Exception):
+                    await self.ops.close(raw)
+            self._open -= len(idle)
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    def __repr__(self) -> str:
+        return f"SqlConnection({self.url.render_as_string(hide_password=True)!r})"
+
+
+def _single(statement: Any, params: Mapping[str, Any]) -> Callable[[], Step[Result]]:
+    def step() -> Step[Result]:
+        return (yield Exec(statement, params))
+
+    return step
+
+
+def _sqlite_begin_immediate(engine: AsyncEngine) -> None:
+    """Make the engine's transactions `BEGIN IMMEDIATE` (pysqlite's own BEGIN is deferred
+    and would take the write lock only at the first write)."""
+
+    @sa.event.listens_for(engine.sync_engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA busy_timeout = 10000")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine.sync_engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

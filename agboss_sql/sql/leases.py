@@ -1,0 +1,329 @@
+"""`SqlExecutionLeaseRepository`: one owner at a time, each move one statement.
+
+Every statement reads the store's time once, inside itself (`SqlBuilder.now`):
+the database's clock in production, a bound `:now` when a test clock is
+injected. A lease is live while `expires_at > now`, in every statement.
+
+Statements per operation: PostgreSQL and SQLite one each (`RETURNING`);
+MariaDB one for the take (`INSERT … ON DUPLICATE KEY UPDATE … RETURNING`);
+MySQL 8 two for a take or a renewal (the write, then a read of what it wrote).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+
+from agboss_sql.contracts.clocks import StoreClock, remaining_of
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import ExecutionLeaseRepository
+from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
+from agboss_sql.sql._base import SqlStore
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
+from agboss_sql.sql.schema import execution_ids, execution_leases
+
+L = execution_leases
+_RETURNED = (
+    "lease_epoch",
+    "expires_at",
+    "updated_at",
+    "taken_over_from_instance_id",
+    "taken_over_from_epoch",
+    "take_id",
+)
+
+
+def _held(now: Any, *, live: bool) -> sa.ColumnElement[bool]:
+    """The row is the caller's lease: its tenant, execution, holder and epoch."""
+    condition = sa.and_(
+        L.c.tenant_id == sa.bindparam("tenant_id"),
+        L.c.execution_id == sa.bindparam("execution_id"),
+        L.c.holder_instance_id == sa.bindparam("holder"),
+        L.c.lease_epoch == sa.bindparam("epoch"),
+        L.c.released.is_(sa.false()),
+        L.c.finished.is_(sa.false()),
+    )
+    return sa.and_(condition, L.c.expires_at > now) if live else condition
+
+
+class LeaseStatements:
+    """The lease statements for one dialect and one kind of store time."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        ops = b.ops
+        source, now = b.now()
+        self.returning = ops.UPDATE_RETURNING
+        lease_ms = sa.bindparam("lease_ms", type_=sa.BigInteger)
+        new_row: dict[str, Any] = {
+            "tenant_id": sa.bindparam("tenant_id"),
+            "execution_id": sa.bindparam("execution_id"),
+            "holder_instance_id": sa.bindparam("holder"),
+            "lease_epoch": sa.literal(1, sa.BigInteger),
+            "expires_at": now + lease_ms,
+            "released": sa.false(),
+            "yielded": sa.false(),
+            "finished": sa.false(),
+            "fence_token": sa.literal(0, sa.BigInteger),
+            "taken_over_from_instance_id": sa.null(),
+            "taken_over_from_epoch": sa.null(),
+            "closed_reason": sa.null(),
+            "take_id": sa.bindparam("take_id"),
+            "updated_at": now,
+        }
+        # The previous epoch was taken over when it ended by expiry, not by its holder's
+        # release or yield (a close by `lease_state_of` is an expiry too).
+        handed_over = sa.or_(
+            sa.and_(L.c.released.is_(sa.true()), L.c.closed_reason.is_(None)),
+            L.c.yielded.is_(sa.true()),
+        )
+        if b.dialect_name == "mysql":
+            columns = list(new_row)
+            select = sa.select(*(new_row[c] for c in columns)).select_from(source)
+            insert = ops.insert(L).from_select(columns, select)
+            new = insert.inserted
+            free = sa.and_(
+                L.c.finished.is_(sa.false()),
+                sa.or_(
+                    L.c.released.is_(sa.true()),
+                    L.c.yielded.is_(sa.true()),
+                    L.c.expires_at <= new.updated_at,
+                ),
+            )
+            # No WHERE on MySQL's upsert: each column is IF(taken, new, old). Assignments
+            # run left to right and see the columns already assigned, so the decision is
+            # written first, into take_id (a per-call nonce), and read by all the rest.
+            taken = L.c.take_id == new.take_id
+            self.acquire = insert.on_duplicate_key_update(
+                [
+                    ("take_id", sa.func.IF(free, new.take_id, L.c.take_id)),
+                    (
+                        "taken_over_from_instance_id",
+                        sa.func.IF(
+                            taken,
+                            sa.case((handed_over, sa.null()), else_=L.c.holder_instance_id),
+                            L.c.taken_over_from_instance_id,
+                        ),
+                    ),
+                    (
+                        "taken_over_from_epoch",
+                        sa.func.IF(
+                            taken,
+                            sa.case((handed_over, sa.null()), else_=L.c.lease_epoch),
+                            L.c.taken_over_from_epoch,
+                        ),
+                    ),
+                    (
+                        "holder_instance_id",
+                        sa.func.IF(taken, new.holder_instance_id, L.c.holder_instance_id),
+                    ),
+                    ("lease_epoch", sa.func.IF(taken, L.c.lease_epoch + 1, L.c.lease_epoch)),
+                    ("expires_at", sa.func.IF(taken, new.expires_at, L.c.expires_at)),
+                    ("released", sa.func.IF(taken, sa.false(), L.c.released)),
+                    ("yielded", sa.func.IF(taken, sa.false(), L.c.yielded)),
+                    ("closed_reason", sa.func.IF(taken, sa.null(), L.c.closed_reason)),
+                    ("updated_at", sa.func.IF(taken, new.updated_at, L.c.updated_at)),
+                ]
+            )
+            # MariaDB returns the row whether or not the take happened: take_id tells.
+            self.acquire_returning = Suffixed(self.acquire, " RETURNING " + ", ".join(_RETURNED))
+        else:
+            if source is not None:
+                columns = list(new_row)
+                select = sa.select(*(new_row[c] for c in columns)).select_from(source)
+                insert = ops.insert(L).from_select(columns, select)
+            else:
+                insert = ops.insert(L).values(new_row)
+            new = insert.excluded
+            free = sa.and_(
+                L.c.finished.is_(sa.false()),
+                sa.or_(
+                    L.c.released.is_(sa.true()),
+                    L.c.yielded.is_(sa.true()),
+                    L.c.expires_at <= new.updated_at,
+                ),
+            )
+            self.acquire = insert.on_conflict_do_update(
+                index_elements=["tenant_id", "execution_id"],
+                set_={
+                    "taken_over_from_instance_id": sa.case(
+                        (handed_over, sa.null()), else_=L.c.holder_instance_id
+                    ),
+                    "taken_over_from_epoch": sa.case(
+                        (handed_over, sa.null()), else_=L.c.lease_epoch
+                    ),
+                    "holder_instance_id": new.holder_instance_id,
+                    "lease_epoch": L.c.lease_epoch + 1,
+                    "expires_at": new.expires_at,
+                    "released": sa.false(),
+                    "yielded": sa.false(),
+                    "closed_reason": sa.null(),
+                    "take_id": new.take_id,
+                    "updated_at": new.updated_at,
+                },
+                where=free,
+            ).returning(*(L.c[c] for c in _RETURNED))
+            self.acquire_returning = self.acquire
+
+        def update(where: Any, values: dict[str, Any]) -> Any:
+            # PostgreSQL: UPDATE … FROM the one-row time CTE; MySQL: a multi-table UPDATE
+            # with the derived time table; SQLite: inline. Either way the time is read once.
+            return sa.update(L).where(where).values(values)
+
+        self.renew = update(
+            sa.and_(_held(now, live=True), L.c.yielded.is_(sa.false())),
+            {"expires_at": ops.greatest(L.c.expires_at, now + lease_ms), "updated_at": now},
+        )
+        self.reclaim = update(
+            sa.and_(_held(now, live=True), L.c.yielded.is_(sa.true())),
+            {
+                "lease_epoch": L.c.lease_epoch + 1,
+                "yielded": sa.false(),
+                "expires_at": now + lease_ms,
+                "updated_at": now,
+                "take_id": sa.bindparam("take_id"),
+            },
+        )
+        self.yield_lease = update(
+            sa.and_(_held(now, live=True), L.c.yielded.is_(sa.false())),
+            {"yielded": sa.true(), "updated_at": now},
+        )
+        self.release = update(_held(now, live=False), {"released": sa.true(), "updated_at": now})
+        self.finish = update(
+            _held(now, live=False),
+            {"released": sa.true(), "finished": sa.true(), "updated_at": now},
+        )
+        if ops.UPDATE_RETURNING:
+            self.renew = self.renew.returning(L.c.expires_at, L.c.updated_at)
+            self.reclaim = self.reclaim.returning(L.c.lease_epoch, L.c.expires_at, L.c.updated_at)
+        self.read = sa.select(*(L.c[c] for c in _RETURNED)).where(
+            L.c.tenant_id == sa.bindparam("tenant_id"),
+            L.c.execution_id == sa.bindparam("execution_id"),
+        )
+        self.save_execution_id = ops.insert_if_absent(execution_ids, ["execution_id"]).values(
+            execution_id=sa.bindparam("execution_id"), tenant_id=sa.bindparam("tenant_id")
+        )
+
+
+class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
+    """Leases on SQL: each move is one conditional statement decided by the store's time."""
+
+    def __init__(
+        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        self._attach(connection, application)
+        self.store_clock = clock
+        self._sql = connection.prepared(LeaseStatements, database_time=clock.is_database_time)
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        if not self.store_clock.is_database_time:
+            params["now"] = self.store_clock.now()
+        return params
+
+    def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
+        return self._params(
+            tenant_id=lease.tenant_id,
+            execution_id=lease.execution_id,
+            holder=lease.holder_instance_id,
+            epoch=lease.lease_epoch,
+            **params,
+        )
+
+    def _lease_of(self, tenant_id: str, execution_id: str, row: Any) -> ExecutionLease:
+        epoch, expires_at, now, from_instance, from_epoch, _ = row
+        return ExecutionLease(
+            tenant_id=tenant_id,
+            execution_id=execution_id,
+            holder_instance_id=self.application.instance_id,
+            lease_epoch=int(epoch),
+            remaining_ms=remaining_of(expires_at, now),
+            taken_over_from=(
+                LeaseHolder(from_instance, int(from_epoch)) if from_instance is not None else None
+            ),
+        )
+
+    async def acquire(
+        self, tenant_id: str, execution_id: str, lease_ms: int
+    ) -> ExecutionLease | None:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
+        take_id = secrets.token_hex(16)
+        params = self._params(
+            tenant_id=tenant_id,
+            execution_id=execution_id,
+            holder=self.application.instance_id,
+            lease_ms=int(lease_ms),
+            take_id=take_id,
+        )
+        conn = self.connection
+        if self._sql.returning or await conn.server_flavour() == "mariadb":
+            row = (await conn.execute(self._sql.acquire_returning, params)).first()
+        else:
+            row = await conn.run(lambda: self._acquire_then_read(params), transaction=False)
+        # MySQL-family rows come back whether or not the take happened: the nonce tells.
+        if row is None or row[5] != take_id:
+            return None
+        return self._lease_of(tenant_id, execution_id, row)
+
+    def _acquire_then_read(self, params: dict[str, Any]) -> Step[Any]:
+        yield Exec(self._sql.acquire, params)
+        return (yield Exec(self._sql.read, params)).first()
+
+    async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
+        params = self._lease_params(lease, lease_ms=int(lease_ms))
+        if self._sql.returning:
+            row = (await self.connection.execute(self._sql.renew, params)).first()
+            return None if row is None else remaining_of(row[0], row[1])
+        return await self.connection.run(
+            lambda: self._renew_then_read(params, lease), transaction=False
+        )
+
+    def _renew_then_read(self, params: dict[str, Any], lease: ExecutionLease) -> Step[int | None]:
+        if (yield Exec(self._sql.renew, params)).rowcount != 1:
+            return None
+        row = (yield Exec(self._sql.read, params)).first()
+        if row is None or int(row[0]) != lease.lease_epoch:
+            # Renewed, then moved on before the read: the renewal's own floor is lease_ms.
+            return int(params["lease_ms"])
+        return remaining_of(row[1], row[2])
+
+    async def release(self, lease: ExecutionLease) -> bool:
+        result = await self.connection.execute(self._sql.release, self._lease_params(lease))
+        return result.rowcount == 1
+
+    async def yield_lease(self, lease: ExecutionLease) -> bool:
+        result = await self.connection.execute(self._sql.yield_lease, self._lease_params(lease))
+        return result.rowcount == 1
+
+    async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
+        params = self._lease_params(lease, lease_ms=int(lease_ms), take_id=secrets.token_hex(16))
+        result = await self.connection.execute(self._sql.reclaim, params)
+        if self._sql.returning:
+            row = result.first()
+            if row is None:
+                return None
+            epoch, remaining = int(row[0]), remaining_of(row[1], row[2])
+        else:
+            if result.rowcount != 1:
+                return None
+            # The reclaim set expires_at = now + lease_ms and epoch + 1, exactly.
+            epoch, remaining = lease.lease_epoch + 1, int(lease_ms)
+        return ExecutionLease(
+            tenant_id=lease.tenant_id,
+            execution_id=lease.execution_id,
+            holder_instance_id=lease.holder_instance_id,
+            lease_epoch=epoch,
+            remaining_ms=remaining,
+        )
+
+    async def finish(self, lease: ExecutionLease) -> bool:
+        result = await self.connection.execute(self._sql.finish, self._lease_params(lease))
+        return result.rowcount == 1
+
+    async def save_execution_id_if_absent(self, tenant_id: str, execution_id: str) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
+        return await self.connection.insert_if_absent(
+            self._sql.save_execution_id, {"tenant_id": tenant_id, "execution_id": execution_id}
+        )

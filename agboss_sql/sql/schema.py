@@ -1,0 +1,283 @@
+"""The schema: one MetaData for every table the SQL stores use.
+
+Identifiers are bounded (255) so composite keys stay under MySQL's 3072-byte
+index limit with utf8mb4; a longer identity (a fenced key, a scope) is keyed
+by its SHA-256 hex digest and kept whole beside it. Times are BIGINT ms.
+Payloads are JSON text (LONGTEXT on MySQL); checkpoint blobs are binary.
+MySQL identifier columns use a binary collation so that keys compare by
+their exact characters, as on the other databases.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def Ident(length: int = 255) -> sa.types.TypeEngine[str]:  # noqa: N802 - reads as a type
+    """A bounded identifier compared by its exact characters on every database."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+def Json() -> sa.types.TypeEngine[str]:  # noqa: N802
+    """JSON text of any size."""
+    return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+def Blob() -> sa.types.TypeEngine[bytes]:  # noqa: N802
+    """Binary data of any size."""
+    return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+
+
+def Flag() -> sa.Boolean:  # noqa: N802
+    return sa.Boolean(create_constraint=False)
+
+
+Millis = sa.BigInteger
+Hash = Ident  # SHA-256 hex digests (64)
+
+execution_leases = sa.Table(
+    "agboss_execution_leases",
+    metadata,
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("execution_id", Ident(), primary_key=True),
+    sa.Column("holder_instance_id", Ident(), nullable=False),
+    sa.Column("lease_epoch", sa.BigInteger(), nullable=False),
+    sa.Column("expires_at", Millis(), nullable=False),
+    sa.Column("released", Flag(), nullable=False),
+    sa.Column("yielded", Flag(), nullable=False),
+    sa.Column("finished", Flag(), nullable=False),
+    # The high-water mark of fenced writes in this lease's scope: the lease row is
+    # locked by every fenced write, so the mark lives on it and is raised in the
+    # same statement that checks the lease.
+    sa.Column("fence_token", sa.BigInteger(), nullable=False),
+    sa.Column("taken_over_from_instance_id", Ident(), nullable=True),
+    sa.Column("taken_over_from_epoch", sa.BigInteger(), nullable=True),
+    sa.Column("closed_reason", sa.String(32), nullable=True),
+    # A per-take nonce: on MySQL (no RETURNING) it tells which take a read-back belongs to.
+    sa.Column("take_id", sa.String(64), nullable=True),
+    sa.Column("updated_at", Millis(), nullable=False),
+)
+
+execution_ids = sa.Table(
+    "agboss_execution_ids",
+    metadata,
+    sa.Column("execution_id", Ident(), primary_key=True),
+    sa.Column("tenant_id", Ident(), nullable=False),
+)
+
+execution_lease_events = sa.Table(
+    "agboss_execution_lease_events",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("execution_id", Ident(), nullable=False),
+    sa.Column("instance_id", Ident(), nullable=False),
+    sa.Column("lease_epoch", sa.BigInteger(), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("at", Millis(), nullable=False),
+    sa.Column("taken_over_from_instance_id", Ident(), nullable=True),
+    sa.Column("taken_over_from_epoch", sa.BigInteger(), nullable=True),
+    sa.Column("reason", sa.Text(), nullable=True),
+    sa.Index(None, "tenant_id", "execution_id", "id"),
+)
+
+fenced_effect_results = sa.Table(
+    "agboss_fenced_effect_results",
+    metadata,
+    sa.Column("identity_hash", Hash(64), primary_key=True),
+    sa.Column("identity", sa.Text(), nullable=False),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("scope_key", sa.Text(), nullable=False),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("business_key", sa.Text(), nullable=True),
+    sa.Column("fingerprint", sa.Text(), nullable=True),
+    sa.Column("step_execution_id", Ident(), nullable=False),
+    sa.Column("step_idempotency_key", sa.Text(), nullable=False),
+    sa.Column("step_name", sa.Text(), nullable=False),
+    sa.Column("lease_execution_id", Ident(), nullable=False),
+    sa.Column("token", sa.BigInteger(), nullable=False),
+    sa.Column("result", Json(), nullable=True),
+    sa.Column("stored_at", Millis(), nullable=False),
+)
+
+outbound_calls = sa.Table(
+    "agboss_outbound_calls",
+    metadata,
+    sa.Column("identity_hash", Hash(64), primary_key=True),
+    sa.Column("key_identity", sa.Text(), nullable=False),
+    sa.Column("business_identity", sa.Text(), nullable=True),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("intent", Json(), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("attempt_owner", sa.Text(), nullable=False),
+    sa.Column("lease_execution_id", Ident(), nullable=False),
+    sa.Column("token", sa.BigInteger(), nullable=False),
+    sa.Column("fingerprint", sa.Text(), nullable=True),
+    sa.Column("step_execution_id", Ident(), nullable=False),
+    sa.Column("step_idempotency_key", sa.Text(), nullable=False),
+    sa.Column("step_name", sa.Text(), nullable=False),
+    sa.Column("response", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
+    sa.Column("recorded_at", Millis(), nullable=False),
+    sa.Column("updated_at", Millis(), nullable=False),
+)
+
+child_executions = sa.Table(
+    "agboss_child_executions",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("child_execution_id", Ident(), nullable=False, unique=True),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("root_execution_id", Ident(), nullable=False),
+    sa.Column("parent_execution_id", Ident(), nullable=False),
+    sa.Column("depth", sa.Integer(), nullable=False),
+    sa.Column("payload", Json(), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("claimed_by", Ident(), nullable=True),
+    sa.Column("queued_at", Millis(), nullable=False),
+    sa.Column("claimed_at", Millis(), nullable=True),
+    sa.Column("finished_at", Millis(), nullable=True),
+    sa.Column("outcome", Json(), nullable=True),
+    sa.Index(None, "status", "depth", "queued_at", "id"),
+    sa.Index(None, "parent_execution_id", "status"),
+)
+
+execution_records = sa.Table(
+    "agboss_execution_records",
+    metadata,
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("execution_id", Ident(), primary_key=True),
+    sa.Column("root_execution_id", Ident(), nullable=False),
+    sa.Column("parent_execution_id", Ident(), nullable=True),
+    sa.Column("thread_id", Ident(), nullable=True),
+    sa.Column("workflow", Ident(), nullable=False),
+    sa.Column("owner", Ident(), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", Millis(), nullable=False),
+    sa.Column("updated_at", Millis(), nullable=False),
+    sa.Column("outcome", Json(), nullable=True),
+    sa.Index(None, "tenant_id", "thread_id"),
+    sa.Index(None, "status", "updated_at"),
+)
+
+execution_tree_keys = sa.Table(
+    "agboss_execution_tree_keys",
+    metadata,
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("root_execution_id", Ident(), primary_key=True),
+    sa.Column("key", Ident(), primary_key=True),
+    sa.Column("value", Json(), nullable=True),
+)
+
+mesh_requests = sa.Table(
+    "agboss_mesh_requests",
+    metadata,
+    sa.Column("idempotency_key", Ident(), primary_key=True),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("fingerprint", sa.Text(), nullable=False),
+    sa.Column("received_at", Millis(), nullable=False),
+    sa.Column("completed", Flag(), nullable=False),
+    sa.Column("response", Json(), nullable=True),
+)
+
+rate_limit_slots = sa.Table(
+    "agboss_rate_limit_slots",
+    metadata,
+    sa.Column("key", Ident(), primary_key=True),
+    sa.Column("holder", Ident(), primary_key=True),
+    sa.Column("expires_at", Millis(), nullable=False),
+)
+
+rate_limit_keys = sa.Table(
+    "agboss_rate_limit_keys",
+    metadata,
+    # One row per limited key: the lock under which its slots are counted and taken,
+    # its current window and its pause.
+    sa.Column("key", Ident(), primary_key=True),
+    sa.Column("window_start", Millis(), nullable=True),
+    sa.Column("window_used", sa.BigInteger(), nullable=True),
+    sa.Column("paused_until", Millis(), nullable=True),
+)
+
+paused_executions = sa.Table(
+    "agboss_paused_executions",
+    metadata,
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("pause_id", Ident(), primary_key=True),
+    sa.Column("execution_id", Ident(), nullable=False),
+    sa.Column("root_execution_id", Ident(), nullable=False),
+    sa.Column("thread_id", Ident(), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("request", Json(), nullable=True),
+    sa.Column("decision", Json(), nullable=True),
+    sa.Column("created_at", Millis(), nullable=False),
+    sa.Column("resolved_at", Millis(), nullable=True),
+    sa.Column("updated_at", Millis(), nullable=False),
+    sa.Index(None, "tenant_id", "root_execution_id", "status"),
+    sa.Index(None, "status", "updated_at"),
+)
+
+cost_entries = sa.Table(
+    "agboss_cost_entries",
+    metadata,
+    sa.Column("entry_id", Ident(), primary_key=True),
+    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("execution_id", Ident(), nullable=False),
+    sa.Column("application", Ident(), nullable=False),
+    sa.Column("tokens_in", sa.BigInteger(), nullable=False),
+    sa.Column("tokens_out", sa.BigInteger(), nullable=False),
+    sa.Column("cost_micros", sa.BigInteger(), nullable=False),
+    sa.Column("at", Millis(), nullable=False),
+    sa.Index(None, "execution_id", "at"),
+    sa.Index(None, "tenant_id", "at"),
+    sa.Index(None, "application", "at"),
+)
+
+cost_reservations = sa.Table(
+    "agboss_cost_reservations",
+    metadata,
+    sa.Column("scope", sa.String(16), primary_key=True),
+    sa.Column("key", Ident(), primary_key=True),
+    sa.Column("reserved_micros", sa.BigInteger(), nullable=False),
+)
+
+execution_history = sa.Table(
+    "agboss_execution_history",
+    metadata,
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("execution_id", Ident(), primary_key=True),
+    sa.Column("workflow", Ident(), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("started_at", Millis(), nullable=False),
+    sa.Column("finished_at", Millis(), nullable=False),
+    sa.Column("record", Json(), nullable=True),
+    sa.Index(None, "tenant_id", "finished_at", "execution_id"),
+    sa.Index(None, "finished_at"),
+)
+
+STORE_TABLES = tuple(metadata.sorted_tables)
+"""Every table, in dependency order (for truncation in tests)."""
