@@ -180,7 +180,10 @@ def parse_attempt_owner(owner: str) -> AttemptOwner | None:
     except (ValueError, TypeError):
         return None
     if not (
-        isinstance(tenant_id, str) and isinstance(execution_id, str) and isinstance(token, int)
+        isinstance(tenant_id, str)
+        and isinstance(execution_id, str)
+        and isinstance(token, int)
+        and not isinstance(token, bool)
     ):
         return None
     return AttemptOwner(tenant_id, execution_id, token)

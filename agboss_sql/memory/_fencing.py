@@ -65,6 +65,15 @@ def checked_count(what: str, value: object) -> int:
     return value
 
 
+def checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
+    """`value` if it is an int (not a bool) of at least `minimum`, else `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {value!r:.80}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value!r}")
+    return value
+
+
 def checked_token(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"a lease token is an int, got {value!r}")

@@ -91,21 +91,14 @@ class RecordRow:
 @dataclass(slots=True)
 class PauseRow:
     pause: PausedExecution
-    sequence: int
+    updated_at: int
+    """When the pause was saved or last moved (the application clock's time)."""
 
 
 @dataclass(slots=True)
 class WindowRow:
     start: int
     used: int
-
-
-@dataclass(slots=True)
-class ReservationRow:
-    scope: str
-    key: str
-    amount_micros: int
-    at: int
 
 
 class InMemoryBackend:
@@ -130,11 +123,12 @@ class InMemoryBackend:
         self.trees: dict[tuple[str, str], dict[str, str]] = {}
         self.mesh_requests: dict[str, MeshRequest] = {}
         self.slots: dict[str, dict[str, int]] = {}
-        self.windows: dict[tuple[str, int], WindowRow] = {}
+        self.windows: dict[str, WindowRow] = {}
         self.rate_pauses: dict[str, int] = {}
-        self.pauses: dict[str, PauseRow] = {}
+        self.pauses: dict[tuple[str, str], PauseRow] = {}
         self.cost_entries: dict[str, CostEntry] = {}
-        self.reservations: list[ReservationRow] = []
+        self.reservations: dict[tuple[str, str], int] = {}
+        """Reserved micros per `(scope, key)`."""
         self.history: dict[tuple[str, str], ExecutionSnapshot] = {}
         self.business_rows: list[Any] = []
         """Rows the fenced effects' work inserted, committed with their results."""
@@ -246,7 +240,6 @@ __all__ = [
     "LeaseRow",
     "PauseRow",
     "RecordRow",
-    "ReservationRow",
     "WindowRow",
     "json_copy",
     "json_text",

@@ -82,13 +82,13 @@ class InMemoryFencedEffectRepository(FencedEffectRepository[InMemoryTransaction]
                 replayed_from = replayed_from_of(key, stored.facts)
                 if must_raise_mark:
                     raise_mark(self.memory, key)
-                value: T = json.loads(stored.value_json)
-                return FencedEffectResult(value, True, replayed_from)
+                replayed: T = json.loads(stored.value_json)
+                return FencedEffectResult(replayed, True, replayed_from)
             tx = InMemoryTransaction(self.memory)
             try:
-                value = await work(tx)
                 # Stored as a JSON column would store it: a value JSON refuses fails the effect.
-                row = FencedResultRow(json_text(value), stored_key_facts_of(key), key.token, now)
+                text = json_text(await work(tx))
+                row = FencedResultRow(text, stored_key_facts_of(key), key.token, now)
                 if must_raise_mark:
                     tx._stage(lambda: raise_mark(self.memory, key))
                 tx._stage(lambda: self.memory.fenced_results.__setitem__(identity, row))
@@ -96,7 +96,9 @@ class InMemoryFencedEffectRepository(FencedEffectRepository[InMemoryTransaction]
             except BaseException:
                 tx._rollback()
                 raise
-            return FencedEffectResult(value, False, None)
+            # The stored form, so the first answer equals every replay's.
+            stored_value: T = json.loads(text)
+            return FencedEffectResult(stored_value, False, None)
 
 
 def _call_out(call: OutboundCall) -> OutboundCall:
@@ -111,7 +113,14 @@ def _call_out(call: OutboundCall) -> OutboundCall:
 
 class InMemoryOutboundCallRepository(OutboundCallRepository):
     """Outbound calls in an `InMemoryBackend`: every fenced method checks the lease and the
-    scope's mark in the same step as its read or write of the intent."""
+    scope's mark in the same step as its read or write of the intent.
+
+    Under a business key, a row recorded with another fingerprint is
+    `IdempotencyKeyConflictError`, never the other intent. A claimed attempt starts with no
+    response and no error. `lease_state_of` answers `ABSENT` for a token never granted
+    (above the lease's epoch) and `LIVE` for a yielded lease that has not expired (its
+    holder gave it up, but nobody has taken it and it has not run out).
+    """
 
     backend: str | None = "in-memory"
     lease_repository: ClassVar[type[InMemoryExecutionLeaseRepository] | None] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from agboss_sql.contracts.clocks import Clock, StoreClock, remaining_of
@@ -11,12 +12,14 @@ from agboss_sql.contracts.types import (
     ApplicationContext,
     ExecutionLease,
     ExecutionLeaseEvent,
+    LeaseEventKind,
     LeaseHolder,
 )
 from agboss_sql.memory._fencing import (
     SUPERSEDED,
     checked_application,
     checked_count,
+    checked_int,
     checked_positive,
     checked_store_clock,
     store_now,
@@ -28,7 +31,9 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
     """Leases in an `InMemoryBackend`, decided by the store's time.
 
     Every move is one step under the backend's lock, so it is ordered with the fenced
-    effects and outbound calls that check the same lease rows.
+    effects and outbound calls that check the same lease rows. A lease is moved only by the
+    instance holding it (`application.instance_id`) at its epoch. A lease lasts a positive
+    whole number of ms.
     """
 
     backend: str | None = "in-memory"
@@ -201,9 +206,25 @@ class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
     async def save(self, event: ExecutionLeaseEvent) -> None:
         if not isinstance(event, ExecutionLeaseEvent):
             raise TypeError(f"expected an ExecutionLeaseEvent, got {type(event).__name__}")
-        self.memory.lease_events.append(event)
+        holder = event.taken_over_from
+        if holder is not None and not isinstance(holder, LeaseHolder):
+            raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
+        if event.reason is not None and not isinstance(event.reason, str):
+            raise TypeError(f"reason is a text or None, got {event.reason!r:.80}")
+        checked_identifier("tenant_id", event.tenant_id)
+        checked_identifier("execution_id", event.execution_id)
+        checked_identifier("instance_id", event.instance_id)
+        checked_int("lease_epoch", event.lease_epoch)
+        checked_int("at", event.at)
+        if holder is not None:
+            checked_identifier("taken_over_from.instance_id", holder.instance_id)
+            checked_int("taken_over_from.lease_epoch", holder.lease_epoch)
+        kind = LeaseEventKind(event.kind)
+        self.memory.lease_events.append(dataclasses.replace(event, kind=kind))
 
     async def list(self, tenant_id: str, execution_id: str) -> Sequence[ExecutionLeaseEvent]:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
         return [
             event
             for event in self.memory.lease_events

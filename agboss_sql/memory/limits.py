@@ -16,17 +16,19 @@ from agboss_sql.memory._fencing import (
     checked_application,
     checked_clock,
     checked_count,
+    checked_int,
     checked_positive,
 )
-from agboss_sql.memory.backend import InMemoryBackend, ReservationRow, WindowRow
+from agboss_sql.memory.backend import InMemoryBackend, WindowRow
 
 
 class InMemoryRateLimitRepository(RateLimitRepository):
     """Rate limits in an `InMemoryBackend`, on the application's clock.
 
     Each method counts and takes without awaiting in between: one atomic step on the event
-    loop. A slot is live while `expires_at > now`, as a lease is. Windows are fixed windows
-    aligned to multiples of `window_ms`, one counter per key and window size.
+    loop. A slot is live while `expires_at > now`, as a lease is. A window is a fixed window
+    aligned to a multiple of `window_ms`, one counter per key: a key counts in one window
+    size (asked with another size, its count restarts whenever the window start differs).
     """
 
     backend: str | None = "in-memory"
@@ -63,6 +65,8 @@ class InMemoryRateLimitRepository(RateLimitRepository):
         return True
 
     async def renew_slot(self, key: str, holder: str, ttl_ms: int) -> bool:
+        checked_identifier("key", key)
+        checked_identifier("holder", holder)
         checked_positive("ttl_ms", ttl_ms)
         now = self.clock.now()
         slots = self._live_slots(key, now)
@@ -72,6 +76,8 @@ class InMemoryRateLimitRepository(RateLimitRepository):
         return True
 
     async def release_slot(self, key: str, holder: str) -> None:
+        checked_identifier("key", key)
+        checked_identifier("holder", holder)
         self.memory.slots.get(key, {}).pop(holder, None)
 
     async def add_to_window(
@@ -83,10 +89,10 @@ class InMemoryRateLimitRepository(RateLimitRepository):
         checked_count("limit", limit)
         now = self.clock.now()
         start = now - now % window_ms
-        window = self.memory.windows.get((key, window_ms))
+        window = self.memory.windows.get(key)
         if window is None or window.start != start:
             window = WindowRow(start=start, used=0)
-            self.memory.windows[(key, window_ms)] = window
+            self.memory.windows[key] = window
         allowed = window.used + amount <= limit
         if allowed:
             window.used += amount
@@ -99,6 +105,7 @@ class InMemoryRateLimitRepository(RateLimitRepository):
             self.memory.rate_pauses[key] = until
 
     async def paused_until(self, key: str) -> int | None:
+        checked_identifier("key", key)
         until = self.memory.rate_pauses.get(key)
         if until is None or until <= self.clock.now():
             return None
@@ -116,8 +123,8 @@ def _matches(scope: BudgetScope, key: str, entry: CostEntry) -> bool:
 class InMemoryCostLedgerRepository(CostLedgerRepository):
     """Spend in an `InMemoryBackend`: entries recorded once by id, reservations per scope key.
 
-    A reservation counts in `total` of its scope and key only (cost, no tokens), from the
-    application clock's time it was made.
+    Reservations are one running sum per scope and key: they count (as cost, no tokens) in
+    every `total` of that scope and key, whatever `since`.
     """
 
     backend: str | None = "in-memory"
@@ -137,6 +144,10 @@ class InMemoryCostLedgerRepository(CostLedgerRepository):
         checked_identifier("tenant_id", entry.tenant_id)
         checked_identifier("execution_id", entry.execution_id)
         checked_identifier("application", entry.application)
+        checked_int("tokens_in", entry.tokens_in)
+        checked_int("tokens_out", entry.tokens_out)
+        checked_int("cost_micros", entry.cost_micros)
+        checked_int("at", entry.at)
         if entry.entry_id in self.memory.cost_entries:
             return False
         self.memory.cost_entries[entry.entry_id] = entry
@@ -149,16 +160,13 @@ class InMemoryCostLedgerRepository(CostLedgerRepository):
                 tokens_in += entry.tokens_in
                 tokens_out += entry.tokens_out
                 cost_micros += entry.cost_micros
-        for reservation in self.memory.reservations:
-            if (
-                reservation.scope == scope
-                and reservation.key == key
-                and (since is None or reservation.at >= since)
-            ):
-                cost_micros += reservation.amount_micros
+        cost_micros += self.memory.reservations.get((scope, key), 0)
         return CostTotal(tokens_in, tokens_out, cost_micros)
 
     async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+        checked_identifier("key", key)
+        if since is not None:
+            checked_int("since", since)
         return self._total(BudgetScope(scope), key, since)
 
     async def try_reserve(
@@ -171,5 +179,7 @@ class InMemoryCostLedgerRepository(CostLedgerRepository):
         spent = self._total(scope, key, None).cost_micros
         if spent + amount_micros > limit_micros:
             return False
-        self.memory.reservations.append(ReservationRow(scope, key, amount_micros, self.clock.now()))
+        self.memory.reservations[(scope, key)] = (
+            self.memory.reservations.get((scope, key), 0) + amount_micros
+        )
         return True

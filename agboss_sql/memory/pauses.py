@@ -15,7 +15,7 @@ from agboss_sql.contracts.types import (
     PausedExecution,
     PauseStatus,
 )
-from agboss_sql.memory._fencing import checked_application, checked_clock
+from agboss_sql.memory._fencing import checked_application, checked_clock, checked_int
 from agboss_sql.memory.backend import InMemoryBackend, PauseRow, json_copy
 
 _PURGEABLE = frozenset({PauseStatus.TAKEN, PauseStatus.CANCELLED})
@@ -28,11 +28,12 @@ def _pause_out(pause: PausedExecution) -> PausedExecution:
 
 
 class InMemoryPausedExecutionRepository(PausedExecutionRepository):
-    """Pauses in an `InMemoryBackend`, answered once whichever instance answers.
+    """Pauses in an `InMemoryBackend`, keyed by `(tenant_id, pause_id)`, answered once
+    whichever instance answers.
 
-    A pause id is unique whatever the tenant; a pause of another tenant reads as absent.
-    `resolved_at` is when the pause was answered or cancelled; `purge` measures a taken or
-    cancelled pause's age from it (from `created_at` when it has none).
+    `resolved_at` is when the pause was answered or cancelled. `purge` measures a pause's
+    age from when it was saved or last moved (resolved, taken, cancelled), on the
+    application's clock.
     """
 
     backend: str | None = "in-memory"
@@ -48,31 +49,37 @@ class InMemoryPausedExecutionRepository(PausedExecutionRepository):
         return None
 
     def _row(self, tenant_id: str, pause_id: str) -> PauseRow | None:
-        row = self.memory.pauses.get(pause_id)
-        if row is None or row.pause.tenant_id != tenant_id:
-            return None
-        return row
+        return self.memory.pauses.get((tenant_id, pause_id))
 
     async def save(self, pause: PausedExecution) -> None:
         checked_identifier("tenant_id", pause.tenant_id)
         checked_identifier("pause_id", pause.pause_id)
         checked_identifier("execution_id", pause.execution_id)
         checked_identifier("root_execution_id", pause.root_execution_id)
+        if pause.thread_id is not None:
+            checked_identifier("thread_id", pause.thread_id)
         stored = dataclasses.replace(
             pause,
             status=PauseStatus(pause.status),
             request=json_copy(pause.request),
             decision=json_copy(pause.decision),
         )
-        if pause.pause_id in self.memory.pauses:
-            raise DuplicatePauseError(f"pause {pause.pause_id!r} already exists")
-        self.memory.pauses[pause.pause_id] = PauseRow(stored, self.memory.next_sequence())
+        key = (pause.tenant_id, pause.pause_id)
+        if key in self.memory.pauses:
+            raise DuplicatePauseError(
+                f"pause {pause.pause_id!r} of tenant {pause.tenant_id!r} already exists"
+            )
+        self.memory.pauses[key] = PauseRow(stored, self.clock.now())
 
     async def get(self, tenant_id: str, pause_id: str) -> PausedExecution | None:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("pause_id", pause_id)
         row = self._row(tenant_id, pause_id)
         return None if row is None else _pause_out(row.pause)
 
     async def resolve(self, tenant_id: str, pause_id: str, decision: JsonValue) -> PausedExecution:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("pause_id", pause_id)
         decision = json_copy(decision)
         row = self._row(tenant_id, pause_id)
         if row is None or row.pause.status is not PauseStatus.PENDING:
@@ -81,15 +88,16 @@ class InMemoryPausedExecutionRepository(PausedExecutionRepository):
                 f"pause {pause_id!r} is not pending ({found}): it was answered, taken or "
                 "cancelled already; read it with get()"
             )
+        now = self.clock.now()
         row.pause = dataclasses.replace(
-            row.pause,
-            status=PauseStatus.RESOLVED,
-            decision=decision,
-            resolved_at=self.clock.now(),
+            row.pause, status=PauseStatus.RESOLVED, decision=decision, resolved_at=now
         )
+        row.updated_at = now
         return _pause_out(row.pause)
 
     async def resolved(self, tenant_id: str, root_execution_id: str) -> Sequence[PausedExecution]:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("root_execution_id", root_execution_id)
         rows = sorted(
             (
                 row
@@ -98,36 +106,38 @@ class InMemoryPausedExecutionRepository(PausedExecutionRepository):
                 and row.pause.root_execution_id == root_execution_id
                 and row.pause.status is PauseStatus.RESOLVED
             ),
-            key=lambda r: (r.pause.created_at, r.sequence),
+            key=lambda r: (r.pause.created_at, r.pause.pause_id),
         )
         return [_pause_out(row.pause) for row in rows]
 
     async def take(self, tenant_id: str, pause_id: str) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("pause_id", pause_id)
         row = self._row(tenant_id, pause_id)
         if row is None or row.pause.status is not PauseStatus.RESOLVED:
             return False
         row.pause = dataclasses.replace(row.pause, status=PauseStatus.TAKEN)
+        row.updated_at = self.clock.now()
         return True
 
     async def cancel(self, tenant_id: str, pause_id: str) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("pause_id", pause_id)
         row = self._row(tenant_id, pause_id)
         if row is None or row.pause.status is not PauseStatus.PENDING:
             return False
-        row.pause = dataclasses.replace(
-            row.pause, status=PauseStatus.CANCELLED, resolved_at=self.clock.now()
-        )
+        now = self.clock.now()
+        row.pause = dataclasses.replace(row.pause, status=PauseStatus.CANCELLED, resolved_at=now)
+        row.updated_at = now
         return True
 
     async def purge(self, older_than: int) -> int:
+        checked_int("older_than", older_than)
         old = [
-            pause_id
-            for pause_id, row in self.memory.pauses.items()
-            if row.pause.status in _PURGEABLE
-            and (
-                row.pause.resolved_at if row.pause.resolved_at is not None else row.pause.created_at
-            )
-            < older_than
+            key
+            for key, row in self.memory.pauses.items()
+            if row.pause.status in _PURGEABLE and row.updated_at < older_than
         ]
-        for pause_id in old:
-            del self.memory.pauses[pause_id]
+        for key in old:
+            del self.memory.pauses[key]
         return len(old)

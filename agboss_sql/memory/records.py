@@ -25,7 +25,12 @@ from agboss_sql.contracts.types import (
     MeshRequest,
     MeshRequestSaved,
 )
-from agboss_sql.memory._fencing import checked_application, checked_clock, checked_count
+from agboss_sql.memory._fencing import (
+    checked_application,
+    checked_clock,
+    checked_count,
+    checked_int,
+)
 from agboss_sql.memory.backend import InMemoryBackend, RecordRow, json_copy, json_text
 
 TERMINAL_STATUSES = frozenset(
@@ -65,6 +70,16 @@ class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
         checked_identifier("tenant_id", record.tenant_id)
         checked_identifier("execution_id", record.execution_id)
         checked_identifier("root_execution_id", record.root_execution_id)
+        checked_identifier("workflow", record.workflow)
+        for what, optional in (
+            ("parent_execution_id", record.parent_execution_id),
+            ("thread_id", record.thread_id),
+            ("owner", record.owner),
+        ):
+            if optional is not None:
+                checked_identifier(what, optional)
+        checked_int("created_at", record.created_at)
+        checked_int("updated_at", record.updated_at)
         stored = ExecutionRecordStatus(record.status)
         record = dataclasses.replace(record, status=stored, outcome=json_copy(record.outcome))
         key = (record.tenant_id, record.execution_id)
@@ -77,10 +92,14 @@ class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
         self.memory.records[key] = RecordRow(record, sequence, sequence)
 
     async def get(self, tenant_id: str, execution_id: str) -> ExecutionRecord | None:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
         row = self.memory.records.get((tenant_id, execution_id))
         return None if row is None else _record_out(row.record)
 
     async def find_by_thread(self, tenant_id: str, thread_id: str) -> Sequence[ExecutionRecord]:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("thread_id", thread_id)
         rows = sorted(
             (
                 row
@@ -94,6 +113,7 @@ class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
     async def find_by_status(
         self, status: ExecutionRecordStatus, limit: int
     ) -> Sequence[ExecutionRecord]:
+        status = ExecutionRecordStatus(status)
         checked_count("limit", limit)
         rows = sorted(
             (row for row in self.memory.records.values() if row.record.status == status),
@@ -110,12 +130,15 @@ class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
         outcome: JsonValue | None,
         with_outcome: bool,
     ) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
+        new = ExecutionRecordStatus(new)
         row = self.memory.records.get((tenant_id, execution_id))
         if row is None or row.record.status != expected or row.record.status in TERMINAL_STATUSES:
             return False
         row.record = dataclasses.replace(
             row.record,
-            status=ExecutionRecordStatus(new),
+            status=new,
             updated_at=self.clock.now(),
             outcome=outcome if with_outcome else row.record.outcome,
         )
@@ -165,8 +188,7 @@ class InMemoryExecutionTreeRepository(ExecutionTreeRepository):
     ) -> bool:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("root_execution_id", root_execution_id)
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"a tree key is a non-empty text, got {key!r:.80}")
+        checked_identifier("key", key)
         text = json_text(value)
         tree = self.memory.trees.setdefault((tenant_id, root_execution_id), {})
         if key in tree:
@@ -175,16 +197,23 @@ class InMemoryExecutionTreeRepository(ExecutionTreeRepository):
         return True
 
     async def get(self, tenant_id: str, root_execution_id: str, key: str) -> JsonValue | None:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("root_execution_id", root_execution_id)
+        checked_identifier("key", key)
         text = self.memory.trees.get((tenant_id, root_execution_id), {}).get(key)
         return None if text is None else json.loads(text)
 
     async def list(
         self, tenant_id: str, root_execution_id: str, prefix: str = ""
     ) -> dict[str, JsonValue]:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("root_execution_id", root_execution_id)
         tree = self.memory.trees.get((tenant_id, root_execution_id), {})
         return {key: json.loads(tree[key]) for key in sorted(tree) if key.startswith(prefix)}
 
     async def delete_tree(self, tenant_id: str, root_execution_id: str) -> int:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("root_execution_id", root_execution_id)
         tree = self.memory.trees.pop((tenant_id, root_execution_id), {})
         return len(tree)
 
@@ -219,6 +248,8 @@ class InMemoryMeshRequestRepository(MeshRequestRepository):
         checked_identifier("tenant_id", tenant_id)
         if not isinstance(fingerprint, str):
             raise ValueError(f"a fingerprint is a text, got {fingerprint!r:.80}")
+        if isinstance(received_at, bool) or not isinstance(received_at, int):
+            raise ValueError(f"received_at is a time in ms (int), got {received_at!r:.80}")
         existing = self.memory.mesh_requests.get(idempotency_key)
         if existing is not None:
             if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
@@ -232,6 +263,7 @@ class InMemoryMeshRequestRepository(MeshRequestRepository):
         return MeshRequestSaved(self._out(request), True)
 
     async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
+        checked_identifier("idempotency_key", idempotency_key)
         response = json_copy(response)
         existing = self.memory.mesh_requests.get(idempotency_key)
         if existing is None or existing.completed:
@@ -242,6 +274,7 @@ class InMemoryMeshRequestRepository(MeshRequestRepository):
         return True
 
     async def get(self, idempotency_key: str) -> MeshRequest | None:
+        checked_identifier("idempotency_key", idempotency_key)
         request = self.memory.mesh_requests.get(idempotency_key)
         return None if request is None else self._out(request)
 
@@ -268,10 +301,17 @@ class InMemoryExecutionHistoryRepository(ExecutionHistoryRepository):
     async def save(self, snapshot: ExecutionSnapshot) -> None:
         checked_identifier("tenant_id", snapshot.tenant_id)
         checked_identifier("execution_id", snapshot.execution_id)
+        checked_identifier("workflow", snapshot.workflow)
+        if not isinstance(snapshot.status, str) or not 1 <= len(snapshot.status) <= 32:
+            raise ValueError(f"a status is a text of 1-32 characters, got {snapshot.status!r:.80}")
+        checked_int("started_at", snapshot.started_at)
+        checked_int("finished_at", snapshot.finished_at)
         stored = dataclasses.replace(snapshot, record=json_copy(snapshot.record))
         self.memory.history[(snapshot.tenant_id, snapshot.execution_id)] = stored
 
     async def get(self, tenant_id: str, execution_id: str) -> ExecutionSnapshot | None:
+        checked_identifier("tenant_id", tenant_id)
+        checked_identifier("execution_id", execution_id)
         snapshot = self.memory.history.get((tenant_id, execution_id))
         return None if snapshot is None else _snapshot_out(snapshot)
 
@@ -284,7 +324,14 @@ class InMemoryExecutionHistoryRepository(ExecutionHistoryRepository):
         limit: int = 100,
         after: HistoryCursor | None = None,
     ) -> Sequence[ExecutionSnapshot]:
+        checked_identifier("tenant_id", tenant_id)
         checked_count("limit", limit)
+        for what, time in (("since", since), ("until", until)):
+            if time is not None:
+                checked_int(what, time)
+        if after is not None:
+            checked_int("after.finished_at", after.finished_at)
+            checked_identifier("after.execution_id", after.execution_id)
         found = [
             snapshot
             for snapshot in self.memory.history.values()
@@ -301,6 +348,7 @@ class InMemoryExecutionHistoryRepository(ExecutionHistoryRepository):
         return [_snapshot_out(snapshot) for snapshot in found[:limit]]
 
     async def purge(self, older_than: int) -> int:
+        checked_int("older_than", older_than)
         old = [key for key, s in self.memory.history.items() if s.finished_at < older_than]
         for key in old:
             del self.memory.history[key]
