@@ -5,9 +5,10 @@ Each dialect module exports: `NAME`, capability flags (`UPDATE_RETURNING`,
 `BEGIN` (the statement that opens a write transaction), `compile_dialect()`,
 `now_ms()` (the database clock in ms), `now_source(database_time)`,
 `insert(table)` (the dialect's insert with its upsert), `insert_if_absent`,
-`greatest`, `least`, `for_update`, `skip_locked`, `connect(url)` (the raw async
+`greatest`, `least`, `for_update`, `for_share`, `skip_locked`, `connect(url)` (the raw async
 driver connection), `is_retryable(exc)`, `is_unique_violation(exc)`,
-`is_disconnect(exc)`, and `lock_database(...)` helpers used by migrations.
+`is_disconnect(exc)`, and for migrations `SYNC_DRIVER` (the synchronous driver's
+name) and `lock_database(connection)` (the migration lock around one transaction).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ not only the rows whose values changed: compare-and-set reads "one row".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -68,6 +70,11 @@ def for_update(select: sa.Select[Any]) -> sa.Select[Any]:
     return select.with_for_update()
 
 
+def for_share(select: sa.Select[Any]) -> sa.Select[Any]:
+    """A shared locking read: the rows read stay as read until the transaction ends."""
+    return select.with_for_update(read=True)
+
+
 def skip_locked(select: sa.Select[Any]) -> sa.Select[Any]:
     return select.with_for_update(skip_locked=True)
 
@@ -79,6 +86,27 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
 
 
 INSERT_IF_ABSENT_RAISES = True
+
+
+def upsert(
+    table: sa.Table,
+    keys: Sequence[str],
+    values: Mapping[str, Any],
+    update: Callable[[Any], Mapping[str, Any]],
+) -> Any:
+    """`INSERT values`; on a duplicate of the unique key `keys`, `SET` what `update(new)`
+    maps (column name -> expression), where `new` names the values the insert proposed
+    (`new.column`). One statement; the duplicate row is locked by it. `ON DUPLICATE KEY
+    UPDATE` matches any unique key, so `keys` must be the table's only one."""
+    statement = insert(table).values(dict(values))
+    # A list keeps the assignments in order: MySQL runs them left to right.
+    return statement.on_duplicate_key_update(list(update(statement.inserted).items()))
+
+
+def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
+    """`expression` compared and ordered by its exact characters (code point order): its UTF-8
+    bytes, so no PAD SPACE collation ignores trailing spaces in the comparison."""
+    return sa.cast(expression, my.BINARY())
 
 
 # --- the raw async driver -------------------------------------------------------------
@@ -162,3 +190,83 @@ def is_unique_violation(exc: BaseException) -> bool:
 def is_disconnect(exc: BaseException) -> bool:
     code = _code(exc)
     return code in (2003, 2006, 2013, 2055) or isinstance(exc, ConnectionError)
+
+
+# --- migrations ------------------------------------------------------------------------
+
+SYNC_DRIVER = "pymysql"
+MIGRATION_LOCK_TIMEOUT_S = 600
+# GET_LOCK names are server-wide: migrations of two databases on one server take turns.
+MIGRATION_LOCK_NAME = "agboss_sql_migrations"
+
+
+@contextlib.contextmanager
+def lock_database(connection: sa.Connection) -> Iterator[None]:
+    """Run the body in one transaction on `connection` (a sync connection with no
+    transaction begun) while holding the migration lock (`GET_LOCK`), taken before the
+    transaction begins and released after it ends, so the next holder sees all it
+    committed (DDL commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S`."""
+    with connection.begin():
+        got = connection.execute(
+            sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S))
+        ).scalar()
+    if got != 1:
+        raise TimeoutError(
+            f"GET_LOCK('{MIGRATION_LOCK_NAME}') not granted within {MIGRATION_LOCK_TIMEOUT_S} s: "
+            "another agboss-sql migration is still running; retry when it has finished"
+        )
+    try:
+        with connection.begin():
+            yield
+    finally:
+        # A lost connection has lost its session, and the lock with it.
+        if not connection.invalidated:
+            with connection.begin():
+                connection.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
+
+
+# --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
+
+DML_IN_WITH = False
+"""No data-modifying statements inside `WITH`: several writes are one transaction."""
+
+JSON_KEY_EXACT = False
+"""`json_key_equals` is exact for scalars; for objects and arrays it is containment (the
+caller compares those values again)."""
+
+
+def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert, any number of rows) skipping rows whose unique key
+    `keys` is already taken (a no-op `ON DUPLICATE KEY UPDATE`; `INSERT IGNORE` would also
+    turn other errors into warnings)."""
+    # The key column set to its proposed value, which equals the stored one: a no-op that
+    # names no table (an `INSERT … SELECT` from the same table would make it ambiguous).
+    first = keys[0]
+    return statement.on_duplicate_key_update([(first, statement.inserted[first])])
+
+
+def replace_duplicates(statement: Any, keys: Sequence[str], columns: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert) setting `columns` to the proposed values on a row
+    whose unique key `keys` is already taken (`keys` must be the table's only unique key)."""
+    new = statement.inserted
+    return statement.on_duplicate_key_update([(column, new[column]) for column in columns])
+
+
+def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
+    """The JSON object in the text column `document` has key `:meta_path<index>` holding the
+    JSON value `:meta_value<index>` (`JSON_CONTAINS`: equality for scalars, containment for
+    objects and arrays). Params: `json_key_params`."""
+    return (
+        sa.func.json_contains(
+            document,
+            sa.bindparam(f"meta_value{index}", type_=sa.Text),
+            sa.bindparam(f"meta_path{index}", type_=sa.Text),
+        )
+        == 1
+    )
+
+
+def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
+    """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
+    quoted = key.replace("\\", "\\\\").replace('"', '\\"')
+    return {f"meta_path{index}": f'$."{quoted}"', f"meta_value{index}": json.dumps(value)}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,6 +61,11 @@ def for_update(select: sa.Select[Any]) -> sa.Select[Any]:
     return select.with_for_update()
 
 
+def for_share(select: sa.Select[Any]) -> sa.Select[Any]:
+    """A shared locking read: the rows read stay as read until the transaction ends."""
+    return select.with_for_update(read=True)
+
+
 def skip_locked(select: sa.Select[Any]) -> sa.Select[Any]:
     return select.with_for_update(skip_locked=True)
 
@@ -69,6 +76,27 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
 
 
 INSERT_IF_ABSENT_RAISES = False
+
+
+def upsert(
+    table: sa.Table,
+    keys: Sequence[str],
+    values: Mapping[str, Any],
+    update: Callable[[Any], Mapping[str, Any]],
+) -> Any:
+    """`INSERT values`; on a duplicate of the unique key `keys`, `SET` what `update(new)`
+    maps (column name -> expression), where `new` names the values the insert proposed
+    (`new.column`). One statement; the duplicate row is locked by it."""
+    statement = insert(table).values(dict(values))
+    return statement.on_conflict_do_update(
+        index_elements=list(keys), set_=dict(update(statement.excluded))
+    )
+
+
+def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
+    """`expression` compared and ordered by its exact characters (code point order), whatever
+    the database's collation: `COLLATE "C"` (UTF-8 byte order is code point order)."""
+    return sa.collate(expression, "C")
 
 
 # --- the raw async driver -------------------------------------------------------------
@@ -132,3 +160,71 @@ def is_disconnect(exc: BaseException) -> bool:
     return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and not is_retryable(
         exc
     )
+
+
+# --- migrations ------------------------------------------------------------------------
+
+SYNC_DRIVER = "psycopg"
+MIGRATION_LOCK_TIMEOUT_S = 600
+# A fixed key for every agboss-sql migration of a database (advisory locks are scoped to
+# their database): the first 8 bytes of SHA-256("agboss_sql_migrations"), signed.
+MIGRATION_LOCK_KEY = -7712121202080047754
+
+
+@contextlib.contextmanager
+def lock_database(connection: sa.Connection) -> Iterator[None]:
+    """Run the body in one transaction on `connection` (a sync connection with no
+    transaction begun) while holding the database's migration lock, a session advisory
+    lock taken before the transaction begins and released after it ends, so the next
+    holder sees all it committed. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it."""
+    with connection.begin():
+        # SET LOCAL: the bound applies to waiting for this lock only, not to the body.
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
+        connection.execute(sa.select(sa.func.pg_advisory_lock(MIGRATION_LOCK_KEY)))
+    try:
+        with connection.begin():
+            yield
+    finally:
+        # A lost connection has lost its session, and the lock with it.
+        if not connection.invalidated:
+            with connection.begin():
+                connection.execute(sa.select(sa.func.pg_advisory_unlock(MIGRATION_LOCK_KEY)))
+
+
+# --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
+
+DML_IN_WITH = True
+"""Data-modifying statements may run inside `WITH`: several writes fold into one statement
+(one round trip, one implicit transaction)."""
+
+JSON_KEY_EXACT = True
+"""`json_key_equals` is exact for every JSON value (nested objects and arrays included)."""
+
+
+def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert, any number of rows) skipping rows whose unique key
+    `keys` is already taken."""
+    return statement.on_conflict_do_nothing(index_elements=list(keys))
+
+
+def replace_duplicates(statement: Any, keys: Sequence[str], columns: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert) setting `columns` to the proposed values on a row
+    whose unique key `keys` is already taken."""
+    new = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=list(keys), set_={column: new[column] for column in columns}
+    )
+
+
+def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
+    """The JSON object in the text column `document` has key `:meta_key<index>` equal to the
+    JSON value `:meta_value<index>` (structural `jsonb` equality). Params: `json_key_params`."""
+    value = sa.cast(document, pg.JSONB).op("->", return_type=pg.JSONB)(
+        sa.bindparam(f"meta_key{index}", type_=sa.Text)
+    )
+    return value == sa.cast(sa.bindparam(f"meta_value{index}", type_=sa.Text), pg.JSONB)
+
+
+def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
+    """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
+    return {f"meta_key{index}": key, f"meta_value{index}": json.dumps(value)}

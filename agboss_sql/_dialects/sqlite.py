@@ -8,8 +8,9 @@ within one statement, so the clock expression may be referenced freely.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -61,12 +62,41 @@ def for_update(select: sa.Select[Any]) -> sa.Select[Any]:
     return select  # the step's BEGIN IMMEDIATE holds the write lock already
 
 
+def for_share(select: sa.Select[Any]) -> sa.Select[Any]:
+    """A shared locking read: the rows read stay as read until the transaction ends."""
+    return select  # the step's BEGIN IMMEDIATE holds the write lock already
+
+
 def skip_locked(select: sa.Select[Any]) -> sa.Select[Any]:
     return select
 
 
 def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
     return insert(table).on_conflict_do_nothing(index_elements=list(keys))
+
+
+INSERT_IF_ABSENT_RAISES = False
+
+
+def upsert(
+    table: sa.Table,
+    keys: Sequence[str],
+    values: Mapping[str, Any],
+    update: Callable[[Any], Mapping[str, Any]],
+) -> Any:
+    """`INSERT values`; on a duplicate of the unique key `keys`, `SET` what `update(new)`
+    maps (column name -> expression), where `new` names the values the insert proposed
+    (`new.column`). One statement; the duplicate row is locked by it."""
+    statement = insert(table).values(dict(values))
+    return statement.on_conflict_do_update(
+        index_elements=list(keys), set_=dict(update(statement.excluded))
+    )
+
+
+def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
+    """`expression` compared and ordered by its exact characters (code point order): SQLite's
+    default BINARY collation already is."""
+    return expression
 
 
 # --- the stdlib driver, run on the connection's own thread -----------------------------
@@ -109,3 +139,97 @@ def is_unique_violation(exc: BaseException) -> bool:
 
 def is_disconnect(exc: BaseException) -> bool:
     return False
+
+
+# --- migrations ------------------------------------------------------------------------
+
+SYNC_DRIVER = "pysqlite"
+MIGRATION_LOCK_TIMEOUT_S = 600
+
+
+@contextlib.contextmanager
+def lock_database(connection: sa.Connection) -> Iterator[None]:
+    """Run the body in one `BEGIN IMMEDIATE` transaction on `connection` (a sync
+    pysqlite connection with no transaction begun): the database's write lock, held from
+    the first statement until commit. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it."""
+    with connection.begin():
+        previous = connection.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        connection.exec_driver_sql(f"PRAGMA busy_timeout = {MIGRATION_LOCK_TIMEOUT_S * 1000}")
+        try:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        finally:
+            connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(previous or 0)}")
+        yield
+
+
+# --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
+
+DML_IN_WITH = False
+"""No data-modifying statements inside `WITH`: several writes are one transaction."""
+
+JSON_KEY_EXACT = False
+"""`json_key_equals` is exact for scalars; for objects and arrays it checks the type only
+(the caller compares those values again)."""
+
+
+def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert, any number of rows) skipping rows whose unique key
+    `keys` is already taken."""
+    return statement.on_conflict_do_nothing(index_elements=list(keys))
+
+
+def replace_duplicates(statement: Any, keys: Sequence[str], columns: Sequence[str]) -> Any:
+    """`statement` (this dialect's insert) setting `columns` to the proposed values on a row
+    whose unique key `keys` is already taken."""
+    new = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=list(keys), set_={column: new[column] for column in columns}
+    )
+
+
+def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
+    """The JSON object in the text column `document` has key `:meta_key<index>` of JSON type
+    `:meta_type<index>` (or `:meta_alt_type<index>`) and, when `:meta_value<index>` is not
+    NULL, that value (`json_each` of the top-level keys: no path quoting). Params:
+    `json_key_params`."""
+    entries = (
+        sa.func.json_each(document).table_valued("key", "type", "atom").alias(f"agboss_meta{index}")
+    )
+    value: sa.BindParameter[Any] = sa.bindparam(f"meta_value{index}")
+    return sa.exists(
+        sa.select(sa.literal(1))
+        .select_from(entries)
+        .where(
+            entries.c.key == sa.bindparam(f"meta_key{index}", type_=sa.Text),
+            entries.c.type.in_(
+                [
+                    sa.bindparam(f"meta_type{index}", type_=sa.Text),
+                    sa.bindparam(f"meta_alt_type{index}", type_=sa.Text),
+                ]
+            ),
+            sa.or_(value.is_(None), entries.c.atom == value),
+        )
+    )
+
+
+def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
+    """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
+    compared: Any = None
+    if value is None:
+        kinds = ("null", "null")
+    elif isinstance(value, bool):
+        kinds = ("true", "true") if value else ("false", "false")
+    elif isinstance(value, (int, float)):
+        kinds, compared = ("integer", "real"), value
+    elif isinstance(value, str):
+        kinds, compared = ("text", "text"), value
+    elif isinstance(value, dict):
+        kinds = ("object", "object")
+    else:
+        kinds = ("array", "array")
+    return {
+        f"meta_key{index}": key,
+        f"meta_type{index}": kinds[0],
+        f"meta_alt_type{index}": kinds[1],
+        f"meta_value{index}": compared,
+    }

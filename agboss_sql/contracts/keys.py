@@ -38,12 +38,17 @@ def _joined(*parts: object) -> str:
 
 
 def checked_identifier(what: str, value: object) -> str:
-    """`value` if it is an identifier (1-255 characters of text), else `InvalidIdentifierError`."""
+    """`value` if it is an identifier (1-255 characters of text, not ending with a space),
+    else `InvalidIdentifierError`."""
     if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_LENGTH:
         raise InvalidIdentifierError(
             f"{what} must be a non-empty text of at most {MAX_IDENTIFIER_LENGTH} characters, "
             f"got {value!r:.80}"
         )
+    if value[-1] == " ":
+        # MySQL and MariaDB compare texts with trailing spaces as equal ("e" = "e "): refused
+        # on every backend, so a key never means one row here and two rows there.
+        raise InvalidIdentifierError(f"{what} must not end with a space, got {value!r:.80}")
     return value
 
 

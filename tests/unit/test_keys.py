@@ -374,3 +374,15 @@ def test_pending_outbound_call_of_is_the_intent_pending_at_attempt_zero() -> Non
 
 def test_a_step_keyed_call_has_no_business_identity() -> None:
     assert pending_outbound_call_of(key("pay"), None, 0).business_identity is None
+
+
+def test_identifiers_never_end_with_a_space() -> None:
+    """MySQL compares "e" and "e " as equal: such identifiers are refused everywhere."""
+    import pytest
+
+    from agboss_sql.contracts.errors import InvalidIdentifierError
+    from agboss_sql.contracts.keys import checked_identifier
+
+    assert checked_identifier("tenant_id", " e") == " e"
+    with pytest.raises(InvalidIdentifierError, match="must not end with a space"):
+        checked_identifier("tenant_id", "e ")

@@ -1,0 +1,219 @@
+"""`SqlCostLedgerRepository`: spend across instances.
+
+Entries are recorded once by id (insert-if-absent). Reservations live in one row per
+`(scope, key)`; `try_reserve` takes that row's lock in its first statement (an upsert,
+so the row exists to be locked), reads the spend under it and adds only what fits.
+
+Statements per operation: `record` one and `total` one, every dialect. `try_reserve`,
+one transaction: PostgreSQL, SQLite and MariaDB the locking upsert (which also returns the
+reserved amount and the entries' spend), then the addition when it fits; MySQL 8 (no
+`RETURNING`) the locking upsert, a locking read of the row and the spend, then the
+addition when it fits.
+
+Not serialised: an entry `record`ed while a reservation is decided. The reservation lock
+orders reservations of one `(scope, key)` among themselves — their sum never passes the
+limit with the entries the deciding transaction saw — but `record` takes no lock (a
+replayed spend must never wait on a budget), so an entry committed after that read can
+take the total past the limit. Budgets reserve before spending; entries record what was
+spent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import CostLedgerRepository
+from agboss_sql.contracts.types import ApplicationContext, BudgetScope, CostEntry, CostTotal
+from agboss_sql.sql._base import SqlStore
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
+from agboss_sql.sql.schema import cost_entries, cost_reservations
+
+E = cost_entries
+R = cost_reservations
+
+_SCOPE_COLUMN = {
+    BudgetScope.EXECUTION: "execution_id",
+    BudgetScope.TENANT: "tenant_id",
+    BudgetScope.APPLICATION: "application",
+}
+_ENTRY_COLUMNS = (
+    "entry_id",
+    "tenant_id",
+    "execution_id",
+    "application",
+    "tokens_in",
+    "tokens_out",
+    "cost_micros",
+    "at",
+)
+_ZERO: sa.ColumnElement[int] = sa.literal_column("0", sa.BigInteger)
+
+
+def _reservation_row() -> sa.ColumnElement[bool]:
+    return sa.and_(R.c.scope == sa.bindparam("scope"), R.c.key == sa.bindparam("key"))
+
+
+class ScopeStatements:
+    """The statements of one budget scope (its entries are matched by one column)."""
+
+    def __init__(self, b: SqlBuilder, scope: BudgetScope) -> None:
+        ops = b.ops
+        column = E.c[_SCOPE_COLUMN[scope]]
+        reserved = sa.select(R.c.reserved_micros).where(_reservation_row()).scalar_subquery()
+        totals = sa.select(
+            sa.func.coalesce(sa.func.sum(E.c.tokens_in), _ZERO),
+            sa.func.coalesce(sa.func.sum(E.c.tokens_out), _ZERO),
+            sa.func.coalesce(sa.func.sum(E.c.cost_micros), _ZERO)
+            + sa.func.coalesce(reserved, _ZERO),
+        ).where(column == sa.bindparam("key"))
+        self.total = totals
+        self.total_since = totals.where(E.c.at >= sa.bindparam("since", type_=sa.BigInteger))
+
+        spent = sa.select(sa.func.coalesce(sa.func.sum(E.c.cost_micros), _ZERO)).where(
+            column == sa.bindparam("key")
+        )
+        # The lock: insert the (scope, key) row, or on a duplicate a no-op update, which locks
+        # the row all the same. Whoever comes second waits here, before reading anything.
+        lock = ops.upsert(
+            R,
+            ["scope", "key"],
+            {
+                "scope": sa.bindparam("scope"),
+                "key": sa.bindparam("key"),
+                "reserved_micros": sa.literal(0, sa.BigInteger),
+            },
+            lambda _new: {"reserved_micros": R.c.reserved_micros},
+        )
+        self.lock = lock
+        if ops.INSERT_RETURNING:
+            self.lock_returning: Any = lock.returning(R.c.reserved_micros, spent.scalar_subquery())
+        else:
+            # MariaDB returns from an upsert (MySQL 8 does not): the subquery is compiled on
+            # its own and appended, with no parameter but :key.
+            compiled = spent.compile(dialect=ops.compile_dialect())
+            self.lock_returning = Suffixed(lock, f" RETURNING reserved_micros, ({compiled.string})")
+        self.read_locked = ops.for_update(
+            sa.select(R.c.reserved_micros, spent.scalar_subquery()).where(_reservation_row())
+        )
+
+
+class CostStatements:
+    """The cost ledger statements for one dialect."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        ops = b.ops
+        self.insert_returning: bool = ops.INSERT_RETURNING
+        self.record = ops.insert_if_absent(E, ["entry_id"]).values(
+            {c: sa.bindparam(c, type_=E.c[c].type) for c in _ENTRY_COLUMNS}
+        )
+        self.scopes = {scope: ScopeStatements(b, scope) for scope in BudgetScope}
+        self.add = (
+            sa.update(R)
+            .where(_reservation_row())
+            .values(
+                reserved_micros=R.c.reserved_micros
+                + sa.bindparam("amount_micros", type_=sa.BigInteger)
+            )
+        )
+
+
+def _checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {value!r:.80}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value!r}")
+    return value
+
+
+class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
+    """Spend on SQL: entries recorded once by id; reservations per `(scope, key)` added
+    under that row's lock, never past the limit.
+
+    A reservation counts in `total` of its scope and key only, as cost (no tokens), and
+    whatever `since` is: a reservation is kept as one running amount per key, with no time.
+    """
+
+    def __init__(
+        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self._attach(connection, application)
+        self.clock = clock
+        self._sql = connection.prepared(CostStatements)
+        # Whether the locking upsert can return the row: PostgreSQL, SQLite, MariaDB. Found
+        # on first use for the MySQL family (MySQL 8 cannot).
+        self._upsert_returns: bool | None = True if self._sql.insert_returning else None
+
+    async def record(self, entry: CostEntry) -> bool:
+        """Insert the entry unless its `entry_id` is stored (one statement): a replayed step
+        does not count twice. True when this call recorded it."""
+        params: dict[str, Any] = {
+            "entry_id": checked_identifier("entry_id", entry.entry_id),
+            "tenant_id": checked_identifier("tenant_id", entry.tenant_id),
+            "execution_id": checked_identifier("execution_id", entry.execution_id),
+            "application": checked_identifier("application", entry.application),
+            "tokens_in": _checked_int("tokens_in", entry.tokens_in),
+            "tokens_out": _checked_int("tokens_out", entry.tokens_out),
+            "cost_micros": _checked_int("cost_micros", entry.cost_micros),
+            "at": _checked_int("at", entry.at),
+        }
+        return await self.connection.insert_if_absent(self._sql.record, params)
+
+    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+        """In one statement: the tokens and cost of the entries whose scope column
+        (execution, tenant or application id) is `key` and recorded at or after `since`,
+        plus the cost reserved for `(scope, key)`."""
+        statements = self._sql.scopes[BudgetScope(scope)]
+        checked_identifier("key", key)
+        params: dict[str, Any] = {"scope": BudgetScope(scope).value, "key": key}
+        if since is None:
+            statement = statements.total
+        else:
+            params["since"] = _checked_int("since", since)
+            statement = statements.total_since
+        row = (await self.connection.execute(statement, params)).first()
+        assert row is not None  # an aggregate always answers one row
+        return CostTotal(int(row[0]), int(row[1]), int(row[2]))
+
+    async def try_reserve(
+        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+    ) -> bool:
+        """In one transaction that locks the `(scope, key)` reservation row first: add
+        `amount_micros` to it only while entries + reservations + amount stay within
+        `limit_micros`. True when it was added; concurrent reservations of one key never
+        pass the limit together."""
+        scope = BudgetScope(scope)
+        checked_identifier("key", key)
+        params: dict[str, Any] = {
+            "scope": scope.value,
+            "key": key,
+            "amount_micros": _checked_int("amount_micros", amount_micros, minimum=0),
+        }
+        limit = _checked_int("limit_micros", limit_micros, minimum=0)
+        statements = self._sql.scopes[scope]
+        if self._upsert_returns is None:
+            self._upsert_returns = await self.connection.server_flavour() == "mariadb"
+        returns = self._upsert_returns
+        return await self.connection.run(
+            lambda: self._reserve(statements, params, limit, returns), transaction=True
+        )
+
+    def _reserve(
+        self, statements: ScopeStatements, params: dict[str, Any], limit: int, returns: bool
+    ) -> Step[bool]:
+        if returns:
+            row = (yield Exec(statements.lock_returning, params)).first()
+        else:
+            yield Exec(statements.lock, params)
+            row = (yield Exec(statements.read_locked, params)).first()
+        assert row is not None  # the upsert made the row, and we hold its lock
+        reserved, spent = int(row[0]), int(row[1])
+        amount: int = params["amount_micros"]
+        if spent + reserved + amount > limit:
+            return False
+        if amount:
+            yield Exec(self._sql.add, params)
+        return True
