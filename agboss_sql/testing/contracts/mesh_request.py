@@ -1,0 +1,208 @@
+"""Contract suite of `MeshRequestRepository` (SPEC §3.8): one run per incoming request.
+
+An idempotency key is saved once (whichever instance receives the request first), the
+same key with another fingerprint is `IdempotencyKeyConflictError`, and the response is
+stored once, so a retried request gets the first run's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from agboss_sql.contracts.errors import IdempotencyKeyConflictError
+from agboss_sql.contracts.stores import MeshRequestRepository
+from agboss_sql.contracts.types import MeshRequest
+from agboss_sql.testing.contracts._case import Case, CaseContext
+
+CONTRACT = "mesh_request"
+TENANT = "tenant-1"
+FINGERPRINT = "sha256:" + "ab" * 32
+
+
+def _expect(condition: bool, rule: str, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"[{rule}] {message}")
+
+
+def _mesh(ctx: CaseContext, instance: int = 0) -> MeshRequestRepository:
+    store: MeshRequestRepository = ctx.store(CONTRACT, instance)
+    return store
+
+
+async def creates_a_request_once(ctx: CaseContext) -> None:
+    """The first save creates the request; a retry with the same fingerprint, on either
+    instance, gets the stored request (the first `received_at`) and `created` False."""
+    received = ctx.clock.now()
+    request, created = await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, received)
+    want = MeshRequest("key-1", TENANT, FINGERPRINT, received, None, False)
+    _expect(created, "create-once", "the first save did not create the request")
+    _expect(request == want, "create-once", f"the first save answered {request}, want {want}")
+    await ctx.clock.advance(1_000)
+    retry, created = await _mesh(ctx, 1).save_if_absent(
+        "key-1", TENANT, FINGERPRINT, ctx.clock.now()
+    )
+    _expect(not created, "create-once", "a retried request was created a second time")
+    _expect(retry == want, "create-once", f"the retry answered {retry}, expected {want}")
+    got = await _mesh(ctx, 1).get("key-1")
+    _expect(got == want, "create-once", f"get() reads {got}")
+    unknown = await _mesh(ctx, 0).get("key-unknown")
+    _expect(unknown is None, "create-once", f"an unknown key reads {unknown}")
+
+
+async def creates_a_request_once_under_concurrent_saves(ctx: CaseContext) -> None:
+    """Ten saves of one key at once through both instances, round after round: exactly one
+    creates it, and every save answers the winner's request."""
+    for round_ in range(5):
+        key = f"key-{round_}"
+        start = ctx.clock.now()
+        results = await asyncio.gather(
+            *(
+                _mesh(ctx, i % 2).save_if_absent(key, TENANT, FINGERPRINT, start + i)
+                for i in range(10)
+            )
+        )
+        creators = [i for i, (_, created) in enumerate(results) if created]
+        _expect(
+            len(creators) == 1,
+            "create-once",
+            f"round {round_ + 1}: {len(creators)} of 10 concurrent saves created {key}",
+        )
+        stored = {request.received_at for request, _ in results}
+        _expect(
+            stored == {start + creators[0]},
+            "create-once",
+            f"round {round_ + 1}: the saves answered received_at {sorted(stored)}, the "
+            f"creator saved {start + creators[0]}",
+        )
+
+
+async def refuses_a_key_with_another_fingerprint(ctx: CaseContext) -> None:
+    """The same key with another fingerprint is `IdempotencyKeyConflictError`, from either
+    instance, and leaves the stored request as it was."""
+    received = ctx.clock.now()
+    await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, received)
+    for instance in (0, 1):
+        try:
+            await _mesh(ctx, instance).save_if_absent("key-1", TENANT, "sha256:other", received + 1)
+        except IdempotencyKeyConflictError:
+            pass
+        else:
+            raise AssertionError(
+                "[fingerprint-conflict] the same key with another fingerprint was accepted"
+            )
+    got = await _mesh(ctx, 1).get("key-1")
+    _expect(
+        got == MeshRequest("key-1", TENANT, FINGERPRINT, received),
+        "fingerprint-conflict",
+        f"the refused save changed the request: {got}",
+    )
+
+
+async def lets_one_fingerprint_win_concurrent_saves_of_one_key(ctx: CaseContext) -> None:
+    """Saves of one key with two fingerprints at once: one save creates it; every save of
+    the other fingerprint is `IdempotencyKeyConflictError`, never created."""
+    for round_ in range(4):
+        key = f"key-{round_}"
+        prints = [f"print-{i % 2}" for i in range(8)]
+        results = await asyncio.gather(
+            *(
+                _mesh(ctx, i % 2).save_if_absent(key, TENANT, fp, ctx.clock.now())
+                for i, fp in enumerate(prints)
+            ),
+            return_exceptions=True,
+        )
+        stored = await _mesh(ctx, 0).get(key)
+        _expect(stored is not None, "create-once", f"round {round_ + 1}: nothing stored")
+        assert stored is not None
+        for fp, result in zip(prints, results, strict=True):
+            if fp == stored.fingerprint:
+                _expect(
+                    not isinstance(result, BaseException),
+                    "create-once",
+                    f"round {round_ + 1}: a save of the stored fingerprint failed: {result!r}",
+                )
+            else:
+                _expect(
+                    isinstance(result, IdempotencyKeyConflictError),
+                    "fingerprint-conflict",
+                    f"round {round_ + 1}: a save with the other fingerprint gave {result!r}",
+                )
+        created = [r for r in results if not isinstance(r, BaseException) and r.created]
+        _expect(len(created) == 1, "create-once", f"round {round_ + 1}: {len(created)} created")
+
+
+async def stores_the_response_once(ctx: CaseContext) -> None:
+    """`complete` stores the response and marks the request completed once; a second
+    complete is False and the first response stands; a retry then reads it."""
+    received = ctx.clock.now()
+    await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, received)
+    done = await _mesh(ctx, 1).complete("key-1", {"answer": [1, "zwei", None], "ok": True})
+    _expect(done, "complete-once", "the first complete returned False")
+    again = await _mesh(ctx, 0).complete("key-1", {"answer": "overwritten"})
+    _expect(not again, "complete-once", "a second complete returned True")
+    want = MeshRequest(
+        "key-1", TENANT, FINGERPRINT, received, {"answer": [1, "zwei", None], "ok": True}, True
+    )
+    got = await _mesh(ctx, 0).get("key-1")
+    _expect(got == want, "complete-once", f"after two completes get() reads {got}")
+    retry, created = await _mesh(ctx, 1).save_if_absent("key-1", TENANT, FINGERPRINT, received + 5)
+    _expect(
+        (retry, created) == (want, False),
+        "complete-once",
+        f"a retry after the response answered {retry}, created={created}",
+    )
+    unknown = await _mesh(ctx, 1).complete("key-unknown", "x")
+    _expect(not unknown, "complete-once", "completing an unknown key returned True")
+    _expect(
+        await _mesh(ctx, 0).get("key-unknown") is None,
+        "complete-once",
+        "completing an unknown key created it",
+    )
+
+
+async def stores_one_of_concurrent_responses(ctx: CaseContext) -> None:
+    """Ten completes of one request at once through both instances: one returns True and
+    its response is the one stored."""
+    for round_ in range(4):
+        key = f"key-{round_}"
+        await _mesh(ctx, round_ % 2).save_if_absent(key, TENANT, FINGERPRINT, ctx.clock.now())
+        done = await asyncio.gather(
+            *(_mesh(ctx, i % 2).complete(key, {"by": i}) for i in range(10))
+        )
+        winners = [i for i, ok in enumerate(done) if ok]
+        _expect(
+            len(winners) == 1,
+            "complete-once",
+            f"round {round_ + 1}: {len(winners)} of 10 concurrent completes returned True",
+        )
+        got = await _mesh(ctx, 1).get(key)
+        _expect(
+            got is not None and got.completed and got.response == {"by": winners[0]},
+            "complete-once",
+            f"round {round_ + 1}: complete {winners[0]} won but the request reads {got}",
+        )
+
+
+CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
+    ("creates a request once", creates_a_request_once),
+    (
+        "creates a request once under concurrent saves",
+        creates_a_request_once_under_concurrent_saves,
+    ),
+    ("refuses a key with another fingerprint", refuses_a_key_with_another_fingerprint),
+    (
+        "lets one fingerprint win concurrent saves of one key",
+        lets_one_fingerprint_win_concurrent_saves_of_one_key,
+    ),
+    ("stores the response once", stores_the_response_once),
+    ("stores one of concurrent responses", stores_one_of_concurrent_responses),
+]
+
+
+def cases() -> list[Case]:
+    """The mesh requests' cases (none is a fencing case: mesh requests are not fenced)."""
+    return [Case(CONTRACT, name, run) for name, run in CASES]
+
+
+__all__ = ["CONTRACT", "cases"]

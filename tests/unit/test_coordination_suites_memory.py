@@ -1,0 +1,593 @@
+"""The coordination contract suites, run case by case on the in-memory reference stores.
+
+Each case gets a fresh `InMemoryBackend` shared by its two instances, as two connections
+share one database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agboss_sql.contracts import (
+    BudgetScope,
+    ChildStatus,
+    ClaimedChild,
+    CostEntry,
+    ExecutionRecord,
+    ExecutionRecordStatus,
+    ExecutionSnapshot,
+    FinishResult,
+    HistoryCursor,
+    MeshRequestSaved,
+    NotPausedError,
+    PausedExecution,
+    PauseStatus,
+    WindowResult,
+)
+from agboss_sql.memory import (
+    InMemoryBackend,
+    InMemoryChildExecutionQueueRepository,
+    InMemoryCostLedgerRepository,
+    InMemoryExecutionHistoryRepository,
+    InMemoryExecutionRecordRepository,
+    InMemoryExecutionTreeRepository,
+    InMemoryMeshRequestRepository,
+    InMemoryPausedExecutionRepository,
+    InMemoryRateLimitRepository,
+)
+from agboss_sql.testing.contracts import (
+    child_queue,
+    cost_ledger,
+    execution_history,
+    execution_record,
+    execution_tree,
+    mesh_request,
+    paused_execution,
+    rate_limit,
+)
+from agboss_sql.testing.contracts._case import Case, CaseContext, StoreFactory
+
+SUITES = [
+    child_queue,
+    rate_limit,
+    execution_record,
+    execution_tree,
+    mesh_request,
+    paused_execution,
+    cost_ledger,
+    execution_history,
+]
+
+STORES: dict[str, Callable[..., Any]] = {
+    "child_queue": InMemoryChildExecutionQueueRepository,
+    "rate_limit": InMemoryRateLimitRepository,
+    "execution_record": InMemoryExecutionRecordRepository,
+    "execution_tree": InMemoryExecutionTreeRepository,
+    "mesh_request": InMemoryMeshRequestRepository,
+    "paused_execution": InMemoryPausedExecutionRepository,
+    "cost_ledger": InMemoryCostLedgerRepository,
+    "execution_history": InMemoryExecutionHistoryRepository,
+}
+
+CASES = [case for suite in SUITES for case in suite.cases()]
+
+
+def _factory(store: Callable[..., Any], backend: InMemoryBackend) -> StoreFactory:
+    # These stores run on the application's clock (the case's virtual clock).
+    return StoreFactory(instance=lambda seam: store(backend, seam.clock, seam.application))
+
+
+def test_every_suite_has_cases_of_its_own_contract_and_none_fenced() -> None:
+    for suite in SUITES:
+        found = suite.cases()
+        assert found, f"{suite.__name__} has no cases"
+        assert {case.contract for case in found} == {suite.CONTRACT}
+        assert not any(case.fencing for case in found), f"{suite.__name__} marks a case fenced"
+        names = [case.name for case in found]
+        assert len(set(names)) == len(names), f"{suite.__name__} repeats a case name"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case.contract}: {case.name}")
+async def test_case(case: Case) -> None:
+    backend = InMemoryBackend()
+    ctx = CaseContext({key: _factory(store, backend) for key, store in STORES.items()})
+    try:
+        await case.run(ctx)
+    finally:
+        await ctx.close()
+
+
+# The suites bite: each broken store below opens the gap (check, await, write) or breaks
+# the rule one case is about, and that case fails naming the rule.
+
+
+def _mark_running(row: Any, instance_id: str) -> ClaimedChild:
+    row.status, row.claimed_by, row.attempt = ChildStatus.RUNNING, instance_id, row.attempt + 1
+    return ClaimedChild(
+        row.tenant_id,
+        row.root_execution_id,
+        row.parent_execution_id,
+        row.child_execution_id,
+        row.depth,
+        row.payload,
+        row.attempt,
+        instance_id,
+    )
+
+
+class ClaimThenMark(InMemoryChildExecutionQueueRepository):
+    """Picks the next child, awaits, then marks it running."""
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        queued = [r for r in self.memory.children.values() if r.status is ChildStatus.QUEUED]
+        if not queued:
+            return None
+        row = min(queued, key=lambda r: (-r.depth, r.queued_at, r.sequence))
+        await asyncio.sleep(0)
+        return _mark_running(row, instance_id)
+
+
+class NoneWhenItsPickIsTaken(InMemoryChildExecutionQueueRepository):
+    """Picks the next child, awaits, and answers `None` when another claimer took it
+    meanwhile (a locking re-check that gives up instead of taking the next child)."""
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        queued = [r for r in self.memory.children.values() if r.status is ChildStatus.QUEUED]
+        if not queued:
+            return None
+        row = min(queued, key=lambda r: (-r.depth, r.queued_at, r.sequence))
+        await asyncio.sleep(0)
+        if row.status is not ChildStatus.QUEUED:
+            return None
+        return _mark_running(row, instance_id)
+
+
+class OldestFirst(InMemoryChildExecutionQueueRepository):
+    """Ignores the depth."""
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        queued = [r for r in self.memory.children.values() if r.status is ChildStatus.QUEUED]
+        if not queued:
+            return None
+        return _mark_running(min(queued, key=lambda r: (r.queued_at, r.sequence)), instance_id)
+
+
+async def _running(store: InMemoryChildExecutionQueueRepository, child_id: str) -> Any:
+    running = await store.running(1_000_000)
+    return next((c for c in running if c.child_execution_id == child_id), None)
+
+
+class FinishThenCount(InMemoryChildExecutionQueueRepository):
+    """Moves the child, awaits, then counts its unfinished siblings."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        current = await _running(self, child_execution_id)
+        moved = await super().finish(child_execution_id, outcome, attempt=attempt)
+        if current is None:
+            return moved
+        await asyncio.sleep(0)
+        siblings = await self.children(current.parent_execution_id)
+        return FinishResult(
+            moved.finished, sum(c.status is not ChildStatus.FINISHED for c in siblings)
+        )
+
+
+class FinishAnyAttempt(InMemoryChildExecutionQueueRepository):
+    """Finishes whatever attempt is running."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        return await super().finish(child_execution_id, outcome)
+
+
+class RestartWithoutCompare(InMemoryChildExecutionQueueRepository):
+    """Restarts whatever attempt is running."""
+
+    async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
+        current = await _running(self, child_execution_id)
+        if current is None:
+            return None
+        return await super().restart(child_execution_id, current.attempt)
+
+
+UNLIMITED = 10**12
+
+
+class CountThenTakeSlot(InMemoryRateLimitRepository):
+    """Counts (a take given back), awaits, then takes whatever the count."""
+
+    async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
+        if not await super().acquire_slot(key, holder, max_slots, ttl_ms):
+            return False
+        await super().release_slot(key, holder)
+        await asyncio.sleep(0)
+        return await super().acquire_slot(key, holder, UNLIMITED, ttl_ms)
+
+
+class SlotLiveThroughItsEnd(InMemoryRateLimitRepository):
+    """A slot counts 1 ms past its end."""
+
+    async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
+        return await super().acquire_slot(key, holder, max_slots, ttl_ms + 1)
+
+
+class AddsRefusedAmounts(InMemoryRateLimitRepository):
+    """Refuses, but adds the amount anyway."""
+
+    async def add_to_window(
+        self, key: str, window_ms: int, amount: int, limit: int
+    ) -> WindowResult:
+        got = await super().add_to_window(key, window_ms, amount, limit)
+        if got.allowed:
+            return got
+        added = await super().add_to_window(key, window_ms, amount, UNLIMITED)
+        return WindowResult(False, added.used, added.resets_at)
+
+
+class ReadThenAddWindow(InMemoryRateLimitRepository):
+    """Reads the window, awaits, then adds what fitted the reading."""
+
+    async def add_to_window(
+        self, key: str, window_ms: int, amount: int, limit: int
+    ) -> WindowResult:
+        read = await super().add_to_window(key, window_ms, UNLIMITED, limit)
+        await asyncio.sleep(0)
+        if read.used + amount > limit:
+            return read
+        return await super().add_to_window(key, window_ms, amount, UNLIMITED)
+
+
+class ShortensPauses(InMemoryRateLimitRepository):
+    """The last pause wins."""
+
+    async def pause_until(self, key: str, until: int) -> None:
+        self.memory.rate_pauses[key] = until
+
+
+class CheckThenComplete(InMemoryExecutionRecordRepository):
+    """Reads the status, awaits, then completes and says it did."""
+
+    async def complete(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        final: ExecutionRecordStatus,
+        outcome: Any,
+    ) -> bool:
+        record = await self.get(tenant_id, execution_id)
+        if record is None or record.status != expected:
+            return False
+        await asyncio.sleep(0)
+        await super().complete(tenant_id, execution_id, expected, final, outcome)
+        return True
+
+
+class RecordsOfAnyTenant(InMemoryExecutionRecordRepository):
+    """Finds a record by its execution id alone."""
+
+    async def get(self, tenant_id: str, execution_id: str) -> ExecutionRecord | None:
+        for status in ExecutionRecordStatus:
+            for record in await self.find_by_status(status, 1_000_000):
+                if record.execution_id == execution_id:
+                    return record
+        return None
+
+
+class CheckThenSaveKey(InMemoryExecutionTreeRepository):
+    """Reads the key, awaits, then writes it and says it did."""
+
+    async def save_if_absent(
+        self, tenant_id: str, root_execution_id: str, key: str, value: Any
+    ) -> bool:
+        if await self.get(tenant_id, root_execution_id, key) is not None:
+            return False
+        await asyncio.sleep(0)
+        await super().save_if_absent(tenant_id, root_execution_id, key, value)
+        return True
+
+
+class LikeWithoutEscape(InMemoryExecutionTreeRepository):
+    """Lists with `LIKE prefix%` without escaping `%` and `_`."""
+
+    async def list(
+        self, tenant_id: str, root_execution_id: str, prefix: str = ""
+    ) -> dict[str, Any]:
+        pattern = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in prefix)
+        everything = await super().list(tenant_id, root_execution_id)
+        return {k: v for k, v in everything.items() if re.match(pattern, k, re.S)}
+
+
+class CheckThenInsertRequest(InMemoryMeshRequestRepository):
+    """Reads the key, awaits, then inserts and says it created the request."""
+
+    async def save_if_absent(
+        self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
+    ) -> MeshRequestSaved:
+        found = await self.get(idempotency_key)
+        if found is not None:
+            return await super().save_if_absent(
+                idempotency_key, tenant_id, fingerprint, received_at
+            )
+        await asyncio.sleep(0)
+        saved = await super().save_if_absent(idempotency_key, tenant_id, fingerprint, received_at)
+        return MeshRequestSaved(saved.request, True)
+
+
+class IgnoresFingerprints(InMemoryMeshRequestRepository):
+    """Answers the stored request whatever the fingerprint."""
+
+    async def save_if_absent(
+        self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
+    ) -> MeshRequestSaved:
+        found = await self.get(idempotency_key)
+        if found is not None:
+            return MeshRequestSaved(found, False)
+        return await super().save_if_absent(idempotency_key, tenant_id, fingerprint, received_at)
+
+
+class CheckThenResolve(InMemoryPausedExecutionRepository):
+    """Reads the status, awaits, then resolves and answers as if it did."""
+
+    async def resolve(self, tenant_id: str, pause_id: str, decision: Any) -> PausedExecution:
+        pause = await self.get(tenant_id, pause_id)
+        if pause is None or pause.status is not PauseStatus.PENDING:
+            raise NotPausedError()
+        await asyncio.sleep(0)
+        try:
+            return await super().resolve(tenant_id, pause_id, decision)
+        except NotPausedError:
+            return dataclasses.replace(pause, status=PauseStatus.RESOLVED, decision=decision)
+
+
+class PurgeByCreation(InMemoryPausedExecutionRepository):
+    """Measures a pause's age from its creation, not its last move."""
+
+    async def purge(self, older_than: int) -> int:
+        old = [
+            key
+            for key, row in self.memory.pauses.items()
+            if row.pause.status in (PauseStatus.TAKEN, PauseStatus.CANCELLED)
+            and row.pause.created_at < older_than
+        ]
+        for key in old:
+            del self.memory.pauses[key]
+        return len(old)
+
+
+class CountsEveryRecord(InMemoryCostLedgerRepository):
+    """Records a replayed entry again."""
+
+    async def record(self, entry: CostEntry) -> bool:
+        unique = f"{entry.entry_id}#{next(_replays)}"
+        return await super().record(dataclasses.replace(entry, entry_id=unique))
+
+
+_replays = itertools.count()
+
+
+class SumThenReserve(InMemoryCostLedgerRepository):
+    """Sums the total, awaits, then reserves what fitted the sum."""
+
+    async def try_reserve(
+        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+    ) -> bool:
+        spent = (await self.total(scope, key)).cost_micros
+        if spent + amount_micros > limit_micros:
+            return False
+        await asyncio.sleep(0)
+        return await super().try_reserve(scope, key, amount_micros, UNLIMITED)
+
+
+class ReservationsOnly(InMemoryCostLedgerRepository):
+    """Holds the limit against its reservations, not the recorded spend."""
+
+    async def try_reserve(
+        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+    ) -> bool:
+        reserved: dict[tuple[str, str], int] = vars(self.memory).setdefault("reserved_only", {})
+        if reserved.get((scope, key), 0) + amount_micros > limit_micros:
+            return False
+        reserved[(scope, key)] = reserved.get((scope, key), 0) + amount_micros
+        return await super().try_reserve(scope, key, amount_micros, UNLIMITED)
+
+
+class CursorByTimeOnly(InMemoryExecutionHistoryRepository):
+    """Continues a page after the cursor's finished_at alone."""
+
+    async def list(
+        self,
+        tenant_id: str,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        after: HistoryCursor | None = None,
+    ) -> list[ExecutionSnapshot]:
+        found = list(await super().list(tenant_id, since=since, until=until, limit=1_000_000))
+        if after is not None:
+            found = [s for s in found if s.finished_at < after.finished_at]
+        return found[:limit]
+
+
+class UntilInclusive(InMemoryExecutionHistoryRepository):
+    """Lists runs finished at `until` too."""
+
+    async def list(
+        self,
+        tenant_id: str,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        after: HistoryCursor | None = None,
+    ) -> list[ExecutionSnapshot]:
+        wider = None if until is None else until + 1
+        found = await super().list(tenant_id, since=since, until=wider, limit=limit, after=after)
+        return list(found)
+
+
+BROKEN = [
+    (
+        "child_queue",
+        "never gives one child to two concurrent claimers",
+        ClaimThenMark,
+        "claim-once",
+    ),
+    (
+        "child_queue",
+        "claims every queued child when claimers outnumber them",
+        NoneWhenItsPickIsTaken,
+        "claim-when-queued",
+    ),
+    ("child_queue", "claims deepest first, then oldest", OldestFirst, "claim-order"),
+    (
+        "child_queue",
+        "wakes the parent exactly once among concurrent finishers",
+        FinishThenCount,
+        "one-wake",
+    ),
+    (
+        "child_queue",
+        "ignores a superseded attempt's late finish",
+        FinishAnyAttempt,
+        "superseded-finish",
+    ),
+    (
+        "child_queue",
+        "lets only the current attempt win a finish race",
+        FinishAnyAttempt,
+        "superseded-finish",
+    ),
+    (
+        "child_queue",
+        "restarts a running child by compare-and-set on its attempt",
+        RestartWithoutCompare,
+        "restart-cas",
+    ),
+    (
+        "child_queue",
+        "lets one of concurrent restarts of one attempt win",
+        RestartWithoutCompare,
+        "restart-cas",
+    ),
+    (
+        "rate_limit",
+        "never exceeds max slots under 20 concurrent acquires",
+        CountThenTakeSlot,
+        "slots-within-max",
+    ),
+    ("rate_limit", "does not count an expired slot", SlotLiveThroughItsEnd, "expired-slot"),
+    (
+        "rate_limit",
+        "never exceeds a window's limit and does not add a refused amount",
+        AddsRefusedAmounts,
+        "refused-not-added",
+    ),
+    (
+        "rate_limit",
+        "never exceeds a window's limit under concurrent adds",
+        ReadThenAddWindow,
+        "window-within-limit",
+    ),
+    (
+        "rate_limit",
+        "never shortens a pause, and reads None once it is over",
+        ShortensPauses,
+        "pause-never-shortens",
+    ),
+    (
+        "rate_limit",
+        "keeps the longest of concurrent pauses",
+        ShortensPauses,
+        "pause-never-shortens",
+    ),
+    (
+        "execution_record",
+        "lets one of two concurrent completes win",
+        CheckThenComplete,
+        "one-outcome",
+    ),
+    ("execution_record", "keeps tenants apart", RecordsOfAnyTenant, "tenant-isolation"),
+    ("execution_tree", "writes a key once under concurrent writers", CheckThenSaveKey, "save-once"),
+    (
+        "execution_tree",
+        "lists by a literal prefix: %, _ and backslash match only themselves",
+        LikeWithoutEscape,
+        "prefix-literal",
+    ),
+    (
+        "mesh_request",
+        "creates a request once under concurrent saves",
+        CheckThenInsertRequest,
+        "create-once",
+    ),
+    (
+        "mesh_request",
+        "refuses a key with another fingerprint",
+        IgnoresFingerprints,
+        "fingerprint-conflict",
+    ),
+    (
+        "paused_execution",
+        "resolves a pause once across concurrent answers on two instances",
+        CheckThenResolve,
+        "resolve-once",
+    ),
+    (
+        "paused_execution",
+        "purges only taken and cancelled pauses past retention",
+        PurgeByCreation,
+        "purge-retention",
+    ),
+    ("cost_ledger", "records an entry once", CountsEveryRecord, "record-once"),
+    (
+        "cost_ledger",
+        "never reserves past the limit under 50 concurrent reservations",
+        SumThenReserve,
+        "reserve-within-limit",
+    ),
+    (
+        "cost_ledger",
+        "counts recorded spend against a reservation",
+        ReservationsOnly,
+        "reserve-counts-spend",
+    ),
+    (
+        "execution_history",
+        "lists newest first in keyset pages, without skip or repeat over equal finished_at",
+        CursorByTimeOnly,
+        "page-no-skip-no-repeat",
+    ),
+    (
+        "execution_history",
+        "lists runs finished from since and before until",
+        UntilInclusive,
+        "since-until",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("contract", "name", "broken", "rule"),
+    BROKEN,
+    ids=[f"{broken.__name__} breaks {rule}" for _, _, broken, rule in BROKEN],
+)
+async def test_a_broken_store_fails_the_case_on_the_rule_it_breaks(
+    contract: str, name: str, broken: Callable[..., Any], rule: str
+) -> None:
+    [case] = [c for c in CASES if (c.contract, c.name) == (contract, name)]
+    backend = InMemoryBackend()
+    ctx = CaseContext({contract: _factory(broken, backend)})
+    with pytest.raises(AssertionError, match=rf"^\[{re.escape(rule)}\] "):
+        await case.run(ctx)
