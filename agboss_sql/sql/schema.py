@@ -162,8 +162,17 @@ child_executions = sa.Table(
     sa.Column("claimed_at", Millis(), nullable=True),
     sa.Column("finished_at", Millis(), nullable=True),
     sa.Column("outcome", Json(), nullable=True),
-    sa.Index(None, "status", "depth", "queued_at", "id"),
     sa.Index(None, "parent_execution_id", "status"),
+)
+# The claim's order (`ORDER BY depth DESC, queued_at, id`) read straight off the index: a
+# `FOR UPDATE SKIP LOCKED` claim then stops at the first unlocked row. Without it InnoDB
+# sorts, locking every queued row it read, and a concurrent claimer finds none.
+sa.Index(
+    None,
+    child_executions.c.status,
+    child_executions.c.depth.desc(),
+    child_executions.c.queued_at,
+    child_executions.c.id,
 )
 
 execution_records = sa.Table(
@@ -220,6 +229,8 @@ rate_limit_keys = sa.Table(
     sa.Column("key", Ident(), primary_key=True),
     sa.Column("window_start", Millis(), nullable=True),
     sa.Column("window_used", sa.BigInteger(), nullable=True),
+    # Whether the last add to the window was allowed: one upsert decides and answers it.
+    sa.Column("window_allowed", Flag(), nullable=True),
     sa.Column("paused_until", Millis(), nullable=True),
 )
 
@@ -277,6 +288,53 @@ execution_history = sa.Table(
     sa.Column("record", Json(), nullable=True),
     sa.Index(None, "tenant_id", "finished_at", "execution_id"),
     sa.Index(None, "finished_at"),
+)
+
+# --- LangGraph checkpoints (`SqlCheckpointSaver`) ---------------------------------------
+# A namespace (`checkpoint_ns`) nests one level per subgraph and has no bound: it is keyed by
+# its SHA-256 (`ns_hash`) and kept whole beside it in the checkpoint row. Channel values are
+# stored once per channel version (`agboss_checkpoint_blobs`), not once per checkpoint;
+# values and checkpoint bodies are LangGraph's serde output (type tag + bytes).
+
+checkpoints = sa.Table(
+    "agboss_checkpoints",
+    metadata,
+    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("ns_hash", Hash(64), primary_key=True),
+    sa.Column("checkpoint_id", Ident(64), primary_key=True),
+    sa.Column("checkpoint_ns", sa.Text(), nullable=False),
+    sa.Column("parent_checkpoint_id", Ident(64), nullable=True),
+    # SHA-256 of the metadata's `run_id` (any text), for `delete_for_runs`.
+    sa.Column("run_hash", Hash(64), nullable=True),
+    sa.Column("checkpoint_type", sa.String(64), nullable=False),
+    sa.Column("checkpoint", Blob(), nullable=False),
+    sa.Column("metadata", Json(), nullable=False),
+    sa.Index(None, "run_hash"),
+)
+
+checkpoint_blobs = sa.Table(
+    "agboss_checkpoint_blobs",
+    metadata,
+    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("ns_hash", Hash(64), primary_key=True),
+    sa.Column("channel", Ident(), primary_key=True),
+    sa.Column("version", Ident(128), primary_key=True),
+    sa.Column("value_type", sa.String(64), nullable=False),
+    sa.Column("value", Blob(), nullable=True),
+)
+
+checkpoint_writes = sa.Table(
+    "agboss_checkpoint_writes",
+    metadata,
+    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("ns_hash", Hash(64), primary_key=True),
+    sa.Column("checkpoint_id", Ident(64), primary_key=True),
+    sa.Column("task_id", Ident(), primary_key=True),
+    sa.Column("idx", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("channel", sa.Text(), nullable=False),
+    sa.Column("task_path", sa.Text(), nullable=False),
+    sa.Column("value_type", sa.String(64), nullable=False),
+    sa.Column("value", Blob(), nullable=True),
 )
 
 STORE_TABLES = tuple(metadata.sorted_tables)

@@ -1,0 +1,397 @@
+"""`SqlChildExecutionQueueRepository`: children on any instance, claimed and finished once.
+
+A claim picks the next queued child (`ORDER BY depth DESC, queued_at, id`) and marks
+it running in one step: where the dialect has `UPDATE … RETURNING` (PostgreSQL,
+SQLite) that is one statement, `UPDATE … WHERE id = (SELECT id … LIMIT 1 FOR UPDATE
+SKIP LOCKED) RETURNING …` (SQLite drops the lock clause: one statement is atomic there,
+the connection serialising writers); elsewhere (MySQL/MariaDB) one transaction,
+`SELECT … LIMIT 1 FOR UPDATE SKIP LOCKED`, then the `UPDATE` of that locked row. The
+index on `(status, depth DESC, queued_at, id)` lets the locking read stop at the first
+unlocked row.
+
+A finish locks the parent's children first (`SELECT … FOR UPDATE`), so concurrent
+finishers of one parent's children run one after the other, each seeing the others'
+finishes: exactly one sees none left. The decision is taken from that locking read (on
+MySQL/MariaDB REPEATABLE READ a locking read sees the latest committed rows; on
+PostgreSQL READ COMMITTED it returns the latest version of any row it had to wait for).
+
+Statements per operation (BEGIN/COMMIT not counted):
+
+| operation | PostgreSQL, SQLite | MySQL/MariaDB |
+|---|---|---|
+| `enqueue`, `running`, `children` | 1 | 1 |
+| `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
+| `restart` | 1 | 2 in a transaction (1 when refused) |
+| `finish` | 2 in a transaction (1 when refused) | the same |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.errors import DuplicateChildError
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import ChildExecutionQueueRepository
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    ChildExecution,
+    ChildStatus,
+    ClaimedChild,
+    FinishResult,
+    JsonValue,
+    QueuedChild,
+)
+from agboss_sql.sql._base import SqlStore, dumps, loads
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.schema import child_executions
+
+C = child_executions
+
+QUEUED = ChildStatus.QUEUED.value
+RUNNING = ChildStatus.RUNNING.value
+FINISHED = ChildStatus.FINISHED.value
+
+_CLAIMED = (
+    "tenant_id",
+    "root_execution_id",
+    "parent_execution_id",
+    "child_execution_id",
+    "depth",
+    "payload",
+    "attempt",
+    "claimed_by",
+)
+"""The columns a claim or a restart answers, in `ClaimedChild`'s order."""
+
+_LISTED = (
+    "tenant_id",
+    "root_execution_id",
+    "parent_execution_id",
+    "child_execution_id",
+    "depth",
+    "payload",
+    "status",
+    "attempt",
+    "claimed_by",
+    "queued_at",
+    "outcome",
+)
+"""The columns `children` and `running` answer, in `ChildExecution`'s order."""
+
+
+def _columns(names: Sequence[str]) -> list[sa.Column[Any]]:
+    return [C.c[name] for name in names]
+
+
+class QueueStatements:
+    """The child queue's statements for one dialect."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        ops = b.ops
+        self.update_returning: bool = ops.UPDATE_RETURNING
+        now = sa.bindparam("now", type_=sa.BigInteger)
+
+        self.enqueue = ops.insert_if_absent(C, ["child_execution_id"]).values(
+            tenant_id=sa.bindparam("tenant_id"),
+            root_execution_id=sa.bindparam("root_execution_id"),
+            parent_execution_id=sa.bindparam("parent_execution_id"),
+            child_execution_id=sa.bindparam("child_execution_id"),
+            depth=sa.bindparam("depth", type_=sa.Integer),
+            payload=sa.bindparam("payload"),
+            status=sa.bindparam("queued"),
+            attempt=sa.literal(0, sa.Integer),
+            queued_at=now,
+        )
+
+        next_queued = (
+            sa.select(C.c.id)
+            .where(C.c.status == sa.bindparam("queued"))
+            .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
+            .limit(1)
+        )
+        claim_values = {
+            "status": sa.bindparam("running"),
+            "claimed_by": sa.bindparam("instance_id"),
+            "attempt": C.c.attempt + 1,
+            "claimed_at": now,
+        }
+        # One statement: the subquery locks the row it picks, skipping rows other claimers
+        # hold (SQLite has no row locks and drops the clause: the statement is atomic).
+        self.claim = (
+            sa.update(C)
+            .where(
+                C.c.id == ops.skip_locked(next_queued).scalar_subquery(),
+                C.c.status == sa.bindparam("queued"),
+            )
+            .values(claim_values)
+            .returning(*_columns(_CLAIMED))
+        )
+        # Without UPDATE … RETURNING: lock the next row, then move it (a transaction).
+        self.lock_next = ops.skip_locked(
+            sa.select(C.c.id, *_columns(_CLAIMED))
+            .where(C.c.status == sa.bindparam("queued"))
+            .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
+            .limit(1)
+        )
+        self.claim_locked = (
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("id"), C.c.status == sa.bindparam("queued"))
+            .values(claim_values)
+        )
+
+        self.running = (
+            sa.select(*_columns(_LISTED))
+            .where(C.c.status == sa.bindparam("running"))
+            .order_by(C.c.queued_at, C.c.id)
+            .limit(sa.bindparam("limit", type_=sa.Integer))
+        )
+
+        restart = (
+            sa.update(C)
+            .where(
+                C.c.child_execution_id == sa.bindparam("child_execution_id"),
+                C.c.status == sa.bindparam("running"),
+                C.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
+            )
+            .values(
+                attempt=C.c.attempt + 1,
+                claimed_by=sa.bindparam("instance_id"),
+                claimed_at=now,
+            )
+        )
+        self.restart_returning = restart.returning(*_columns(_CLAIMED))
+        self.restart = restart
+        self.read_claimed = sa.select(*_columns(_CLAIMED)).where(
+            C.c.child_execution_id == sa.bindparam("child_execution_id")
+        )
+
+        # The parent of the child, by value: the subqueries are plain reads of columns that
+        # never change, so they lock nothing (InnoDB locks only the outer rows: a join would
+        # lock the finisher's own row first, in another order for each finisher). Every
+        # finisher of the parent then locks the siblings in the parent index's order.
+        me = C.alias("me")
+        of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
+        self.lock_siblings = ops.for_update(
+            sa.select(C.c.id, C.c.child_execution_id, C.c.status, C.c.attempt).where(
+                C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
+                C.c.parent_execution_id
+                == sa.select(me.c.parent_execution_id).where(of_child).scalar_subquery(),
+            )
+            # No ORDER BY: on InnoDB an order the parent's index does not give makes the
+            # locking read scan (and lock) the whole table by its primary key.
+        )
+        self.finish_locked = (
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("id"))
+            .values(
+                status=sa.bindparam("finished"), outcome=sa.bindparam("outcome"), finished_at=now
+            )
+        )
+
+        self.children = (
+            sa.select(*_columns(_LISTED))
+            .where(C.c.parent_execution_id == sa.bindparam("parent_execution_id"))
+            .order_by(C.c.id)
+        )
+
+
+_STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
+
+
+def _claimed(row: Any) -> ClaimedChild:
+    tenant_id, root_id, parent_id, child_id, depth, payload, attempt, claimed_by = row
+    return ClaimedChild(
+        tenant_id=tenant_id,
+        root_execution_id=root_id,
+        parent_execution_id=parent_id,
+        child_execution_id=child_id,
+        depth=int(depth),
+        payload=loads(payload),
+        attempt=int(attempt),
+        claimed_by=claimed_by,
+    )
+
+
+def _listed(row: Any) -> ChildExecution:
+    (
+        tenant_id,
+        root_id,
+        parent_id,
+        child_id,
+        depth,
+        payload,
+        status,
+        attempt,
+        claimed_by,
+        queued_at,
+        outcome,
+    ) = row
+    return ChildExecution(
+        tenant_id=tenant_id,
+        root_execution_id=root_id,
+        parent_execution_id=parent_id,
+        child_execution_id=child_id,
+        depth=int(depth),
+        payload=loads(payload),
+        status=ChildStatus(status),
+        attempt=int(attempt),
+        claimed_by=claimed_by,
+        queued_at=int(queued_at),
+        outcome=loads(outcome),
+    )
+
+
+def _checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {value!r:.80}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
+    """The child queue on SQL, on the application's clock: a child is claimed by one
+    claimer, restarted by compare-and-set on its attempt, finished once (by its current
+    attempt when one is given), and exactly one finisher of a parent's children sees none
+    left."""
+
+    def __init__(
+        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self._attach(connection, application)
+        self.clock = clock
+        self._sql = connection.prepared(QueueStatements)
+
+    async def enqueue(self, child: QueuedChild) -> None:
+        """Queue the child (status queued, attempt 0, queued at the application clock's
+        now) in one statement; a child id already queued is `DuplicateChildError`."""
+        checked_identifier("tenant_id", child.tenant_id)
+        checked_identifier("root_execution_id", child.root_execution_id)
+        checked_identifier("parent_execution_id", child.parent_execution_id)
+        checked_identifier("child_execution_id", child.child_execution_id)
+        _checked_int("a child's depth", child.depth)
+        params = {
+            "tenant_id": child.tenant_id,
+            "root_execution_id": child.root_execution_id,
+            "parent_execution_id": child.parent_execution_id,
+            "child_execution_id": child.child_execution_id,
+            "depth": child.depth,
+            "payload": dumps(child.payload),
+            "queued": QUEUED,
+            "now": self.clock.now(),
+        }
+        if not await self.connection.insert_if_absent(self._sql.enqueue, params):
+            raise DuplicateChildError(
+                f"child {child.child_execution_id!r} is already queued: a child id is unique"
+            )
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        """Take the next queued child (deepest first, then oldest, then in queue order) and
+        mark it running for `instance_id` at `attempt + 1`, in one atomic step; `None` when
+        no queued child is free. Two claimers never get one child."""
+        checked_identifier("instance_id", instance_id)
+        params = {**_STATUS_PARAMS, "instance_id": instance_id, "now": self.clock.now()}
+        if self._sql.update_returning:
+            row = (await self.connection.execute(self._sql.claim, params)).first()
+            return None if row is None else _claimed(row)
+        return await self.connection.run(lambda: self._claim_locked(params))
+
+    def _claim_locked(self, params: dict[str, Any]) -> Step[ClaimedChild | None]:
+        row = (yield Exec(self._sql.lock_next, params)).first()
+        if row is None:
+            return None
+        moved = yield Exec(self._sql.claim_locked, {**params, "id": row[0]})
+        if moved.rowcount != 1:
+            return None  # not reachable while the row is locked by this transaction
+        claimed = _claimed(row[1:])
+        return ClaimedChild(
+            tenant_id=claimed.tenant_id,
+            root_execution_id=claimed.root_execution_id,
+            parent_execution_id=claimed.parent_execution_id,
+            child_execution_id=claimed.child_execution_id,
+            depth=claimed.depth,
+            payload=claimed.payload,
+            attempt=claimed.attempt + 1,
+            claimed_by=params["instance_id"],
+        )
+
+    async def running(self, limit: int) -> Sequence[ChildExecution]:
+        """Up to `limit` running children, oldest queued first."""
+        _checked_int("limit", limit, minimum=0)
+        if limit == 0:
+            return []
+        result = await self.connection.execute(
+            self._sql.running, {"running": RUNNING, "limit": limit}
+        )
+        return [_listed(row) for row in result.rows]
+
+    async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
+        """For a running child still at `attempt`: this store's instance becomes its claimer
+        at `attempt + 1` (compare-and-set). The claimed child, or `None`."""
+        checked_identifier("child_execution_id", child_execution_id)
+        _checked_int("attempt", attempt)
+        params = {
+            "child_execution_id": child_execution_id,
+            "attempt": attempt,
+            "running": RUNNING,
+            "instance_id": self.application.instance_id,
+            "now": self.clock.now(),
+        }
+        if self._sql.update_returning:
+            row = (await self.connection.execute(self._sql.restart_returning, params)).first()
+            return None if row is None else _claimed(row)
+        return await self.connection.run(lambda: self._restart_then_read(params))
+
+    def _restart_then_read(self, params: dict[str, Any]) -> Step[ClaimedChild | None]:
+        if (yield Exec(self._sql.restart, params)).rowcount != 1:
+            return None
+        # The row is locked by the update above: this reads what it wrote.
+        row = (yield Exec(self._sql.read_claimed, params)).first()
+        return None if row is None else _claimed(row)
+
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> FinishResult:
+        """In one transaction that first locks the parent's children: move the child
+        running -> finished with `outcome` (only at `attempt` when given), and count the
+        parent's children not finished. Exactly one finisher of the parent's last children
+        sees `remaining == 0`; a refused finish changes nothing and answers `finished=False`
+        with the count."""
+        checked_identifier("child_execution_id", child_execution_id)
+        if attempt is not None:
+            _checked_int("attempt", attempt)
+        params = {
+            "child_execution_id": child_execution_id,
+            "outcome": dumps(outcome),
+            "finished": FINISHED,
+            "now": self.clock.now(),
+        }
+        return await self.connection.run(lambda: self._finish(params, attempt))
+
+    def _finish(self, params: dict[str, Any], attempt: int | None) -> Step[FinishResult]:
+        siblings = (yield Exec(self._sql.lock_siblings, params)).rows
+        child_id = params["child_execution_id"]
+        me = next((row for row in siblings if row[1] == child_id), None)
+        unfinished = sum(1 for row in siblings if row[2] != FINISHED)
+        if me is None:
+            return FinishResult(False, 0)
+        _, _, status, current_attempt = me
+        if status != RUNNING or (attempt is not None and int(current_attempt) != attempt):
+            return FinishResult(False, unfinished)
+        yield Exec(self._sql.finish_locked, {**params, "id": me[0]})
+        return FinishResult(True, unfinished - 1)
+
+    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The parent's children, in the order they were queued."""
+        checked_identifier("parent_execution_id", parent_execution_id)
+        result = await self.connection.execute(
+            self._sql.children, {"parent_execution_id": parent_execution_id}
+        )
+        return [_listed(row) for row in result.rows]
+
+
+__all__ = ["QueueStatements", "SqlChildExecutionQueueRepository"]

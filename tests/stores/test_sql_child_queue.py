@@ -1,0 +1,585 @@
+"""`SqlChildExecutionQueueRepository` on the database under test (SPEC 3.5).
+
+Several `SqlConnection`s stand for several instances. The races run for real: workers
+on their own connections claim and finish at once. Broken twins (a check-then-write
+claim, a finish that counts outside the lock) run under the same races and are caught,
+which shows the races bite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from agboss_sql.contracts import (
+    ApplicationContext,
+    ChildStatus,
+    ClaimedChild,
+    DuplicateChildError,
+    FinishResult,
+    InvalidIdentifierError,
+    QueuedChild,
+    VirtualClock,
+)
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.queue import QUEUED, RUNNING, SqlChildExecutionQueueRepository
+from agboss_sql.sql.schema import child_executions
+
+START = 1_000_000
+TENANT = "tenant-1"
+C = child_executions
+
+NewConnection = Callable[[], SqlConnection]
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(START)
+
+
+def store(
+    connection: SqlConnection, clock: VirtualClock, instance: str = "instance-1"
+) -> SqlChildExecutionQueueRepository:
+    return SqlChildExecutionQueueRepository(connection, clock, ApplicationContext(instance))
+
+
+def child(
+    child_id: str,
+    depth: int = 1,
+    parent: str = "parent-1",
+    payload: object = None,
+    tenant: str = TENANT,
+) -> QueuedChild:
+    return QueuedChild(tenant, "root-1", parent, child_id, depth, payload)
+
+
+@contextmanager
+def statements(connection: SqlConnection) -> Iterator[list[str]]:
+    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
+    sent: list[str] = []
+
+    def listen(sql: str, _params: Any) -> None:
+        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
+            sent.append(sql)
+
+    remove = connection.add_statement_listener(listen)
+    try:
+        yield sent
+    finally:
+        remove()
+
+
+async def enqueue_many(
+    queues: Sequence[SqlChildExecutionQueueRepository], children: list[QueuedChild]
+) -> None:
+    async def part(i: int) -> None:
+        for queued in children[i :: len(queues)]:
+            await queues[i].enqueue(queued)
+
+    await asyncio.gather(*(part(i) for i in range(len(queues))))
+
+
+# --- claims ----------------------------------------------------------------------------
+
+
+async def test_a_claim_of_an_empty_queue_is_none(sql: SqlConnection, clock: VirtualClock) -> None:
+    assert await store(sql, clock).claim("instance-1") is None
+
+
+async def test_a_claim_marks_the_child_running_for_its_claimer(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    payload = {"input": {"text": "grüße ✓ 😀", "items": [1, 2.5, None, True]}}
+    await store(sql, clock).enqueue(child("c-1", depth=2, payload=payload))
+    await clock.advance(5)
+    other = store(new_connection(), clock, "instance-2")
+    claimed = await other.claim("worker-b")
+    assert claimed == ClaimedChild(
+        TENANT, "root-1", "parent-1", "c-1", 2, payload, attempt=1, claimed_by="worker-b"
+    )
+    assert await other.claim("worker-c") is None
+    [listed] = await store(sql, clock).children("parent-1")
+    assert (listed.status, listed.attempt, listed.claimed_by, listed.queued_at) == (
+        ChildStatus.RUNNING,
+        1,
+        "worker-b",
+        START,
+    )
+    assert listed.payload == payload and listed.outcome is None
+
+
+async def test_claims_go_deepest_first_then_oldest_then_in_queue_order(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    await queue.enqueue(child("shallow-old", depth=1))
+    await clock.advance(10)
+    await queue.enqueue(child("deep-new", depth=3))
+    await queue.enqueue(child("shallow-new-a", depth=1))
+    await queue.enqueue(child("shallow-new-b", depth=1))
+    await queue.enqueue(child("deep-newer", depth=3, parent="parent-2"))
+    await clock.advance(10)
+    await queue.enqueue(child("middle", depth=2))
+    order = []
+    while (claimed := await queue.claim("instance-1")) is not None:
+        order.append(claimed.child_execution_id)
+    assert order == [
+        "deep-new",
+        "deep-newer",
+        "middle",
+        "shallow-old",
+        "shallow-new-a",
+        "shallow-new-b",
+    ]
+
+
+async def test_a_claim_in_flight_hides_only_the_child_it_holds(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """A claimer's row lock (held while its transaction is open) must not make the other
+    queued children invisible: the next claimer skips the locked row and takes the next.
+    (Without an index that serves the claim's order, InnoDB sorts and locks every queued
+    row it read, and the next claimer finds nothing.)"""
+    if not sql.ops.SKIP_LOCKED:
+        pytest.skip("no row locks: SQLite serialises writers, nothing is in flight")
+    queue = store(sql, clock)
+    for i in range(50):
+        await queue.enqueue(child(f"c-{i:02d}", depth=i % 3))
+    lock_first = (
+        sa.select(C.c.child_execution_id)
+        .where(C.c.status == QUEUED)
+        .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    async with sql.transaction() as in_flight:
+        held = (await in_flight.execute(lock_first)).scalar_one()
+        assert held == "c-02"
+        claimed = await queue.claim("instance-2")
+        assert claimed is not None and claimed.child_execution_id == "c-05"
+
+
+async def test_a_child_id_is_queued_once(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    await queue.enqueue(child("c-1", payload="first"))
+    with pytest.raises(DuplicateChildError):
+        await store(new_connection(), clock).enqueue(child("c-1", 4, parent="parent-2"))
+    [listed] = await queue.children("parent-1")
+    assert (listed.child_execution_id, listed.payload, listed.depth) == ("c-1", "first", 1)
+    assert await queue.children("parent-2") == []
+
+
+async def test_concurrent_enqueues_of_one_child_id_queue_it_once(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    queues = [store(sql, clock), store(new_connection(), clock)]
+    results = await asyncio.gather(
+        *(queues[i % 2].enqueue(child("c-1", payload=i)) for i in range(10)),
+        return_exceptions=True,
+    )
+    assert [r for r in results if r is not None and not isinstance(r, DuplicateChildError)] == []
+    assert results.count(None) == 1
+    assert len(await queues[0].children("parent-1")) == 1
+
+
+# --- running, restart ------------------------------------------------------------------
+
+
+async def test_running_lists_running_children_oldest_first_up_to_limit(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    for i in range(4):
+        await queue.enqueue(child(f"c-{i}"))
+        await clock.advance(1)
+    assert await queue.running(10) == []
+    for _ in range(3):
+        await queue.claim("instance-1")
+    await queue.finish("c-1", None)
+    assert [c.child_execution_id for c in await queue.running(10)] == ["c-0", "c-2"]
+    assert [c.child_execution_id for c in await queue.running(1)] == ["c-0"]
+    assert await queue.running(0) == []
+    with pytest.raises(ValueError):
+        await queue.running(-1)
+
+
+async def test_restart_moves_a_running_child_to_this_instance_at_the_next_attempt(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    first = store(sql, clock, "instance-1")
+    await first.enqueue(child("c-1", depth=2, payload={"p": 1}))
+    await first.enqueue(child("c-2"))
+    assert await first.restart("c-1", 0) is None  # still queued
+    claimed = await first.claim("instance-1")
+    assert claimed is not None and claimed.attempt == 1
+    sweeper = store(new_connection(), clock, "instance-2")
+    restarted = await sweeper.restart("c-1", 1)
+    assert restarted == ClaimedChild(
+        TENANT, "root-1", "parent-1", "c-1", 2, {"p": 1}, attempt=2, claimed_by="instance-2"
+    )
+    assert await store(new_connection(), clock, "instance-3").restart("c-1", 1) is None
+    listed = {c.child_execution_id: c for c in await first.children("parent-1")}
+    assert (listed["c-1"].status, listed["c-1"].attempt, listed["c-1"].claimed_by) == (
+        ChildStatus.RUNNING,
+        2,
+        "instance-2",
+    )
+    assert (await sweeper.finish("c-1", "done")).finished
+    assert await sweeper.restart("c-1", 2) is None  # finished
+    assert await sweeper.restart("unknown", 1) is None
+
+
+async def test_concurrent_restarts_of_one_attempt_give_one_winner(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    await store(sql, clock).enqueue(child("c-1"))
+    claimed = await store(sql, clock).claim("instance-1")
+    assert claimed is not None
+    sweepers = [store(new_connection(), clock, f"instance-{i}") for i in range(4)]
+    attempt = claimed.attempt
+    for _ in range(5):
+        results = await asyncio.gather(*(sweepers[i % 4].restart("c-1", attempt) for i in range(8)))
+        winners = [r for r in results if r is not None]
+        assert len(winners) == 1
+        assert winners[0].attempt == attempt + 1
+        attempt = winners[0].attempt
+
+
+# --- finish ----------------------------------------------------------------------------
+
+
+async def test_finish_moves_running_to_finished_once_and_counts_the_siblings_left(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    for i in range(3):
+        await queue.enqueue(child(f"c-{i}"))
+    await queue.enqueue(child("cousin", parent="parent-2"))
+    # Another tenant's child under a parent of the same id is not a sibling.
+    await queue.enqueue(child("stranger", tenant="tenant-2"))
+    for _ in range(5):
+        await queue.claim("instance-1")
+    assert await queue.finish("c-0", {"ok": 0}) == FinishResult(True, 2)
+    assert await queue.finish("c-0", {"ok": "again"}) == FinishResult(False, 2)
+    assert await queue.finish("c-1", {"ok": 1}) == FinishResult(True, 1)
+    assert await queue.finish("c-2", {"ok": 2}) == FinishResult(True, 0)
+    by_id = {c.child_execution_id: c for c in await queue.children("parent-1")}
+    assert [(by_id[f"c-{i}"].status, by_id[f"c-{i}"].outcome) for i in range(3)] == [
+        (ChildStatus.FINISHED, {"ok": 0}),
+        (ChildStatus.FINISHED, {"ok": 1}),
+        (ChildStatus.FINISHED, {"ok": 2}),
+    ]
+    assert by_id["stranger"].status is ChildStatus.RUNNING
+
+
+async def test_a_queued_child_cannot_finish_and_an_unknown_one_finishes_nothing(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    await queue.enqueue(child("c-1"))
+    assert await queue.finish("c-1", "early") == FinishResult(False, 1)
+    [listed] = await queue.children("parent-1")
+    assert (listed.status, listed.outcome) == (ChildStatus.QUEUED, None)
+    assert await queue.finish("nobody", None) == FinishResult(False, 0)
+
+
+async def test_a_finish_at_another_attempt_changes_nothing(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    await queue.enqueue(child("c-1"))
+    await queue.claim("instance-1")
+    assert await queue.finish("c-1", "wrong", attempt=2) == FinishResult(False, 1)
+    assert await queue.finish("c-1", "right", attempt=1) == FinishResult(True, 0)
+    [listed] = await queue.children("parent-1")
+    assert listed.outcome == "right"
+
+
+async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    """The sweep restarts a child claimed at attempt 1 (attempt 2); the first worker's late
+    `finish(attempt=1)` is refused and does not count; the attempt-2 finish counts once."""
+    first = store(sql, clock, "instance-1")
+    await first.enqueue(child("c-1"))
+    await first.enqueue(child("c-2"))
+    claimed = await first.claim("instance-1")
+    assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("c-1", 1)
+    sweeper = store(new_connection(), clock, "instance-2")
+    restarted = await sweeper.restart("c-1", 1)
+    assert restarted is not None and restarted.attempt == 2
+    assert await first.finish("c-1", "zombie", attempt=1) == FinishResult(False, 2)
+    assert await sweeper.finish("c-1", "real", attempt=2) == FinishResult(True, 1)
+    assert await sweeper.finish("c-1", "again", attempt=2) == FinishResult(False, 1)
+    other = await first.claim("instance-1")
+    assert other is not None
+    assert await first.finish(other.child_execution_id, "last", attempt=1) == FinishResult(True, 0)
+    listed = {c.child_execution_id: c for c in await first.children("parent-1")}
+    assert (listed["c-1"].outcome, listed["c-1"].attempt) == ("real", 2)
+
+
+async def test_a_late_finish_racing_its_rescue_lets_exactly_one_win(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    """Round after round, the first worker's finish at attempt 1 races the sweep's
+    restart of attempt 1: either the finish counts (and the restart finds nothing running)
+    or the restart wins (and the finish is refused, changing nothing)."""
+    first = store(sql, clock, "instance-1")
+    sweeper = store(new_connection(), clock, "instance-2")
+    for round_ in range(10):
+        parent = f"parent-{round_}"
+        await first.enqueue(child(f"c-{round_}", parent=parent))
+        await first.enqueue(child(f"sibling-{round_}", parent=parent, depth=0))
+        claimed = await first.claim("instance-1")
+        assert claimed is not None and claimed.child_execution_id == f"c-{round_}"
+        finish, restart = await asyncio.gather(
+            first.finish(claimed.child_execution_id, "late", attempt=1),
+            sweeper.restart(claimed.child_execution_id, 1),
+        )
+        [row] = [c for c in await first.children(parent) if c.child_execution_id == f"c-{round_}"]
+        if finish.finished:
+            assert restart is None
+            assert (finish.remaining, row.status, row.outcome) == (1, ChildStatus.FINISHED, "late")
+        else:
+            assert restart is not None and restart.attempt == 2
+            assert (finish.remaining, row.status, row.outcome) == (2, ChildStatus.RUNNING, None)
+            assert await sweeper.finish(row.child_execution_id, "real", attempt=2) == (True, 1)
+        await first.claim("instance-1")
+        assert (await first.finish(f"sibling-{round_}", None)).remaining == 0
+
+
+# --- statements per operation ----------------------------------------------------------
+
+
+async def test_each_operation_sends_the_fewest_statements(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    one_statement_claim = sql.ops.UPDATE_RETURNING
+    with statements(sql) as sent:
+        await queue.enqueue(child("c-1"))
+    assert len(sent) == 1
+    with statements(sql) as sent:
+        await queue.claim("instance-1")
+    assert len(sent) == (1 if one_statement_claim else 2)
+    with statements(sql) as sent:
+        assert await queue.claim("instance-1") is None
+    assert len(sent) == 1
+    with statements(sql) as sent:
+        await queue.restart("c-1", 1)
+    assert len(sent) == (1 if one_statement_claim else 2)
+    with statements(sql) as sent:
+        assert await queue.restart("c-1", 1) is None
+    assert len(sent) == 1
+    with statements(sql) as sent:
+        assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
+    assert len(sent) == 2
+    assert "FOR UPDATE" in sent[0].upper() or not sql.ops.ROW_LOCKS
+    with statements(sql) as sent:
+        assert await queue.finish("c-1", None) == FinishResult(False, 0)
+    assert len(sent) == 1
+    with statements(sql) as sent:
+        await queue.running(5)
+        await queue.children("parent-1")
+    assert len(sent) == 2
+
+
+# --- arguments -------------------------------------------------------------------------
+
+
+async def test_arguments_are_checked_before_any_statement(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    with statements(sql) as sent:
+        with pytest.raises(InvalidIdentifierError):
+            await queue.enqueue(child(""))
+        with pytest.raises(InvalidIdentifierError):
+            await queue.enqueue(child("x" * 256))
+        with pytest.raises(InvalidIdentifierError):
+            await queue.claim("")
+        with pytest.raises(InvalidIdentifierError):
+            await queue.finish("", None)
+        with pytest.raises(InvalidIdentifierError):
+            await queue.children("")
+        with pytest.raises(TypeError):
+            await queue.enqueue(child("c-1", payload={"bad": object()}))
+        with pytest.raises(ValueError):
+            await queue.enqueue(child("c-1", depth="deep"))  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            await queue.restart("c-1", "1")  # type: ignore[arg-type]
+    assert sent == []
+    assert await queue.children("parent-1") == []
+
+
+# --- real concurrency: several instances at once ---------------------------------------
+
+
+class CheckThenWriteQueue(SqlChildExecutionQueueRepository):
+    """BROKEN on purpose: reads the next queued child, then marks it claimed by id, in two
+    statements with no lock and no compare. Two claimers can both take one child."""
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        queued = (
+            sa.select(C.c.id, C.c.child_execution_id, C.c.attempt)
+            .where(C.c.status == QUEUED)
+            .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
+            .limit(1)
+        )
+        row = (await self.connection.execute(queued)).first()
+        if row is None:
+            return None
+        await asyncio.sleep(0)  # the gap any await between the read and the write opens
+        await self.connection.execute(
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("id"))
+            .values(status=RUNNING, claimed_by=sa.bindparam("by"), attempt=C.c.attempt + 1),
+            {"id": row[0], "by": instance_id},
+        )
+        return ClaimedChild(TENANT, "root-1", "parent-1", row[1], 1, None, row[2] + 1, instance_id)
+
+
+async def drain_with_workers(
+    queues: Sequence[SqlChildExecutionQueueRepository], workers: int
+) -> list[tuple[str, str]]:
+    """`workers` claimers (spread over the instances) claim until the queue is empty; every
+    (child, worker) claim they got."""
+
+    async def worker(n: int) -> list[tuple[str, str]]:
+        queue = queues[n % len(queues)]
+        name = f"worker-{n}"
+        got: list[tuple[str, str]] = []
+        while (claimed := await queue.claim(name)) is not None:
+            got.append((claimed.child_execution_id, name))
+        return got
+
+    results = await asyncio.gather(*(worker(n) for n in range(workers)))
+    return [claim for got in results for claim in got]
+
+
+@pytest.mark.slow
+async def test_eight_workers_claim_two_thousand_children_each_exactly_once(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    queues = [store(sql, clock)] + [store(new_connection(), clock) for _ in range(3)]
+    total = 2_000
+    await enqueue_many(
+        queues, [child(f"c-{i:04d}", depth=i % 4, parent=f"p-{i % 13}") for i in range(total)]
+    )
+    claims = await drain_with_workers(queues, workers=8)
+    claimed_ids = [child_id for child_id, _ in claims]
+    assert len(claimed_ids) == total, "a child was claimed twice or lost"
+    assert set(claimed_ids) == {f"c-{i:04d}" for i in range(total)}
+    assert len({worker for _, worker in claims}) > 1, "the workers did not run concurrently"
+    assert await queues[0].claim("late") is None
+    running = await queues[0].running(total + 1)
+    assert len(running) == total
+    by_worker = dict(claims)
+    assert all(c.attempt == 1 and c.claimed_by == by_worker[c.child_execution_id] for c in running)
+
+
+async def test_the_claim_race_catches_a_check_then_write_claim(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    """The broken twin, under the same race: some child is handed to two workers."""
+    broken = [CheckThenWriteQueue(sql, clock, ApplicationContext("instance-1"))] + [
+        CheckThenWriteQueue(new_connection(), clock, ApplicationContext(f"instance-{i}"))
+        for i in range(2, 5)
+    ]
+    doubled = 0
+    for round_ in range(5):
+        await sql.execute(sa.delete(C))
+        await enqueue_many(broken, [child(f"r{round_}-c-{i:03d}") for i in range(200)])
+        claimed_ids = [child_id for child_id, _ in await drain_with_workers(broken, workers=8)]
+        doubled += len(claimed_ids) - len(set(claimed_ids))
+        if doubled:
+            break
+    assert doubled > 0, "the race never handed one child to two workers: it does not bite"
+
+
+class CountOutsideTheLockQueue(SqlChildExecutionQueueRepository):
+    """BROKEN on purpose: finishes the child, then counts the unfinished siblings in a
+    second statement, outside any lock. Two finishers can both see none left."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        moved = await self.connection.execute(
+            sa.update(C)
+            .where(C.c.child_execution_id == sa.bindparam("id"), C.c.status == RUNNING)
+            .values(status="finished"),
+            {"id": child_execution_id},
+        )
+        await asyncio.sleep(0)
+        me = C.alias("me")
+        left = await self.connection.execute(
+            sa.select(sa.func.count())
+            .select_from(C)
+            .where(
+                C.c.parent_execution_id
+                == sa.select(me.c.parent_execution_id)
+                .where(me.c.child_execution_id == sa.bindparam("id"))
+                .scalar_subquery(),
+                C.c.status != "finished",
+            ),
+            {"id": child_execution_id},
+        )
+        return FinishResult(moved.rowcount == 1, int(left.scalar() or 0))
+
+
+async def finish_race(
+    queues: Sequence[SqlChildExecutionQueueRepository], round_: int, children: int
+) -> list[FinishResult]:
+    """Queue `children` of one parent, claim them all, then finish them all at once through
+    every instance, with duplicate finishes racing too."""
+    parent = f"parent-{round_}"
+    ids = [f"r{round_}-c-{i}" for i in range(children)]
+    for child_id in ids:
+        await queues[0].enqueue(child(child_id, parent=parent))
+    claims = [await queues[0].claim("instance-1") for _ in ids]
+    attempts = {c.child_execution_id: c.attempt for c in claims if c is not None}
+    return await asyncio.gather(
+        *(
+            queues[i % len(queues)].finish(child_id, i, attempt=attempts[child_id])
+            for i, child_id in enumerate(ids)
+        ),
+        *(queues[(i + 1) % len(queues)].finish(child_id, "dup") for i, child_id in enumerate(ids)),
+    )
+
+
+async def test_exactly_one_of_concurrent_finishers_of_a_parents_last_children_sees_zero(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    queues = [store(sql, clock)] + [store(new_connection(), clock) for _ in range(3)]
+    for round_ in range(8):
+        results = await finish_race(queues, round_, children=6)
+        assert sum(r.finished for r in results) == 6
+        assert [r for r in results if r.finished and r.remaining == 0] == [FinishResult(True, 0)]
+        assert all(r.remaining >= 0 for r in results)
+        listed = await queues[0].children(f"parent-{round_}")
+        assert all(c.status is ChildStatus.FINISHED for c in listed)
+
+
+async def test_the_finish_race_catches_a_count_outside_the_lock(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    """The broken twin, under the same race: two finishers see none left (or none does)."""
+    broken = [CountOutsideTheLockQueue(sql, clock, ApplicationContext("instance-1"))] + [
+        CountOutsideTheLockQueue(new_connection(), clock, ApplicationContext(f"instance-{i}"))
+        for i in range(2, 5)
+    ]
+    wrong_wakes = 0
+    for round_ in range(20):
+        results = await finish_race(broken, round_, children=6)
+        wakes = [r for r in results if r.finished and r.remaining == 0]
+        wrong_wakes += len(wakes) != 1
+        if wrong_wakes:
+            break
+    assert wrong_wakes > 0, "the race never woke the parent twice (or never): it does not bite"
