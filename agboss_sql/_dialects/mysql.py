@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -146,10 +147,14 @@ def _cursor_class() -> Any:
     return _quiet_cursor
 
 
-async def execute(raw: Any, sql: str, params: Mapping[str, Any]) -> tuple[list[Any] | None, int]:
+async def execute(
+    raw: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    """Run `sql` (pyformat) on `raw`; `params=None` sends the text verbatim. Empty params still
+    format the text, which turns a compiled `%%` back into `%`."""
     cursor = await raw.cursor(_cursor_class())
     try:
-        count = await cursor.execute(sql, params or None)
+        count = await cursor.execute(sql, params)
         rows = list(await cursor.fetchall()) if cursor.description is not None else None
         return rows, count
     finally:
@@ -157,7 +162,7 @@ async def execute(raw: Any, sql: str, params: Mapping[str, Any]) -> tuple[list[A
 
 
 async def run_text(raw: Any, sql: str) -> None:
-    cursor = await raw.cursor()
+    cursor = await raw.cursor(_cursor_class())
     try:
         await cursor.execute(sql)
     finally:
@@ -168,7 +173,32 @@ async def close(raw: Any) -> None:
     raw.close()
 
 
-_RETRYABLE = {1213, 1205, 1020}  # deadlock, lock wait timeout, record changed since last read
+def is_usable(raw: Any) -> bool:
+    """`raw` is open, outside any transaction, and its socket shows no EOF (a killed session's
+    socket stays readable once the server closed it): no round trip."""
+    if raw.closed or raw.get_transaction_status():
+        return False
+    sock = raw._writer.get_extra_info("socket")  # aiomysql keeps its stream private
+    if sock is None:
+        return True
+    return not _readable(sock.fileno())
+
+
+def _readable(fd: int) -> bool:
+    """Data or EOF waits on the socket `fd` (polled, not read; `poll` has no fd limit)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+# Deadlock, lock wait timeout, record changed since last read, NOWAIT lock not granted (MySQL 8).
+_RETRYABLE = {1213, 1205, 1020, 3572}
+# Can't connect, server gone away, lost during query, lost at handshake, server shutdown,
+# connection killed (MariaDB), disconnected by the server (MySQL 8.0.24+).
+_DISCONNECTS = {2003, 2006, 2013, 2055, 1053, 1927, 4031}
 
 
 def _code(exc: BaseException) -> int | None:
@@ -188,8 +218,14 @@ def is_unique_violation(exc: BaseException) -> bool:
 
 
 def is_disconnect(exc: BaseException) -> bool:
-    code = _code(exc)
-    return code in (2003, 2006, 2013, 2055) or isinstance(exc, ConnectionError)
+    """The session is gone (lost, killed, server shut down), or the driver already knows its
+    connection is closed (`InterfaceError`, e.g. "Not connected")."""
+    from pymysql.err import InterfaceError
+
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException):
+        exc = orig
+    return _code(exc) in _DISCONNECTS or isinstance(exc, (InterfaceError, ConnectionError))
 
 
 # --- migrations ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -121,7 +122,10 @@ async def connect(url: URL) -> Any:
     return await psycopg.AsyncConnection.connect(**conninfo(url), autocommit=True)
 
 
-async def execute(raw: Any, sql: str, params: Mapping[str, Any]) -> tuple[list[Any] | None, int]:
+async def execute(
+    raw: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    """Run `sql` (pyformat) on `raw`; `params=None` sends the text verbatim (no `%` parsing)."""
     cursor = raw.cursor()
     try:
         await cursor.execute(sql, params)
@@ -139,6 +143,28 @@ async def close(raw: Any) -> None:
     await raw.close()
 
 
+def is_usable(raw: Any) -> bool:
+    """`raw` is open, outside any transaction, and the server sent nothing since its last
+    answer (a terminated session leaves its notice and EOF unread): no round trip."""
+    import psycopg
+
+    if raw.closed or getattr(raw, "broken", False):
+        return False
+    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return False
+    return not _readable(raw.fileno())
+
+
+def _readable(fd: int) -> bool:
+    """Data or EOF waits on the socket `fd` (polled, not read; `poll` has no fd limit)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
 def is_retryable(exc: BaseException) -> bool:
     """Serialization failure, deadlock, lock-not-available: the transaction did not apply."""
     sqlstate = getattr(exc, "sqlstate", None) or getattr(
@@ -154,12 +180,24 @@ def is_unique_violation(exc: BaseException) -> bool:
     return sqlstate == "23505"
 
 
+_DISCONNECT_STATES = ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
+
+
 def is_disconnect(exc: BaseException) -> bool:
+    """The session is gone: terminated or shut down by the server (class 08 or 57P0x), or lost
+    on the client's side (a driver error with no SQLSTATE). A cancelled statement (57014) or
+    a lock not granted keeps its session, and is not a disconnect."""
     import psycopg
 
-    return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and not is_retryable(
-        exc
-    )
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException):
+        exc = orig
+    if not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is None:
+        return True
+    return sqlstate.startswith("08") or sqlstate in _DISCONNECT_STATES
 
 
 # --- migrations ------------------------------------------------------------------------

@@ -114,9 +114,9 @@ def connect_sync(path: str) -> sqlite3.Connection:
 
 
 def execute_sync(
-    raw: sqlite3.Connection, sql: str, params: Mapping[str, Any]
+    raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None
 ) -> tuple[list[Any] | None, int]:
-    cursor = raw.execute(sql, params)
+    cursor = raw.execute(sql) if params is None else raw.execute(sql, params)
     try:
         rows = cursor.fetchall() if cursor.description is not None else None
         return rows, cursor.rowcount
@@ -139,6 +139,11 @@ def is_unique_violation(exc: BaseException) -> bool:
 
 def is_disconnect(exc: BaseException) -> bool:
     return False
+
+
+def is_usable(raw: sqlite3.Connection) -> bool:
+    """`raw` is outside any transaction (a file has no session to lose)."""
+    return not raw.in_transaction
 
 
 # --- migrations ------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""Schema migrations: Alembic, run synchronously, one instance at a time.
+
+The project's revisions live in their own version table
+(`agboss_alembic_version`), so they sit beside an application's own Alembic
+project without touching its `alembic_version`. Every upgrade or downgrade
+runs on one connection inside the database's migration lock (PostgreSQL: a
+session advisory lock; MySQL/MariaDB: `GET_LOCK`; SQLite: the write lock of
+`BEGIN IMMEDIATE`), held until the migration has committed: several
+instances upgrading at start-up take turns, and each one after the first
+finds the schema at head and does nothing.
+
+The Alembic scripts are found inside the installed package (`_alembic`, put
+there by the wheel) or, in a checkout, in the repository's `alembic/`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import alembic.command
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+from agboss_sql._dialects import dialect_module
+from agboss_sql.sql.connection import normalize_url
+from agboss_sql.sql.schema import metadata
+
+VERSION_TABLE = "agboss_alembic_version"
+"""The table that holds this project's revision (never Alembic's default `alembic_version`)."""
+
+DATABASE_URL_ENV = "AGBOSS_DATABASE_URL"
+"""The environment variable read when no URL is given."""
+
+DEFAULT_DATABASE_URL = "sqlite:///.agboss/agboss.sqlite"
+"""The database used when neither a URL nor `AGBOSS_DATABASE_URL` is given."""
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What an upgrade or a downgrade did: the revision before and after it
+    (`None`: no revision of this project, the empty "base")."""
+
+    before: str | None
+    after: str | None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the schema moved."""
+        return self.before != self.after
+
+
+def resolve_url(url: str | URL | None = None) -> str:
+    """The database URL to migrate: `url` when given, else `AGBOSS_DATABASE_URL`, else
+    `DEFAULT_DATABASE_URL`."""
+    if url is not None and str(url) != "":
+        return url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    return os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+
+
+def sync_url(url: str | URL) -> URL:
+    """The URL with the synchronous driver migrations run on (psycopg, PyMySQL or the
+    stdlib sqlite3), whatever driver a plain or async `url` names."""
+    parsed = normalize_url(url)
+    ops = dialect_module(parsed.get_backend_name())
+    return parsed.set(drivername=f"{ops.NAME}+{ops.SYNC_DRIVER}")
+
+
+def script_location() -> Path:
+    """The Alembic script directory: the installed package's `_alembic` when present
+    (a wheel install), else the checkout's `alembic/` (an editable install)."""
+    for candidate in (_PACKAGE_DIR / "_alembic", _PACKAGE_DIR.parent / "alembic"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no Alembic scripts beside {_PACKAGE_DIR}: expected {_PACKAGE_DIR / '_alembic'} "
+        "(installed wheel) or ../alembic (checkout); reinstall agboss-sql"
+    )
+
+
+def alembic_config(url: str | URL | None = None) -> Config:
+    """An Alembic `Config` for this project's scripts on `url` (resolved as
+    `resolve_url` does), for `alembic.command` functions."""
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    # configparser interpolates '%': a password may contain it.
+    config.set_main_option("sqlalchemy.url", resolve_url(url).replace("%", "%%"))
+    return config
+
+
+def head() -> str:
+    """The newest revision of the project's schema."""
+    found = ScriptDirectory(str(script_location())).get_current_head()
+    if found is None:
+        raise RuntimeError(f"no revision under {script_location()}")
+    return found
+
+
+def context_options(dialect_name: str) -> dict[str, Any]:
+    """The options the migration environment gives `context.configure` (and a
+    comparison of the schema gives `MigrationContext.configure`) on a dialect."""
+    return {
+        "target_metadata": metadata,
+        "version_table": VERSION_TABLE,
+        "render_as_batch": dialect_name == "sqlite",
+        "include_name": _include_name,
+        "include_object": _include_object,
+        "compare_type": True,
+        "compare_server_default": True,
+    }
+
+
+def _include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    # Other tables of the database (an application's own) are not even reflected.
+    return type_ != "table" or name in metadata.tables
+
+
+def _include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    return _include_name(name, type_, None)
+
+
+def current(url: str | URL | None = None) -> str | None:
+    """The project's revision on the database at `url` (`None`: none applied yet)."""
+    with connect(url) as connection:
+        return _current_on(connection)
+
+
+def upgrade(url: str | URL | None = None, revision: str = "head") -> Migration:
+    """Upgrade the database at `url` to `revision`, under the migration lock; safe to
+    run from several instances at once (the later ones find it done)."""
+    with connect(url) as connection:
+        return upgrade_on(connection, revision)
+
+
+def downgrade(url: str | URL | None, revision: str) -> Migration:
+    """Downgrade the database at `url` to `revision` (`"base"`: drop the whole schema),
+    under the migration lock."""
+    with connect(url) as connection:
+        return _migrate_on(connection, revision, upgrading=False)
+
+
+def upgrade_on(connection: sa.Connection, revision: str = "head") -> Migration:
+    """Upgrade through a caller's own synchronous connection (Alembic's "Sharing a
+    Connection" recipe; from async code, `await connection.run_sync(upgrade_on)`): the
+    migration runs in its own transaction on it, committed before return, under the
+    migration lock. The connection must have no transaction begun: the lock is taken
+    before the migration's transaction and released after its commit. (On SQLite the
+    migration sends `BEGIN IMMEDIATE` itself: the driver's default transaction handling
+    is expected, not an engine that sends its own `BEGIN`.)"""
+    return _migrate_on(connection, revision, upgrading=True)
+
+
+def _migrate_on(connection: sa.Connection, revision: str, *, upgrading: bool) -> Migration:
+    if connection.in_transaction():
+        raise ValueError(
+            "the connection is in a transaction: migrations take the database's migration "
+            "lock before their own transaction; commit or roll back first"
+        )
+    with migration_lock(connection):
+        before = _current_on(connection)
+        if upgrading and revision == "head" and before == head():
+            # What every instance after the first finds at start-up: nothing to run.
+            return Migration(before, before)
+        config = alembic_config(connection.engine.url)
+        config.attributes["connection"] = connection
+        step = alembic.command.upgrade if upgrading else alembic.command.downgrade
+        step(config, revision)
+        return Migration(before, _current_on(connection))
+
+
+@contextmanager
+def migration_lock(connection: sa.Connection) -> Iterator[None]:
+    """Run the body in one transaction on `connection` (no transaction begun) while
+    holding the database's migration lock (see the module docstring), from before its
+    first statement until after its commit."""
+    with dialect_module(connection.dialect.name).lock_database(connection):
+        yield
+
+
+@contextmanager
+def connect(url: str | URL | None = None) -> Iterator[sa.Connection]:
+    """A synchronous connection for migrations to `url` (resolved as `resolve_url`
+    does; a SQLite file's directory is created), closed with its engine after."""
+    target = sync_url(resolve_url(url))
+    if target.get_backend_name() == "sqlite" and target.database not in (None, "", ":memory:"):
+        Path(target.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(target, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def _current_on(connection: sa.Connection) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()

@@ -1,0 +1,62 @@
+"""Alembic environment of agboss-sql.
+
+The database URL comes from `-x url=...`, else the config's `sqlalchemy.url`
+(set by `agboss_sql.sql.migrate.alembic_config`), else `AGBOSS_DATABASE_URL`,
+else `sqlite:///.agboss/agboss.sqlite`. A connection handed over in
+`config.attributes["connection"]` (Alembic's "Sharing a Connection" recipe,
+used by `agboss_sql.sql.migrate`) is used as it is, inside the caller's
+migration lock; otherwise the environment connects and takes the lock itself.
+"""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+import sqlalchemy as sa
+
+from agboss_sql.sql import migrate
+from alembic import context
+
+config = context.config
+
+if config.config_file_name is not None and config.file_config.has_section("loggers"):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _url() -> str:
+    given = context.get_x_argument(as_dictionary=True).get("url")
+    return migrate.resolve_url(given or config.get_main_option("sqlalchemy.url"))
+
+
+def _run_offline() -> None:
+    url = migrate.sync_url(_url())
+    context.configure(
+        url=url,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        **migrate.context_options(url.get_backend_name()),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run_on(connection: sa.Connection) -> None:
+    context.configure(connection=connection, **migrate.context_options(connection.dialect.name))
+    # Inside the lock's transaction this is a no-op: the lock commits, then releases.
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run_online() -> None:
+    shared = config.attributes.get("connection")
+    if shared is not None:
+        _run_on(shared)
+        return
+    with migrate.connect(_url()) as connection, migrate.migration_lock(connection):
+        _run_on(connection)
+
+
+if context.is_offline_mode():
+    _run_offline()
+else:
+    _run_online()
