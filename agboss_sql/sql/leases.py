@@ -48,6 +48,14 @@ def _held(now: Any, *, live: bool) -> sa.ColumnElement[bool]:
     return sa.and_(condition, L.c.expires_at > now) if live else condition
 
 
+def _checked_lease_ms(lease_ms: object) -> int:
+    """`lease_ms` if it is a positive whole number of ms, else `ValueError` (before any
+    statement: a zero or negative lease would be granted already over)."""
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+        raise ValueError(f"lease_ms must be a positive number of ms, got {lease_ms!r}")
+    return lease_ms
+
+
 class LeaseStatements:
     """The lease statements for one dialect and one kind of store time."""
 
@@ -73,10 +81,11 @@ class LeaseStatements:
             "updated_at": now,
         }
         # The previous epoch was taken over when it ended by expiry, not by its holder's
-        # release or yield (a close by `lease_state_of` is an expiry too).
-        handed_over = sa.or_(
-            sa.and_(L.c.released.is_(sa.true()), L.c.closed_reason.is_(None)),
-            L.c.yielded.is_(sa.true()),
+        # release or yield. A close by `lease_state_of` is an expiry too, even of a yielded
+        # lease (the only closed_reason ever written is its "superseded").
+        handed_over = sa.and_(
+            sa.or_(L.c.released.is_(sa.true()), L.c.yielded.is_(sa.true())),
+            L.c.closed_reason.is_(None),
         )
         if b.dialect_name == "mysql":
             columns = list(new_row)
@@ -225,7 +234,8 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return self._params(
             tenant_id=lease.tenant_id,
             execution_id=lease.execution_id,
-            holder=lease.holder_instance_id,
+            # The holder is this store's instance: an instance moves only its own leases.
+            holder=self.application.instance_id,
             epoch=lease.lease_epoch,
             **params,
         )
@@ -253,7 +263,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
             tenant_id=tenant_id,
             execution_id=execution_id,
             holder=self.application.instance_id,
-            lease_ms=int(lease_ms),
+            lease_ms=_checked_lease_ms(lease_ms),
             take_id=take_id,
         )
         conn = self.connection
@@ -271,7 +281,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return (yield Exec(self._sql.read, params)).first()
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
-        params = self._lease_params(lease, lease_ms=int(lease_ms))
+        params = self._lease_params(lease, lease_ms=_checked_lease_ms(lease_ms))
         if self._sql.returning:
             row = (await self.connection.execute(self._sql.renew, params)).first()
             return None if row is None else remaining_of(row[0], row[1])
@@ -297,7 +307,9 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return result.rowcount == 1
 
     async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
-        params = self._lease_params(lease, lease_ms=int(lease_ms), take_id=secrets.token_hex(16))
+        params = self._lease_params(
+            lease, lease_ms=_checked_lease_ms(lease_ms), take_id=secrets.token_hex(16)
+        )
         result = await self.connection.execute(self._sql.reclaim, params)
         if self._sql.returning:
             row = result.first()
@@ -312,7 +324,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return ExecutionLease(
             tenant_id=lease.tenant_id,
             execution_id=lease.execution_id,
-            holder_instance_id=lease.holder_instance_id,
+            holder_instance_id=self.application.instance_id,
             lease_epoch=epoch,
             remaining_ms=remaining,
         )

@@ -1,0 +1,172 @@
+"""The lease and mark check every fenced write of the SQL stores makes first.
+
+The scope's high-water mark lives on the lease row (`fence_token`), so one
+conditional `UPDATE` of that row is the whole check: it takes the row lock,
+requires the lease held at the key's token, not released/yielded/finished and
+live by the store's time (read once, inside the statement), requires the mark
+not above the token, and raises the mark to the token. One row matched: the
+write may go on in the same transaction, which keeps the lock until it ends,
+so a takeover waits for the commit or the commit sees the takeover. No row: a
+diagnosing read names the reason and the write is refused with
+`ExecutionFencedError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from agboss_sql.contracts.clocks import StoreClock
+from agboss_sql.contracts.errors import ExecutionFencedError
+from agboss_sql.contracts.keys import (
+    checked_business_key,
+    checked_effect_name,
+    checked_identifier,
+)
+from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.schema import execution_leases
+
+T = TypeVar("T")
+
+L = execution_leases
+
+SUPERSEDED = "superseded"
+"""The `closed_reason` of a lease `lease_state_of` closed after it expired at its token."""
+
+MAX_CLAIM_ATTEMPTS = 12
+"""How often a step that lost a race for a unique key is run again before giving up."""
+
+
+class FenceStatements:
+    """The fence (check and mark raise in one statement) and its diagnosis, per dialect."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        _, now = b.now()
+        token = sa.bindparam("token", type_=sa.BigInteger)
+        this_lease = sa.and_(
+            L.c.tenant_id == sa.bindparam("tenant_id"),
+            L.c.execution_id == sa.bindparam("execution_id"),
+        )
+        self.fence = (
+            sa.update(L)
+            .where(
+                this_lease,
+                L.c.lease_epoch == token,
+                L.c.released.is_(sa.false()),
+                L.c.yielded.is_(sa.false()),
+                L.c.finished.is_(sa.false()),
+                L.c.expires_at > now,
+                L.c.fence_token <= token,
+            )
+            .values(fence_token=token)
+        )
+        self.diagnose = sa.select(
+            L.c.lease_epoch,
+            L.c.released,
+            L.c.yielded,
+            L.c.finished,
+            L.c.closed_reason,
+            L.c.expires_at,
+            L.c.fence_token,
+            now.label("now"),
+        ).where(this_lease)
+
+
+def refusal_of(row: Any | None, token: int) -> str:
+    """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token`."""
+    if row is None:
+        return "lease-absent"
+    epoch, released, yielded, finished, closed_reason, expires_at, mark, now = row
+    if epoch > token:
+        return SUPERSEDED
+    if epoch < token:
+        return "token-not-granted"
+    if finished:
+        return "finished"
+    if released:
+        return SUPERSEDED if closed_reason == SUPERSEDED else "released"
+    if yielded:
+        return "yielded"
+    if expires_at <= now:
+        return "expired"
+    if mark > token:
+        return "mark-above-token"
+    # Epochs and marks only grow and a lease that ended never comes back at its epoch:
+    # the one condition a later read can see otherwise is the time, when the database
+    # clock stepped back between the two statements.
+    return "expired"
+
+
+def fence_params(key: FencedEffectKey, clock: StoreClock) -> dict[str, Any]:
+    """The fence's parameters for `key`, with the store's time when a test clock is injected
+    (read once per operation, so every statement of it sees the same time)."""
+    params: dict[str, Any] = {
+        "tenant_id": key.tenant_id,
+        "execution_id": key.lease_execution_id,
+        "token": key.token,
+    }
+    if not clock.is_database_time:
+        params["now"] = clock.now()
+    return params
+
+
+def fenced(sql: FenceStatements, key: FencedEffectKey, params: dict[str, Any]) -> Step[None]:
+    """The lease and mark check of a write under `key`: the first statement of its step."""
+    if (yield Exec(sql.fence, params)).rowcount == 1:
+        return None
+    row = (yield Exec(sql.diagnose, params)).first()
+    raise ExecutionFencedError(key.scope_key, key.token, refusal_of(row, key.token))
+
+
+def checked_key(key: FencedEffectKey) -> FencedEffectKey:
+    """The key's rules, before any statement: its name, its business key, its identifiers
+    and its token."""
+    checked_effect_name(key.name)
+    checked_business_key(key)
+    checked_identifier("tenant_id", key.tenant_id)
+    checked_identifier("lease_execution_id", key.lease_execution_id)
+    checked_token(key.token)
+    return key
+
+
+def checked_token(token: object) -> int:
+    """`token` if it is a lease epoch (an int), else `ValueError`."""
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise ValueError(f"a lease token is an int, got {token!r:.80}")
+    return token
+
+
+def checked_store_clock(clock: object) -> StoreClock:
+    """`clock` if it is a `StoreClock`, else `TypeError`: fencing decides by the store's time."""
+    if not isinstance(clock, StoreClock):
+        raise TypeError(
+            "this store decides by the store's time: pass a StoreClock (StoreClock() for "
+            f"database time, StoreClock(clock) in tests), got {type(clock).__name__}"
+        )
+    return clock
+
+
+def checked_application(application: object) -> ApplicationContext:
+    """`application` if it is an `ApplicationContext` with a valid instance id."""
+    if not isinstance(application, ApplicationContext):
+        raise TypeError(f"expected an ApplicationContext, got {type(application).__name__}")
+    checked_identifier("application.instance_id", application.instance_id)
+    return application
+
+
+async def run_claiming(connection: SqlConnection, factory: Callable[[], Step[T]]) -> T:
+    """Run a fenced step in one transaction (retried on transient conflicts by the
+    connection), and run it again when it lost a race for a unique key: a claimer that
+    commits between this step's read and its insert makes the insert fail, and the next
+    run reads that claimer's row."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await connection.run(factory, transaction=True)
+        except Exception as exc:
+            if attempt >= MAX_CLAIM_ATTEMPTS or not connection.ops.is_unique_violation(exc):
+                raise

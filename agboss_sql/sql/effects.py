@@ -1,0 +1,247 @@
+"""`SqlFencedEffectRepository`: one effect per key, in one transaction with the work.
+
+The transaction is a SQLAlchemy `AsyncConnection` (`SqlConnection.transaction()`,
+`BEGIN IMMEDIATE` on SQLite), because the work receives it and writes its
+business rows in it. The store's own statements run on the same connection
+(`SqlConnection.drive_on`), in this order:
+
+1. the fence (`_fence.FenceStatements.fence`): lease check and mark raise in one
+   conditional `UPDATE` of the lease row, which locks it until the commit;
+2. the claim of the key's result row, by its unique key, before the work runs,
+   so two writers of one key (two scopes sharing a business key) wait for each
+   other instead of both running the work. PostgreSQL and SQLite: an upsert
+   whose no-op update locks an existing row and returns it (`RETURNING`), so a
+   replay costs no second read; a claimed row is new when its result is `NULL`
+   (a committed row always has its JSON result). MySQL/MariaDB: a plain insert,
+   whose duplicate-key error (which does not abort the transaction there) means
+   the row exists; a shared locking read then gets it;
+3. an existing row replays through `replayed_from_of`; else the work, then the
+   result stored into the claimed row, then the commit.
+
+Any refusal or exception rolls all of it back (the mark and the work's rows
+included); transient conflicts (deadlocks, serialization failures, busy) run
+the whole transaction again.
+
+Statements per call (round trips; the work's own statements not counted):
+PostgreSQL: first write BEGIN, fence, claim, store, COMMIT = 5; replay BEGIN,
+fence, claim, COMMIT = 4. SQLite: the same with `BEGIN IMMEDIATE`.
+MySQL/MariaDB (no BEGIN round trip: the driver runs with autocommit off):
+first write fence, claim, store, COMMIT = 4; replay fence, claim, read,
+COMMIT = 4; plus, today, the ROLLBACK aiomysql sends when SQLAlchemy's pool
+takes the connection back. A refusal sends the diagnosing read instead of the
+claim and ends in ROLLBACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agboss_sql.contracts.clocks import StoreClock
+from agboss_sql.contracts.errors import CorruptStoredRowError
+from agboss_sql.contracts.keys import fenced_key_identity_of, replayed_from_of
+from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
+from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey, FencedEffectResult
+from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
+from agboss_sql.sql._fence import (
+    FenceStatements,
+    checked_application,
+    checked_key,
+    checked_store_clock,
+    fence_params,
+    fenced,
+)
+from agboss_sql.sql.connection import MAX_ATTEMPTS, Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+from agboss_sql.sql.schema import fenced_effect_results
+
+T = TypeVar("T")
+
+R = fenced_effect_results
+_STORED = (
+    R.c.result,
+    R.c.fingerprint,
+    R.c.step_execution_id,
+    R.c.step_idempotency_key,
+    R.c.step_name,
+)
+
+
+class EffectStatements:
+    """The fenced effect's own statements for one dialect and one kind of store time."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        ops = b.ops
+        source, now = b.now()
+        row: dict[str, Any] = {
+            column: sa.bindparam(column)
+            for column in (
+                "identity_hash",
+                "identity",
+                "tenant_id",
+                "scope_key",
+                "name",
+                "business_key",
+                "fingerprint",
+                "step_execution_id",
+                "step_idempotency_key",
+                "step_name",
+                "lease_execution_id",
+                "token",
+            )
+        }
+        row["result"] = sa.null()
+        row["stored_at"] = now
+        if source is not None:
+            columns = list(row)
+            insert = ops.insert(R).from_select(
+                columns, sa.select(*(row[c] for c in columns)).select_from(source)
+            )
+        else:
+            insert = ops.insert(R).values(row)
+        self.returns_claimed = bool(ops.UPSERT_RETURNING)
+        if self.returns_claimed:
+            # The no-op update locks a row that exists (after its writer committed) and
+            # makes RETURNING give it back; a new row comes back with its NULL result.
+            self.claim = insert.on_conflict_do_update(
+                index_elements=["identity_hash"], set_={"token": R.c.token}
+            ).returning(*_STORED)
+        else:
+            self.claim = insert
+        # The row is committed and never changes once it has a result: a shared lock
+        # (compatible with the one the failed insert holds) is enough to read it.
+        self.read = ops.for_share(
+            sa.select(*_STORED).where(R.c.identity_hash == sa.bindparam("identity_hash"))
+        )
+        self.store = (
+            sa.update(R)
+            .where(R.c.identity_hash == sa.bindparam("identity_hash"))
+            .values(result=sa.bindparam("result"))
+        )
+
+
+class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection]):
+    """Fenced effects on SQL: the lease check, the scope's mark, the stored result and the
+    work's business rows in one transaction that locks the lease row first."""
+
+    lease_repository: ClassVar[type[ExecutionLeaseRepository] | None] = SqlExecutionLeaseRepository
+
+    def __init__(
+        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        self._attach(connection, checked_application(application))
+        self.store_clock = checked_store_clock(clock)
+        database_time = clock.is_database_time
+        self._fence = connection.prepared(FenceStatements, database_time=database_time)
+        self._sql = connection.prepared(EffectStatements, database_time=database_time)
+
+    async def save_result_if_absent(
+        self, key: FencedEffectKey, work: Callable[[AsyncConnection], Awaitable[T]]
+    ) -> FencedEffectResult[T]:
+        """In one transaction: refuse (`ExecutionFencedError`, with the reason) unless the
+        key's lease is held at its token, not released/yielded/finished and live by the
+        store's time, and the scope's mark is not above the token; raise the mark; replay
+        the key's stored result (another fingerprint under a business key is
+        `IdempotencyKeyConflictError`); else run `work(tx)` on the open transaction and
+        store its JSON result. The answer's value is the stored JSON's value. Any refusal
+        or exception rolls everything back, the work's rows included."""
+        checked_key(key)
+        identity = fenced_key_identity_of(key)
+        facts = {
+            "identity_hash": identity_hash(identity),
+            "identity": identity,
+            "tenant_id": key.tenant_id,
+            "scope_key": key.scope_key,
+            "name": key.name,
+            "business_key": key.business_key,
+            "fingerprint": key.fingerprint,
+            "step_execution_id": key.step.execution_id,
+            "step_idempotency_key": key.step.idempotency_key,
+            "step_name": key.step.name,
+            "lease_execution_id": key.lease_execution_id,
+            "token": key.token,
+        }
+
+        async def attempt(tx: AsyncConnection) -> FencedEffectResult[T]:
+            # The store's time is read once per attempt: every statement sees the same.
+            params = fence_params(key, self.store_clock)
+            drive_on = self.connection.drive_on
+            await drive_on(tx, fenced(self._fence, key, params))
+            stored = await self._claim(tx, {**facts, **params})
+            if stored is not None:
+                result, fingerprint, step_execution_id, step_key, step_name = stored
+                replayed_from = replayed_from_of(
+                    key,
+                    {
+                        "fingerprint": fingerprint,
+                        "step_execution_id": step_execution_id,
+                        "step_idempotency_key": step_key,
+                        "step_name": step_name,
+                    },
+                )
+                replayed: T = loads(result)
+                return FencedEffectResult(replayed, True, replayed_from)
+            value = await work(tx)
+            # A value that is not JSON fails here, inside the transaction: all rolls back.
+            text = dumps(value)
+            await drive_on(
+                tx,
+                _one(self._sql.store, {"identity_hash": facts["identity_hash"], "result": text}),
+            )
+            stored_value: T = loads(text)
+            return FencedEffectResult(stored_value, False, None)
+
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                async with self.connection.transaction() as tx:
+                    return await attempt(tx)
+            except Exception as exc:
+                if tries >= MAX_ATTEMPTS or not (
+                    isinstance(exc, _ClaimLostError) or self.connection.ops.is_retryable(exc)
+                ):
+                    raise
+            await asyncio.sleep(min(0.2, 0.002 * 2**tries) * random.uniform(0.5, 1.5))
+
+    async def _claim(self, tx: AsyncConnection, params: dict[str, Any]) -> Any | None:
+        """Claim the key's result row: `None` when this transaction claimed it (a new row,
+        locked), else the existing row's `(result, fingerprint, step…)`."""
+        sql = self._sql
+        if sql.returns_claimed:
+            row = (await self.connection.drive_on(tx, _one(sql.claim, params))).first()
+            if row is None or row[0] is None:
+                return None
+            return row
+        try:
+            await self.connection.drive_on(tx, _one(sql.claim, params))
+            return None
+        except Exception as exc:
+            if not self.connection.ops.is_unique_violation(exc):
+                raise
+        row = (
+            await self.connection.drive_on(
+                tx, _one(sql.read, {"identity_hash": params["identity_hash"]})
+            )
+        ).first()
+        if row is None:
+            # The duplicate's writer rolled back after all: run the transaction again.
+            raise _ClaimLostError
+        if row[0] is None:
+            raise CorruptStoredRowError(
+                f"the stored result of {params['identity']!r:.200} is missing"
+            )
+        return row
+
+
+class _ClaimLostError(Exception):
+    """The row a failed claim collided with was gone when read: a transient conflict."""
+
+
+def _one(statement: Any, params: dict[str, Any]) -> Step[Any]:
+    return (yield Exec(statement, params))
