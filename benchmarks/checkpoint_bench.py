@@ -1,0 +1,308 @@
+"""Checkpoint savers, ours against LangGraph's official one, on one database.
+
+    python benchmarks/checkpoint_bench.py --url postgresql://postgres@127.0.0.1:5432/bench
+    python benchmarks/checkpoint_bench.py --url mysql://root@127.0.0.1:3306/bench
+    python benchmarks/checkpoint_bench.py --url sqlite:////tmp/bench/bench.sqlite
+
+In one process and on one database it runs `SqlCheckpointSaver` and the official saver
+for that database when it is installed (`langgraph-checkpoint-postgres`,
+`langgraph-checkpoint-sqlite`, the community `langgraph-checkpoint-mysql`). One
+operation is what a graph step costs its checkpointer: `aput` of a realistic checkpoint
+(3 channels of a few hundred bytes each, all three at a new version, parent = the
+previous checkpoint) then `aget_tuple` of the thread's latest checkpoint. Scenarios:
+every operation on one thread (its history grows), and round robin over 100 threads.
+One client, operations in sequence; the savers take turns in slices (`--rounds`) so a
+change in the machine's load falls on both. Prints a table, then one JSON line per
+measurement and per comparison.
+
+Our tables are created if absent (`metadata.create_all`; deployments run the
+migrations); the official saver's `setup()` creates its own. Every thread the run wrote
+is deleted at the end, by each saver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_checkpoint
+
+from agboss_sql.sql.checkpoint import SqlCheckpointSaver
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
+from agboss_sql.testing.database import sync_url
+
+SCENARIOS = (("1 thread", 1), ("100 threads", 100))
+
+
+def channel_values(step: int) -> dict[str, Any]:
+    """Three channels of a few hundred bytes each, as a support agent's state would hold."""
+    return {
+        "messages": [
+            HumanMessage(
+                content=f"Step {step}: my order #48213 arrived damaged, the box was crushed "
+                "and two of the glasses are broken. Can I get a refund or a replacement?",
+                id=f"human-{step}",
+            ),
+            AIMessage(
+                content="I'm sorry to hear that. I can offer a replacement shipped today at no "
+                "cost, or a full refund to your card within 3-5 business days. Which do you prefer?",
+                id=f"ai-{step}",
+            ),
+        ],
+        "context": {
+            "customer_id": "cus_8f2a91c4",
+            "plan": "premium",
+            "order": {"id": 48213, "items": ["glass set (6)", "coasters"], "total_cents": 8499},
+            "sentiment": "frustrated",
+            "open_tickets": [1182, 1190],
+            "step": step,
+        },
+        "summary": (
+            f"[{step}] Customer reports a damaged delivery (order 48213, premium plan). "
+            "Two glasses broken on arrival; packaging crushed. Offered replacement or refund; "
+            "awaiting the customer's choice before issuing a shipping label or refund."
+        ),
+    }
+
+
+def checkpoint_of(
+    saver: BaseCheckpointSaver[Any], step: int, versions: dict[str, Any]
+) -> Checkpoint:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = channel_values(step)
+    for channel in checkpoint["channel_values"]:
+        versions[channel] = saver.get_next_version(versions.get(channel), None)
+    checkpoint["channel_versions"] = dict(versions)
+    checkpoint["versions_seen"] = {"agent": dict(versions), "tools": dict(versions)}
+    return checkpoint
+
+
+@dataclass
+class Measurement:
+    database: str
+    scenario: str
+    saver: str
+    ops: int
+    seconds: float
+    ops_per_s: float
+    put_ms: float
+    get_ms: float
+
+
+class Workload:
+    """One saver's operations on its threads; run in slices, the history carries on."""
+
+    def __init__(
+        self, saver: BaseCheckpointSaver[Any], name: str, threads: int, run_id: str, tag: str
+    ) -> None:
+        self.saver, self.name = saver, name
+        self.thread_ids = [f"bench-{run_id}-{tag}-{i}" for i in range(threads)]
+        self.parents: dict[str, str | None] = dict.fromkeys(self.thread_ids)
+        self.versions: dict[str, dict[str, Any]] = {t: {} for t in self.thread_ids}
+        self.step = 0
+        self.ops = 0
+        self.seconds = self.put_s = self.get_s = 0.0
+
+    async def run(self, ops: int, *, timed: bool = True) -> None:
+        saver = self.saver
+        started = time.perf_counter()
+        put_s = get_s = 0.0
+        for _ in range(ops):
+            step = self.step
+            self.step += 1
+            thread_id = self.thread_ids[step % len(self.thread_ids)]
+            configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+            if self.parents[thread_id] is not None:
+                configurable["checkpoint_id"] = self.parents[thread_id]
+            checkpoint = checkpoint_of(saver, step, self.versions[thread_id])
+            metadata: Any = {"source": "loop", "step": step, "parents": {}}
+            t0 = time.perf_counter()
+            stored = await saver.aput(
+                {"configurable": configurable}, checkpoint, metadata, checkpoint["channel_versions"]
+            )
+            t1 = time.perf_counter()
+            latest = await saver.aget_tuple(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+            )
+            t2 = time.perf_counter()
+            put_s += t1 - t0
+            get_s += t2 - t1
+            if latest is None or latest.checkpoint["id"] != checkpoint["id"]:
+                raise AssertionError(
+                    f"{self.name}: the latest checkpoint of {thread_id} is not the one just put"
+                )
+            self.parents[thread_id] = stored["configurable"]["checkpoint_id"]
+        if timed:
+            self.seconds += time.perf_counter() - started
+            self.put_s += put_s
+            self.get_s += get_s
+            self.ops += ops
+
+    def measurement(self, database: str, scenario: str) -> Measurement:
+        return Measurement(
+            database=database,
+            scenario=scenario,
+            saver=self.name,
+            ops=self.ops,
+            seconds=round(self.seconds, 4),
+            ops_per_s=round(self.ops / self.seconds, 1),
+            put_ms=round(self.put_s * 1000 / self.ops, 3),
+            get_ms=round(self.get_s * 1000 / self.ops, 3),
+        )
+
+
+@contextlib.asynccontextmanager
+async def official_saver(
+    url: sa.URL,
+) -> AsyncIterator[tuple[str, BaseCheckpointSaver[Any] | None, str]]:
+    """LangGraph's saver for this database: (name, saver or None, why not)."""
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        try:
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        except ImportError:
+            yield "AsyncPostgresSaver", None, "langgraph-checkpoint-postgres is not installed"
+            return
+        conn_string = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        async with AsyncPostgresSaver.from_conn_string(conn_string) as saver:
+            await saver.setup()
+            yield "AsyncPostgresSaver", saver, ""
+    elif backend == "sqlite":
+        try:
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        except ImportError:
+            yield "AsyncSqliteSaver", None, "langgraph-checkpoint-sqlite is not installed"
+            return
+        async with AsyncSqliteSaver.from_conn_string(url.database or "") as sqlite_saver:
+            await sqlite_saver.setup()
+            yield "AsyncSqliteSaver", sqlite_saver, ""
+    else:
+        try:
+            from langgraph.checkpoint.mysql.aio import AIOMySQLSaver
+        except ImportError:
+            yield "AIOMySQLSaver", None, "langgraph-checkpoint-mysql is not installed"
+            return
+        conn_string = url.set(drivername="mysql").render_as_string(hide_password=False)
+        async with AIOMySQLSaver.from_conn_string(conn_string) as mysql_saver:
+            await mysql_saver.setup()
+            yield "AIOMySQLSaver", mysql_saver, ""
+
+
+def ensure_our_tables(url: str) -> None:
+    engine = sa.create_engine(sync_url(url))
+    try:
+        tables = [checkpoints, checkpoint_blobs, checkpoint_writes]
+        checkpoints.metadata.create_all(engine, tables=tables, checkfirst=True)
+    finally:
+        engine.dispose()
+
+
+def slices(total: int, rounds: int) -> list[int]:
+    base, extra = divmod(total, max(1, rounds))
+    return [base + (1 if i < extra else 0) for i in range(max(1, rounds)) if base or i < extra]
+
+
+async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measurement]:
+    ensure_our_tables(url)
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    connection = SqlConnection(url)
+    database = await connection.server_flavour()
+    run_id = uuid.uuid4().hex[:8]
+    measurements: list[Measurement] = []
+    written: list[tuple[BaseCheckpointSaver[Any], list[str]]] = []
+    try:
+        ours = SqlCheckpointSaver(connection)
+        async with official_saver(parsed) as (their_name, theirs, why_not):
+            if theirs is None:
+                print(f"# {their_name}: not measured ({why_not})", file=sys.stderr)
+            savers: list[tuple[str, BaseCheckpointSaver[Any]]] = [("SqlCheckpointSaver", ours)]
+            if theirs is not None:
+                savers.append((their_name, theirs))
+            for scenario, threads in SCENARIOS:
+                tag = scenario.replace(" ", "")
+                loads = [
+                    Workload(saver, name, threads, run_id, f"{i}{tag}")
+                    for i, (name, saver) in enumerate(savers)
+                ]
+                written += [(w.saver, w.thread_ids) for w in loads]
+                for load in loads:
+                    await load.run(warmup, timed=False)
+                # The savers take turns, slice by slice: a change in the machine's load
+                # falls on both, and their ratio stays fair.
+                for slice_ops in slices(ops, rounds):
+                    for load in loads:
+                        await load.run(slice_ops)
+                measurements += [load.measurement(database, scenario) for load in loads]
+            for saver, thread_ids in written:
+                for thread_id in thread_ids:
+                    await saver.adelete_thread(thread_id)
+    finally:
+        await connection.close()
+    return measurements
+
+
+def report(measurements: list[Measurement]) -> None:
+    by_key = {(m.scenario, m.saver): m for m in measurements}
+    scenarios = [s for s, _ in SCENARIOS]
+    theirs_names = sorted({m.saver for m in measurements} - {"SqlCheckpointSaver"})
+    header = f"{'database':<10} {'scenario':<12} {'saver':<20} {'ops/s':>9} {'put ms':>8} {'get ms':>8} {'ours/theirs':>12}"
+    print(header)
+    print("-" * len(header))
+    comparisons: list[dict[str, Any]] = []
+    for scenario in scenarios:
+        ours = by_key.get((scenario, "SqlCheckpointSaver"))
+        for m in [x for x in measurements if x.scenario == scenario]:
+            ratio = ""
+            if ours is not None and m.saver != "SqlCheckpointSaver":
+                ratio = f"{ours.ops_per_s / m.ops_per_s:.2f}x"
+                comparisons.append(
+                    {
+                        "database": m.database,
+                        "scenario": scenario,
+                        "ours": ours.saver,
+                        "theirs": m.saver,
+                        "ours_ops_per_s": ours.ops_per_s,
+                        "theirs_ops_per_s": m.ops_per_s,
+                        "ratio": round(ours.ops_per_s / m.ops_per_s, 2),
+                    }
+                )
+            print(
+                f"{m.database:<10} {scenario:<12} {m.saver:<20} {m.ops_per_s:>9.1f} {m.put_ms:>8.3f} {m.get_ms:>8.3f} {ratio:>12}"
+            )
+    if not theirs_names:
+        print("(no official saver measured: ratio not available)")
+    print()
+    for m in measurements:
+        print(json.dumps({"kind": "measurement", **asdict(m)}))
+    for c in comparisons:
+        print(json.dumps({"kind": "comparison", **c}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True, help="sqlite:///…, postgresql://…, mysql://…")
+    parser.add_argument("--ops", type=int, default=1000, help="operations per saver and scenario")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed operations before each run")
+    parser.add_argument("--rounds", type=int, default=10, help="slices the savers take turns in")
+    args = parser.parse_args()
+    report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()

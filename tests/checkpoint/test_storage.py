@@ -1,0 +1,592 @@
+"""What `SqlCheckpointSaver` stores and how it reads it back, on the database under test."""
+
+from __future__ import annotations
+
+import asyncio
+import copy as copy_module
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+from agboss_sql.contracts.errors import InvalidIdentifierError
+from agboss_sql.sql._base import identity_hash
+from agboss_sql.sql.checkpoint import (
+    _BLOB_KEY,
+    LIST_PAGE,
+    MAX_ROWS,
+    SqlCheckpointSaver,
+    _keyed_params,
+)
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
+
+
+def _config(thread: str, ns: str = "", checkpoint_id: str | None = None) -> dict[str, Any]:
+    configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+class Thread:
+    """Puts checkpoints on one thread namespace the way a graph does: each with its parent,
+    the full channel versions, and new versions for the channels it changed."""
+
+    def __init__(self, saver: SqlCheckpointSaver, thread: str, ns: str = "") -> None:
+        self.saver, self.thread, self.ns = saver, thread, ns
+        self.values: dict[str, Any] = {}
+        self.versions: dict[str, Any] = {}
+        self.last: str | None = None
+
+    async def put(
+        self, changes: Mapping[str, Any], *, metadata: Mapping[str, Any] | None = None
+    ) -> str:
+        new_versions = {
+            name: self.saver.get_next_version(self.versions.get(name), None) for name in changes
+        }
+        self.values.update(changes)
+        self.versions.update(new_versions)
+        checkpoint: Checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = dict(self.values)
+        checkpoint["channel_versions"] = dict(self.versions)
+        checkpoint["versions_seen"] = {"node": dict(self.versions)}
+        stored = await self.saver.aput(
+            _config(self.thread, self.ns, self.last),
+            checkpoint,
+            dict(metadata or {"source": "loop", "step": 0}),  # type: ignore[arg-type]
+            new_versions,
+        )
+        self.last = stored["configurable"]["checkpoint_id"]
+        return self.last
+
+
+async def _count(sql: SqlConnection, table: sa.Table, **where: Any) -> int:
+    statement = sa.select(sa.func.count()).select_from(table)
+    for column, value in where.items():
+        statement = statement.where(table.c[column] == value)
+    found = (await sql.execute(statement)).scalar()
+    return int(found or 0)
+
+
+def _statements(sql: SqlConnection) -> tuple[list[str], Callable[[], None]]:
+    sent: list[str] = []
+    remove = sql.add_statement_listener(lambda text, _params: sent.append(text))
+    return sent, remove
+
+
+def _thread() -> str:
+    return f"thread-{uuid.uuid4()}"
+
+
+async def test_a_channel_value_is_stored_once_per_version_and_each_checkpoint_reads_its_own(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    messages = [HumanMessage(content="hi", id="1"), AIMessage(content="hello", id="2")]
+    first = await thread.put({"messages": messages, "topic": "billing", "counter": 1})
+    second = await thread.put({"counter": 2})
+    third = await thread.put({"counter": 3, "topic": "refunds"})
+
+    # 3 channels at the first put, then only the changed ones: 3 + 1 + 2 rows.
+    assert await _count(sql, checkpoint_blobs, thread_id=thread.thread) == 6
+    for checkpoint_id, counter, topic in [
+        (first, 1, "billing"),
+        (second, 2, "billing"),
+        (third, 3, "refunds"),
+    ]:
+        found = await saver.aget_tuple(_config(thread.thread, checkpoint_id=checkpoint_id))
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {
+            "messages": messages,
+            "topic": topic,
+            "counter": counter,
+        }
+    latest = await saver.aget_tuple(_config(thread.thread))
+    assert latest is not None and latest.config["configurable"]["checkpoint_id"] == third
+    assert latest.parent_config == {
+        "configurable": {"thread_id": thread.thread, "checkpoint_ns": "", "checkpoint_id": second}
+    }
+
+
+async def test_values_bodies_and_writes_use_the_saver_serde(sql: SqlConnection) -> None:
+    class TaggedSerde(JsonPlusSerializer):
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            kind, data = super().dumps_typed(obj)
+            return f"tagged-{kind}", data
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            kind, payload = data
+            assert kind.startswith("tagged-")
+            return super().loads_typed((kind.removeprefix("tagged-"), payload))
+
+    saver = SqlCheckpointSaver(sql, serde=TaggedSerde())
+    thread = Thread(saver, _thread())
+    checkpoint_id = await thread.put({"raw": b"\x00\xff binary \x80", "text": "ünïcode ✓"})
+    await saver.aput_writes(
+        _config(thread.thread, checkpoint_id=checkpoint_id), [("raw", b"\x01\x02")], "task"
+    )
+
+    found = await saver.aget_tuple(_config(thread.thread))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {
+        "raw": b"\x00\xff binary \x80",
+        "text": "ünïcode ✓",
+    }
+    assert found.pending_writes == [("task", "raw", b"\x01\x02")]
+    kinds = set()
+    for table, column in [
+        (checkpoints, "checkpoint_type"),
+        (checkpoint_blobs, "value_type"),
+        (checkpoint_writes, "value_type"),
+    ]:
+        kinds |= {row[0] for row in (await sql.execute(sa.select(table.c[column]))).rows}
+    assert kinds and all(kind.startswith("tagged-") for kind in kinds)
+
+
+async def test_pending_writes_are_not_duplicated_by_a_retry_and_come_back_in_task_order(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    checkpoint_id = await thread.put({"a": 1})
+    config = _config(thread.thread, checkpoint_id=checkpoint_id)
+
+    await saver.aput_writes(config, [("a", "b-0"), ("c", "b-1")], "task-b", "path-2")
+    await saver.aput_writes(config, [("a", "a-0")], "task-a", "path-1")
+    await saver.aput_writes(
+        config, [("a", "b-0 retried"), ("c", "b-1 retried")], "task-b", "path-2"
+    )
+    await saver.aput_writes(config, [(ERROR, "boom")], "task-c", "path-3")
+    await saver.aput_writes(
+        config, [(ERROR, "boom again"), (INTERRUPT, {"ask": "?"})], "task-c", "path-3"
+    )
+
+    found = await saver.aget_tuple(config)
+    assert found is not None
+    assert found.pending_writes == [
+        ("task-a", "a", "a-0"),
+        ("task-b", "a", "b-0"),  # the retry did not replace or add
+        ("task-b", "c", "b-1"),
+        ("task-c", INTERRUPT, {"ask": "?"}),  # special channels: the latest value
+        ("task-c", ERROR, "boom again"),
+    ]
+    assert await _count(sql, checkpoint_writes, thread_id=thread.thread) == 5
+
+
+async def test_more_channels_and_writes_than_one_statement_holds(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    many = {f"channel-{i}": {"i": i, "payload": "x" * i} for i in range(MAX_ROWS * 2 + 3)}
+    checkpoint_id = await thread.put(many)
+    writes = [(f"channel-{i}", i) for i in range(MAX_ROWS + 5)]
+    await saver.aput_writes(_config(thread.thread, checkpoint_id=checkpoint_id), writes, "task")
+
+    found = await saver.aget_tuple(_config(thread.thread))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == many
+    assert found.pending_writes == [("task", channel, value) for channel, value in writes]
+    listed = [t async for t in saver.alist(_config(thread.thread))]
+    assert len(listed) == 1 and listed[0].checkpoint["channel_values"] == many
+    assert listed[0].pending_writes == found.pending_writes
+
+
+async def test_statements_per_operation(sql: SqlConnection) -> None:
+    """One statement where the dialect folds writes into `WITH` (PostgreSQL), else one
+    transaction; two statements to read a checkpoint with its writes and values."""
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    await thread.put({"a": 1})
+    sent, stop = _statements(sql)
+    try:
+        checkpoint_id = await thread.put({"a": 2, "b": "x"})
+        put_with_values = list(sent)
+        sent.clear()
+        await thread.put({})
+        put_without_values = list(sent)
+        sent.clear()
+        await saver.aput_writes(
+            _config(thread.thread, checkpoint_id=checkpoint_id), [("a", 3), ("b", 4)], "t"
+        )
+        put_writes = list(sent)
+        sent.clear()
+        assert await saver.aget_tuple(_config(thread.thread)) is not None
+        get_latest = list(sent)
+        sent.clear()
+        await saver.adelete_thread(thread.thread)
+        delete_thread = list(sent)
+    finally:
+        stop()
+    folds = sql.dialect_name == "postgresql"
+    assert len(put_with_values) == (1 if folds else 4), put_with_values
+    if not folds:
+        assert put_with_values[0].startswith("BEGIN") and put_with_values[-1] == "COMMIT"
+    assert len(put_without_values) == 1
+    assert len(put_writes) == 1
+    assert len(get_latest) == 2
+    assert len(delete_thread) == (1 if folds else 5)
+
+
+async def _plan(
+    sql: SqlConnection, statement: Any, params: dict[str, Any]
+) -> list[tuple[str, ...]]:
+    compiled = sql.compiled(statement)
+    explain = "EXPLAIN QUERY PLAN " if sql.dialect_name == "sqlite" else "EXPLAIN "
+    result = await sql.execute(explain + compiled.sql, {**compiled.defaults, **params})
+    return [tuple(str(cell) for cell in row) for row in result.rows]
+
+
+async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
+    sql: SqlConnection,
+) -> None:
+    """The latest checkpoint, its writes and its values are primary-key probes: nothing
+    scans the thread's history (which grows with every step)."""
+    saver = SqlCheckpointSaver(sql)
+    busy = Thread(saver, _thread())
+    for step in range(300):
+        checkpoint_id = await busy.put(
+            {"step": step, "text": f"t{step}"} if step % 3 else {"step": step, "note": f"n{step}"}
+        )
+        config = _config(busy.thread, checkpoint_id=checkpoint_id)
+        await saver.aput_writes(config, [("step", step), ("note", "w")], f"task-{step}")
+    for _ in range(20):
+        await Thread(saver, _thread()).put({"step": 0})
+    # The checkpoint and its writes are planned with fresh statistics; the values with
+    # whatever the database has (a plan must not depend on them).
+    if sql.dialect_name == "postgresql":
+        await sql.execute("ANALYZE agboss_checkpoints")
+        await sql.execute("ANALYZE agboss_checkpoint_writes")
+    elif sql.dialect_name == "mysql":
+        await sql.execute("ANALYZE TABLE agboss_checkpoints, agboss_checkpoint_writes")
+    ns_hash = identity_hash("")
+    read = await _plan(sql, saver._sql.read_latest, {"thread_id": busy.thread, "ns_hash": ns_hash})
+    latest = await saver.aget_tuple(_config(busy.thread))
+    assert latest is not None and latest.config["configurable"]["checkpoint_id"] == busy.last
+    keys = [
+        (busy.thread, ns_hash, ch, str(v))
+        for ch, v in latest.checkpoint["channel_versions"].items()
+    ]
+    assert len(keys) == 3
+    columns = (*_BLOB_KEY, "value_type", "value")
+    values = await _plan(
+        sql,
+        saver._sql.keyed(checkpoint_blobs, columns, _BLOB_KEY, len(keys)),
+        _keyed_params(keys, _BLOB_KEY),
+    )
+    read_text = "\n".join(" | ".join(row) for row in read)
+    values_text = "\n".join(" | ".join(row) for row in values)
+    if sql.dialect_name == "sqlite":
+        searches = [row[-1] for row in read + values if "agboss_checkpoint" in row[-1]]
+        assert searches and all(row.startswith("SEARCH") for row in searches), read_text
+        probes = [row[-1] for row in values if "agboss_checkpoint_blobs" in row[-1]]
+        assert len(probes) == 3 and all("version=?" in row for row in probes), values_text
+    elif sql.dialect_name == "postgresql":
+        assert "Seq Scan" not in read_text and "Index" in read_text, read_text
+        assert "Filter" not in values_text, values_text
+        assert values_text.count("version") == 3, values_text
+    else:
+        for row in read:
+            assert not (row[2].startswith("agboss_checkpoint") and row[3] == "ALL"), read_text
+        probes = [row for row in values if row[2] == "agboss_checkpoint_blobs"]
+        assert len(probes) == 3 and all(row[3] == "const" for row in probes), values_text
+
+
+async def test_list_filters_metadata_in_sql_by_exact_json_value(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    rows = [
+        {
+            "source": "input",
+            "step": 1,
+            "flag": True,
+            "tags": ["a", "b"],
+            "who": {"id": 1},
+            "note": None,
+        },
+        {
+            "source": "loop",
+            "step": 1,
+            "flag": 1,
+            "tags": ["a"],
+            "who": {"id": 1, "x": 2},
+            "note": "n",
+        },
+        {"source": "loop", "step": 2, "flag": False, "tags": ["a", "b", "c"], "who": {"id": 2}},
+        {"source": "1", "step": "1", "flag": "true", "tags": [], "who": {}},
+    ]
+    ids = [await thread.put({"n": i}, metadata=md) for i, md in enumerate(rows)]
+
+    async def matching(**filter: Any) -> list[str]:
+        return [
+            t.config["configurable"]["checkpoint_id"]
+            async for t in saver.alist(_config(thread.thread), filter=filter)
+        ]
+
+    assert await matching(source="loop") == [ids[2], ids[1]]
+    assert await matching(step=1) == [ids[1], ids[0]]  # not the text "1"
+    assert await matching(step="1") == [ids[3]]
+    assert await matching(flag=True) == [ids[0]]  # not the number 1 nor the text "true"
+    assert await matching(flag=1) == [ids[1]]
+    assert await matching(note=None) == [ids[0]]  # present and null, not absent
+    assert await matching(tags=["a", "b"]) == [ids[0]]  # exact, not containment
+    assert await matching(who={"id": 1}) == [ids[0]]
+    assert await matching(source="loop", step=2) == [ids[2]]
+    assert await matching(source="nothing") == []
+    limited = [
+        t async for t in saver.alist(_config(thread.thread), filter={"tags": ["a"]}, limit=1)
+    ]
+    assert [t.config["configurable"]["checkpoint_id"] for t in limited] == [ids[1]]
+
+
+async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    total = LIST_PAGE * 2 + 7
+    ids = [
+        await thread.put({"n": i}, metadata={"source": "loop", "step": i, "even": i % 2 == 0})
+        for i in range(total)
+    ]
+    newest_first = list(reversed(ids))
+
+    listed = [
+        t.config["configurable"]["checkpoint_id"] async for t in saver.alist(_config(thread.thread))
+    ]
+    assert listed == newest_first
+    limited = [t async for t in saver.alist(_config(thread.thread), limit=LIST_PAGE + 3)]
+    assert [t.config["configurable"]["checkpoint_id"] for t in limited] == newest_first[
+        : LIST_PAGE + 3
+    ]
+    assert [t.checkpoint["channel_values"]["n"] for t in limited[:2]] == [total - 1, total - 2]
+    before = _config(thread.thread, checkpoint_id=ids[150])
+    older = [
+        t.config["configurable"]["checkpoint_id"]
+        async for t in saver.alist(_config(thread.thread), before=before, limit=120)
+    ]
+    assert older == list(reversed(ids[30:150]))
+    evens = [
+        t.metadata["step"]
+        async for t in saver.alist(
+            _config(thread.thread), filter={"even": True}, limit=LIST_PAGE + 1
+        )
+    ]
+    assert evens == [i for i in reversed(range(total)) if i % 2 == 0][: LIST_PAGE + 1]
+
+
+async def test_list_across_namespaces_and_threads(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread_id = _thread()
+    root = Thread(saver, thread_id)
+    child = Thread(saver, thread_id, "tool:" + "9" * 300)  # a namespace longer than a key column
+    other = Thread(saver, _thread())
+    a = await root.put({"n": 1})
+    b = await child.put({"n": 2})
+    c = await other.put({"n": 3})
+
+    whole_thread = [t async for t in saver.alist({"configurable": {"thread_id": thread_id}})]
+    assert [t.config["configurable"]["checkpoint_id"] for t in whole_thread] == [b, a]
+    assert whole_thread[0].config["configurable"]["checkpoint_ns"] == child.ns
+    assert whole_thread[0].checkpoint["channel_values"] == {"n": 2}
+    only_child = [t async for t in saver.alist(_config(thread_id, child.ns))]
+    assert [t.config["configurable"]["checkpoint_id"] for t in only_child] == [b]
+    everything = [t.config["configurable"]["checkpoint_id"] async for t in saver.alist(None)]
+    assert everything == [c, b, a]
+    found = await saver.aget_tuple(_config(thread_id, child.ns))
+    assert found is not None and found.config["configurable"]["checkpoint_ns"] == child.ns
+
+
+async def test_keys_longer_than_their_columns_are_refused_before_any_statement(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    with pytest.raises(InvalidIdentifierError):
+        await Thread(saver, "t" * 256).put({"n": 1})
+    with pytest.raises(InvalidIdentifierError):
+        await saver.aget_tuple(_config("t" * 256))
+    with pytest.raises(ValueError, match="thread_id"):
+        await saver.aget_tuple({"configurable": {}})
+
+
+async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_values(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    kept_first = await thread.put({"a": "a1", "b": "b1"}, metadata={"run_id": "run-1", "step": 0})
+    gone = await thread.put({"a": "a2"}, metadata={"run_id": "run-2", "step": 1})
+    await saver.aput_writes(_config(thread.thread, checkpoint_id=gone), [("a", "w")], "task")
+    kept_last = await thread.put({"b": "b3"}, metadata={"run_id": "run-3", "step": 2})
+    other = Thread(saver, _thread())
+    await other.put({"a": "x"}, metadata={"run_id": "run-2", "step": 0})
+
+    await saver.adelete_for_runs(["run-2", "run-unknown"])
+
+    remaining = [
+        t.config["configurable"]["checkpoint_id"] async for t in saver.alist(_config(thread.thread))
+    ]
+    assert remaining == [kept_last, kept_first]
+    assert [t async for t in saver.alist(_config(other.thread))] == []
+    assert await _count(sql, checkpoint_writes) == 0
+    # a2 was read by run-2's checkpoint and by run-3's (it did not change a): kept.
+    last = await saver.aget_tuple(_config(thread.thread))
+    assert last is not None and last.checkpoint["channel_values"] == {"a": "a2", "b": "b3"}
+    first = await saver.aget_tuple(_config(thread.thread, checkpoint_id=kept_first))
+    assert first is not None and first.checkpoint["channel_values"] == {"a": "a1", "b": "b1"}
+    assert await _count(sql, checkpoint_blobs, thread_id=thread.thread) == 4
+    assert await _count(sql, checkpoint_blobs, thread_id=other.thread) == 0
+
+    # A value only the deleted run read is deleted with it.
+    lone = Thread(saver, _thread())
+    await lone.put({"a": "a1"}, metadata={"run_id": "run-4"})
+    await lone.put({"a": "a2"}, metadata={"run_id": "run-5"})
+    await saver.adelete_for_runs(["run-5"])
+    assert await _count(sql, checkpoint_blobs, thread_id=lone.thread) == 1
+
+
+async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread_id = _thread()
+    root = Thread(saver, thread_id)
+    child = Thread(saver, thread_id, "child:1")
+    for i in range(4):
+        await root.put({"n": i} if i else {"n": i, "fixed": "kept since step 0"})
+        await child.put({"m": i})
+    await saver.aput_writes(_config(thread_id, checkpoint_id=root.last), [("n", "pending")], "task")
+    untouched = Thread(saver, _thread())
+    await untouched.put({"n": 1})
+    await untouched.put({"n": 2})
+
+    await saver.aprune([thread_id], strategy="keep_latest")
+
+    listed = [t async for t in saver.alist({"configurable": {"thread_id": thread_id}})]
+    assert sorted(t.config["configurable"]["checkpoint_id"] for t in listed) == sorted(
+        [root.last, child.last]
+    )
+    latest = await saver.aget_tuple(_config(thread_id))
+    assert latest is not None
+    assert latest.checkpoint["channel_values"] == {"n": 3, "fixed": "kept since step 0"}
+    assert latest.pending_writes == [("task", "n", "pending")]
+    assert latest.parent_config is None
+    # Only the values the kept checkpoints read remain: n, fixed (root) and m (child).
+    assert await _count(sql, checkpoint_blobs, thread_id=thread_id) == 3
+    assert len([t async for t in saver.alist(_config(untouched.thread))]) == 2
+
+    await saver.aprune([thread_id, untouched.thread], strategy="delete")
+    assert [t async for t in saver.alist(None)] == []
+    assert await _count(sql, checkpoint_blobs) == 0
+
+
+async def test_prune_refuses_a_thread_that_uses_a_delta_channel(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    await thread.put({"n": 1})
+    await thread.put({"n": 2}, metadata={"counters_since_delta_snapshot": {"n": [1, 1]}})
+    with pytest.raises(NotImplementedError, match="DeltaChannel"):
+        await saver.aprune([thread.thread])
+    assert len([t async for t in saver.alist(_config(thread.thread))]) == 2
+    with pytest.raises(TypeError):
+        await saver.aprune(thread.thread)
+    with pytest.raises(ValueError, match="strategy"):
+        await saver.aprune([thread.thread], strategy="keep_oldest")
+
+
+async def test_copy_thread_copies_history_values_and_writes(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    source = Thread(saver, _thread())
+    await source.put({"a": 1, "b": [1, 2]})
+    last = await source.put({"a": 2})
+    await saver.aput_writes(_config(source.thread, checkpoint_id=last), [("a", 3)], "task")
+    target = _thread()
+
+    await saver.acopy_thread(source.thread, target)
+    await saver.acopy_thread(source.thread, target)  # again: nothing doubles
+
+    copied = [t async for t in saver.alist(_config(target))]
+    original = [t async for t in saver.alist(_config(source.thread))]
+    assert [t.config["configurable"]["checkpoint_id"] for t in copied] == [
+        t.config["configurable"]["checkpoint_id"] for t in original
+    ]
+    assert [t.checkpoint["channel_values"] for t in copied] == [
+        {"a": 2, "b": [1, 2]},
+        {"a": 1, "b": [1, 2]},
+    ]
+    assert copied[0].pending_writes == [("task", "a", 3)]
+    assert copied[0].parent_config is not None
+    assert copied[0].parent_config["configurable"]["thread_id"] == target
+    assert await _count(sql, checkpoint_blobs, thread_id=target) == 3
+    # The copy is independent: deleting the source leaves it.
+    await saver.adelete_thread(source.thread)
+    assert len([t async for t in saver.alist(_config(target))]) == 2
+
+
+async def test_the_sync_methods_work_while_a_loop_runs(
+    sql: SqlConnection, new_connection: Callable[[], SqlConnection]
+) -> None:
+    saver = SqlCheckpointSaver(new_connection())
+    thread = _thread()
+    checkpoint: Checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"a": [1]}
+    checkpoint["channel_versions"] = {"a": saver.get_next_version(None, None)}
+    stored = saver.put(
+        _config(thread),
+        checkpoint,
+        {"source": "input", "step": -1, "run_id": "r"},
+        checkpoint["channel_versions"],
+    )
+    saver.put_writes(stored, [("a", "w")], "task")
+    found = saver.get_tuple(_config(thread))
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"a": [1]}
+    assert found.pending_writes == [("task", "a", "w")]
+    assert [t.config for t in saver.list(_config(thread))] == [found.config]
+    saver.copy_thread(thread, thread + "-copy")
+    assert saver.get_tuple(_config(thread + "-copy")) is not None
+    saver.prune([thread + "-copy"], strategy="delete")
+    assert saver.get_tuple(_config(thread + "-copy")) is None
+    saver.delete_for_runs(["r"])
+    assert saver.get_tuple(_config(thread)) is None
+    saver.put(_config(thread), checkpoint, {}, checkpoint["channel_versions"])
+    saver.delete_thread(thread)
+    assert list(saver.list(_config(thread))) == []
+    # What the sync methods wrote, the async ones (on this loop's connection) read.
+    same_db = SqlCheckpointSaver(sql)
+    saver.put(_config(thread), checkpoint, {}, checkpoint["channel_versions"])
+    assert await same_db.aget_tuple(_config(thread)) is not None
+    await saver.aclose()
+    saver.close()  # twice: nothing left to close
+
+
+async def test_a_sync_method_called_on_the_saver_own_loop_says_what_to_use(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    assert saver.get_tuple(_config(_thread())) is None  # starts the saver's loop
+    own_loop = saver._sync._loop
+    assert own_loop is not None
+
+    async def inside() -> None:
+        saver.get_tuple(_config(_thread()))
+
+    with pytest.raises(RuntimeError, match="aget_tuple"):
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inside(), own_loop))
+    await saver.aclose()
+
+
+async def test_copies_langgraph_makes_share_the_saver_loop(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    copy = copy_module.copy(saver)  # what `with_allowlist` makes
+    assert copy is not saver
+    assert copy.get_tuple(_config(_thread())) is None
+    assert saver._sync._thread is not None and saver._sync._thread.is_alive()
+    thread = saver._sync._thread
+    saver.close()
+    assert not thread.is_alive()
+    assert copy._sync._loop is None
