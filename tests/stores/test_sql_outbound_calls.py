@@ -797,7 +797,7 @@ async def test_statements_per_call(cluster: Cluster, clock: VirtualClock) -> Non
         "lease_state_of (closes)": [begin, "lock", "close", "COMMIT"],
         # The refusal ends in a ROLLBACK, which the connection sends without telling its
         # listeners.
-        "refused": [begin, "fence", "diagnose"],
+        "refused": [begin, "fence", "diagnose", "ROLLBACK"],
     }
 
 

@@ -1,0 +1,654 @@
+"""The benchmark: our stores beside the raw driver doing the same atomic work, in one run.
+
+For each hot operation it runs the store, then the raw driver sending the same
+statements (compiled once from the store's own statement set, executed on a
+driver connection with no SQLAlchemy in between: psycopg async, aiomysql, and
+the stdlib `sqlite3` synchronously in the event loop's thread), and reports
+ops/s, p50/p99 latency, the ratio ours/raw, and statements and round trips per
+operation. Each figure is the median of several runs. One JSON line per
+measurement, then a table.
+
+    agboss-sql bench --url postgresql://postgres@127.0.0.1:5432/agboss_bench
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agboss_sql.contracts.clocks import StoreClock
+from agboss_sql.contracts.keys import fenced_effect_key_of, fenced_key_identity_of
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    ExecutionContext,
+    ExecutionLease,
+    FencedEffectKey,
+    QueuedChild,
+    StepRef,
+)
+from agboss_sql.sql._base import identity_hash
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.testing.database import create_schema, truncate_all
+
+Op = Callable[[int], Awaitable[Any]]
+
+
+@dataclass
+class Measurement:
+    """One operation's figures for one implementation."""
+
+    operation: str
+    database: str
+    impl: str
+    ops_per_s: float
+    p50_ms: float
+    p99_ms: float
+    statements_per_op: float
+    round_trips_per_op: float
+    ops: int
+    runs: int
+    ratio: float | None = None
+    target: float | None = None
+    verdict: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Floor:
+    """The raw driver connection the floor runs on (no SQLAlchemy)."""
+
+    dialect: str
+    raw: Any
+    statements: int = 0
+
+    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+        self.statements += 1
+        if self.dialect == "sqlite":
+            cursor = self.raw.execute(sql, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+            return rows, cursor.rowcount
+        if self.dialect == "postgresql":
+            cursor = self.raw.cursor()
+            await cursor.execute(sql, params)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+            count = cursor.rowcount
+            await cursor.close()
+            return rows, count
+        cursor = await self.raw.cursor()
+        count = await cursor.execute(sql, params or None)
+        rows = list(await cursor.fetchall()) if cursor.description is not None else []
+        await cursor.close()
+        return rows, count
+
+    async def text(self, sql: str) -> None:
+        self.statements += 1
+        if self.dialect == "sqlite":
+            self.raw.execute(sql)
+        elif self.dialect == "postgresql":
+            await self.raw.execute(sql)
+        else:
+            cursor = await self.raw.cursor()
+            await cursor.execute(sql)
+            await cursor.close()
+
+    async def close(self) -> None:
+        if self.dialect == "sqlite" or self.dialect == "mysql":
+            self.raw.close()
+        else:
+            await self.raw.close()
+
+
+async def open_floor(connection: SqlConnection) -> Floor:
+    """A raw driver connection to the same database, set up as our stores' connections are."""
+    dialect = connection.dialect_name
+    url = connection.url
+    if dialect == "sqlite":
+        import sqlite3
+
+        raw = sqlite3.connect(url.database or "", isolation_level=None)
+        raw.execute("PRAGMA journal_mode = WAL")
+        raw.execute("PRAGMA synchronous = NORMAL")
+        raw.execute("PRAGMA busy_timeout = 10000")
+    elif dialect == "postgresql":
+        import psycopg
+
+        from agboss_sql._dialects.postgresql import conninfo
+
+        raw = await psycopg.AsyncConnection.connect(**conninfo(url), autocommit=True)
+    else:
+        import aiomysql
+        from pymysql.constants import CLIENT
+
+        raw = await aiomysql.connect(
+            host=url.host or "localhost",
+            port=url.port or 3306,
+            user=url.username or "root",
+            password=url.password or "",
+            db=url.database,
+            autocommit=True,
+            charset="utf8mb4",
+            client_flag=CLIENT.FOUND_ROWS,
+        )
+    return Floor(dialect, raw)
+
+
+async def _timed(op: Op, start: int, count: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    began = time.perf_counter()
+    for i in range(start, start + count):
+        t0 = time.perf_counter()
+        await op(i)
+        latencies.append((time.perf_counter() - t0) * 1000)
+    return count / (time.perf_counter() - began), latencies
+
+
+async def measure(
+    op: Op, *, ops: int, runs: int, warmup: int, base: int
+) -> tuple[float, float, float]:
+    """Median ops/s over `runs`, and p50/p99 latency (ms) over every op."""
+    await _timed(op, base, warmup)
+    rates: list[float] = []
+    latencies: list[float] = []
+    for run in range(runs):
+        rate, lat = await _timed(op, base + warmup + run * ops, ops)
+        rates.append(rate)
+        latencies.extend(lat)
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return statistics.median(rates), p50, p99
+
+
+@dataclass
+class Bench:
+    """One database's benchmark run."""
+
+    url: str
+    ops: int = 500
+    runs: int = 3
+    warmup: int = 50
+    results: list[Measurement] = field(default_factory=list)
+    out: Any = sys.stdout
+
+    async def run(self, only: set[str] | None = None) -> list[Measurement]:
+        create_schema(self.url)
+        connection = SqlConnection(self.url)
+        floor = await open_floor(connection)
+        dialect = connection.dialect_name
+        flavour = await connection.server_flavour()
+        self.database = flavour
+        try:
+            for name, case in self.cases():
+                if only and name not in only:
+                    continue
+                await truncate_all(connection)
+                await case(connection, floor)
+        finally:
+            await floor.close()
+            await connection.close()
+        _ = dialect
+        return self.results
+
+    def cases(self) -> list[tuple[str, Callable[[SqlConnection, Floor], Awaitable[None]]]]:
+        return [
+            ("lease.acquire", self.lease_acquire),
+            ("lease.renew", self.lease_renew),
+            ("lease.release", self.lease_release),
+            ("fenced_effect", self.fenced_effect),
+            ("outbound_call.record", self.outbound_record),
+            ("rate_limit.acquire_slot", self.slot_acquire),
+            ("child.claim", self.child_claim),
+        ]
+
+    # --- reporting ---------------------------------------------------------------------------
+
+    def _record(
+        self,
+        operation: str,
+        ours: tuple[float, float, float, float],
+        raw: tuple[float, float, float, float],
+        *,
+        target: float,
+        note: str = "",
+        total_ops: int,
+    ) -> None:
+        ratio = ours[0] / raw[0] if raw[0] else None
+        for impl, figures in (("raw", raw), ("agboss", ours)):
+            measurement = Measurement(
+                operation=operation,
+                database=self.database,
+                impl=impl,
+                ops_per_s=round(figures[0], 1),
+                p50_ms=round(figures[1], 3),
+                p99_ms=round(figures[2], 3),
+                statements_per_op=round(figures[3], 2),
+                round_trips_per_op=round(figures[3], 2),
+                ops=total_ops,
+                runs=self.runs,
+                note=note,
+            )
+            if impl == "agboss":
+                measurement.ratio = round(ratio, 3) if ratio is not None else None
+                measurement.target = target
+                measurement.verdict = (
+                    "pass" if ratio is not None and ratio >= target else "short"
+                )
+            self.results.append(measurement)
+            print(json.dumps(asdict(measurement)), file=self.out, flush=True)
+
+    async def _pair(
+        self,
+        operation: str,
+        connection: SqlConnection,
+        floor: Floor,
+        ours: Op,
+        raw: Op,
+        *,
+        target: float,
+        note: str = "",
+    ) -> None:
+        counted: list[str] = []
+        remove = connection.add_statement_listener(lambda sql, _p: counted.append(sql))
+        remove_sa = _count_engine_statements(connection, counted)
+        total = self.warmup + self.runs * self.ops
+        try:
+            our_figures = await measure(
+                ours, ops=self.ops, runs=self.runs, warmup=self.warmup, base=0
+            )
+        finally:
+            remove()
+            remove_sa()
+        floor.statements = 0
+        raw_figures = await measure(
+            raw, ops=self.ops, runs=self.runs, warmup=self.warmup, base=1_000_000
+        )
+        self._record(
+            operation,
+            (*our_figures, len(counted) / total),
+            (*raw_figures, floor.statements / total),
+            target=target,
+            note=note,
+            total_ops=total,
+        )
+
+    def _lease_target(self) -> float:
+        return 0.5 if self.database == "sqlite" else 0.8
+
+    # --- the operations ----------------------------------------------------------------------
+
+    async def lease_acquire(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+
+        store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+        statement = (
+            store._sql.acquire_returning
+            if store._sql.returning or self.database == "mariadb"
+            else None
+        )
+
+        async def ours(i: int) -> None:
+            assert await store.acquire("t", f"a-{i}", 30_000) is not None
+
+        if statement is None:  # MySQL 8: the take and its read-back
+            take, read = connection.compiled(store._sql.acquire), connection.compiled(
+                store._sql.read
+            )
+
+            async def raw(i: int) -> None:
+                params = {**take.defaults, "tenant_id": "t", "execution_id": f"a-{i}",
+                          "holder": "bench", "lease_ms": 30_000, "take_id": f"{i:032d}"}
+                await floor.execute(take.sql, params)
+                await floor.execute(read.sql, params)
+        else:
+            compiled = connection.compiled(statement)
+
+            async def raw(i: int) -> None:
+                rows, _ = await floor.execute(
+                    compiled.sql,
+                    {**compiled.defaults, "tenant_id": "t", "execution_id": f"a-{i}",
+                     "holder": "bench", "lease_ms": 30_000, "take_id": f"{i:032d}"},
+                )
+                assert rows
+
+        await self._pair("lease.acquire", connection, floor, ours, raw,
+                         target=self._lease_target(), note="a new execution per take")
+
+    async def _held_leases(self, connection: SqlConnection, count: int, prefix: str) -> list[Any]:
+        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+
+        store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+        leases = []
+        for i in range(count):
+            lease = await store.acquire("t", f"{prefix}-{i}", 600_000)
+            assert lease is not None
+            leases.append(lease)
+        return leases
+
+    async def lease_renew(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+
+        store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+        ours_lease = (await self._held_leases(connection, 1, "renew"))[0]
+        raw_lease = (await self._held_leases(connection, 1, "renew-raw"))[0]
+        compiled = connection.compiled(store._sql.renew)
+        two_trips = not store._sql.returning
+        read = connection.compiled(store._sql.read)
+
+        async def ours(_i: int) -> None:
+            assert await store.renew(ours_lease, 600_000) is not None
+
+        params = {**compiled.defaults, "tenant_id": "t", "execution_id": raw_lease.execution_id,
+                  "holder": "bench", "epoch": raw_lease.lease_epoch, "lease_ms": 600_000}
+
+        async def raw(_i: int) -> None:
+            _, count = await floor.execute(compiled.sql, params)
+            assert count == 1
+            if two_trips:
+                await floor.execute(read.sql, {**read.defaults, **params})
+
+        await self._pair("lease.renew", connection, floor, ours, raw,
+                         target=self._lease_target())
+
+    async def lease_release(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+
+        store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+        total = self.warmup + self.runs * self.ops
+        ours_leases = await self._held_leases(connection, total, "rel")
+        raw_leases = await self._held_leases(connection, total, "rel-raw")
+        compiled = connection.compiled(store._sql.release)
+
+        async def ours(i: int) -> None:
+            assert await store.release(ours_leases[i])
+
+        async def raw(i: int) -> None:
+            lease = raw_leases[i - 1_000_000]
+            _, count = await floor.execute(
+                compiled.sql,
+                {**compiled.defaults, "tenant_id": "t", "execution_id": lease.execution_id,
+                 "holder": "bench", "epoch": lease.lease_epoch},
+            )
+            assert count == 1
+
+        await self._pair("lease.release", connection, floor, ours, raw,
+                         target=self._lease_target())
+
+    def _key(self, lease: ExecutionLease, i: int, name: str) -> FencedEffectKey:
+        context = ExecutionContext(
+            "t", lease.execution_id, lease.execution_id, lease,
+            StepRef(lease.execution_id, f"step-{i}", "charge"),
+        )
+        return fenced_effect_key_of(context, name)
+
+    async def fenced_effect(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql._fence import FenceStatements
+        from agboss_sql.sql.effects import EffectStatements, SqlFencedEffectRepository
+        from agboss_sql.testing.database import _INSERT, insert_business_row
+
+        store = SqlFencedEffectRepository(connection, StoreClock(), ApplicationContext("bench"))
+        ours_lease = (await self._held_leases(connection, 1, "fx"))[0]
+        raw_lease = (await self._held_leases(connection, 1, "fx-raw"))[0]
+
+        async def ours(i: int) -> None:
+            async def work(tx: Any) -> str:
+                await insert_business_row(tx, f"row-{i}")
+                return "ok"
+
+            result = await store.save_result_if_absent(self._key(ours_lease, i, "charge"), work)
+            assert not result.replayed
+
+        fence_sql = connection.prepared(FenceStatements, database_time=True)
+        effect_sql = connection.prepared(EffectStatements, database_time=True)
+        fence = connection.compiled(fence_sql.fence)
+        claim = connection.compiled(effect_sql.claim)
+        business = connection.compiled(_INSERT)
+        stored = connection.compiled(effect_sql.store)
+        begin = connection.ops.BEGIN
+
+        async def raw(i: int) -> None:
+            key = self._key(raw_lease, i, "charge")
+            identity = fenced_key_identity_of(key)
+            digest = identity_hash(identity)
+            await floor.text(begin)
+            _, count = await floor.execute(fence.sql, {
+                **fence.defaults, "tenant_id": "t", "execution_id": raw_lease.execution_id,
+                "token": raw_lease.lease_epoch})
+            assert count == 1
+            await floor.execute(claim.sql, {
+                **claim.defaults, "identity_hash": digest, "identity": identity,
+                "tenant_id": "t", "scope_key": key.scope_key, "name": key.name,
+                "business_key": None, "fingerprint": None,
+                "step_execution_id": key.step.execution_id,
+                "step_idempotency_key": key.step.idempotency_key, "step_name": key.step.name,
+                "lease_execution_id": key.lease_execution_id, "token": key.token})
+            await floor.execute(business.sql, {**business.defaults, "row": f"raw-{i}"})
+            await floor.execute(stored.sql, {**stored.defaults, "identity_hash": digest,
+                                             "result": '"ok"'})
+            await floor.text("COMMIT")
+
+        await self._pair("fenced_effect", connection, floor, ours, raw, target=0.7,
+                         note="lease check + mark, claim, one business row, result")
+
+    async def outbound_record(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql.outbound import SqlOutboundCallRepository
+
+        store = SqlOutboundCallRepository(connection, StoreClock(), ApplicationContext("bench"))
+        ours_lease = (await self._held_leases(connection, 1, "ob"))[0]
+
+        async def ours(i: int) -> None:
+            saved = await store.save_if_absent(
+                self._key(ours_lease, i, "pay"), {"amount": i}, 1_700_000_000_000
+            )
+            assert saved.created
+
+        # The floor: the same fenced transaction, recorded from one of our own calls.
+        recorded: list[tuple[str, Mapping[str, Any]]] = []
+        remove = connection.add_statement_listener(
+            lambda sql, params: recorded.append((sql, dict(params)))
+        )
+        probe_lease = (await self._held_leases(connection, 1, "ob-probe"))[0]
+        try:
+            await store.save_if_absent(self._key(probe_lease, 0, "pay"), {"amount": 0}, 0)
+        finally:
+            remove()
+        raw_lease = (await self._held_leases(connection, 1, "ob-raw"))[0]
+
+        async def raw(i: int) -> None:
+            key = self._key(raw_lease, i, "pay")
+            digest = identity_hash(fenced_key_identity_of(key))
+            for sql, params in recorded:
+                if not params:
+                    await floor.text(sql)
+                    continue
+                values = dict(params)
+                for name, value in params.items():
+                    if value == probe_lease.execution_id:
+                        values[name] = raw_lease.execution_id
+                    elif isinstance(value, str) and name == "identity_hash":
+                        values[name] = digest
+                    elif isinstance(value, str) and probe_lease.execution_id in value:
+                        values[name] = value.replace(
+                            probe_lease.execution_id, raw_lease.execution_id
+                        ).replace('"step-0"', f'"step-{i}"').replace("step-0", f"step-{i}")
+                await floor.execute(sql, values)
+
+        await self._pair("outbound_call.record", connection, floor, ours, raw, target=0.7,
+                         note="lease check + mark, insert of the intent")
+
+    async def slot_acquire(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.contracts.clocks import SystemClock
+        from agboss_sql.sql.rate_limits import SqlRateLimitRepository
+
+        store = SqlRateLimitRepository(connection, SystemClock(), ApplicationContext("bench"))
+
+        async def ours(i: int) -> None:
+            assert await store.acquire_slot(f"k-{i}", "h", 3, 60_000)
+
+        recorded: list[tuple[str, Mapping[str, Any]]] = []
+        remove = connection.add_statement_listener(
+            lambda sql, params: recorded.append((sql, dict(params)))
+        )
+        try:
+            await store.acquire_slot("probe-key", "h", 3, 60_000)
+        finally:
+            remove()
+
+        async def raw(i: int) -> None:
+            for sql, params in recorded:
+                if not params:
+                    await floor.text(sql)
+                    continue
+                values = {n: (f"raw-{i}" if v == "probe-key" else v) for n, v in params.items()}
+                await floor.execute(sql, values)
+
+        await self._pair("rate_limit.acquire_slot", connection, floor, ours, raw, target=0.7,
+                         note="a new key per take")
+
+    async def child_claim(self, connection: SqlConnection, floor: Floor) -> None:
+        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+        count = self.runs * self.ops
+        for workers in (1, 2, 8):
+            await truncate_all(connection)
+            stores = [
+                SqlChildExecutionQueueRepository(
+                    SqlConnection(self.url), _SystemClockStub(), ApplicationContext(f"w{w}")
+                )
+                for w in range(workers)
+            ]
+            enqueue = stores[0]
+            for i in range(count):
+                await enqueue.enqueue(QueuedChild("t", "root", "parent", f"c-{i}", i % 4))
+            claimed: list[str] = []
+
+            async def worker(store: Any) -> None:
+                while (child := await store.claim(store.application.instance_id)) is not None:
+                    claimed.append(child.child_execution_id)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(s) for s in stores))
+            ours_rate = count / (time.perf_counter() - began)
+            assert sorted(claimed) == sorted(f"c-{i}" for i in range(count)), "double claim"
+            for store in stores:
+                await store.connection.close()
+            # The floor: the same claim statements on raw connections, one per worker.
+            await truncate_all(connection)
+            for i in range(count):
+                await enqueue.enqueue(QueuedChild("t", "root", "parent", f"r-{i}", i % 4))
+            recorded: list[tuple[str, Mapping[str, Any]]] = []
+            probe = SqlChildExecutionQueueRepository(
+                connection, _SystemClockStub(), ApplicationContext("probe")
+            )
+            await enqueue.enqueue(QueuedChild("t", "root", "parent", "probe", 99))
+            remove = connection.add_statement_listener(
+                lambda sql, params: recorded.append((sql, dict(params)))
+            )
+            try:
+                assert (await probe.claim("probe")) is not None
+            finally:
+                remove()
+            floors = [await open_floor(connection) for _ in range(workers)]
+            raw_claimed: list[Any] = []
+
+            async def raw_worker(f: Floor, w: int) -> None:
+                while True:
+                    rows: list[Any] = []
+                    got: Any = None
+                    for sql, params in recorded:
+                        if not params:
+                            await f.text(sql)
+                            continue
+                        values = {n: (v if v != "probe" else f"w{w}") for n, v in params.items()}
+                        if got is not None and "id" in values:
+                            values["id"] = got
+                        rows, _ = await f.execute(sql, values)
+                        if rows and got is None:
+                            got = rows[0][0]
+                    if not rows and got is None:
+                        if recorded and not recorded[-1][1]:
+                            pass
+                        break
+                    raw_claimed.append(got)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(raw_worker(f, w) for w, f in enumerate(floors)))
+            raw_rate = count / (time.perf_counter() - began)
+            for f in floors:
+                await f.close()
+            self._record(
+                f"child.claim x{workers}",
+                (ours_rate, 0.0, 0.0, 0.0),
+                (raw_rate, 0.0, 0.0, 0.0),
+                target=0.7,
+                note=f"{count} children, {workers} workers, no double claims",
+                total_ops=count,
+            )
+
+
+def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> Callable[[], None]:
+    """Count what goes through the SQLAlchemy engine too (a fenced effect's transaction and its
+    work): each statement, each COMMIT/ROLLBACK, and PostgreSQL's BEGIN (psycopg sends it
+    before the first statement; MySQL starts a transaction without one, SQLite's BEGIN
+    IMMEDIATE is itself a statement)."""
+    import sqlalchemy as sa
+
+    engine = connection.engine.sync_engine
+
+    def statement(*_args: Any) -> None:
+        counted.append("statement")
+
+    def begin(*_args: Any) -> None:
+        if connection.dialect_name == "postgresql":
+            counted.append("BEGIN")
+
+    def end(*_args: Any) -> None:
+        counted.append("END")
+
+    hooks = [("before_cursor_execute", statement), ("begin", begin), ("commit", end),
+             ("rollback", end)]
+    for name, hook in hooks:
+        sa.event.listen(engine, name, hook)
+
+    def remove() -> None:
+        for name, hook in hooks:
+            sa.event.remove(engine, name, hook)
+
+    return remove
+
+
+class _SystemClockStub:
+    def now(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    async def sleep(self, ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
+
+
+def table(results: list[Measurement]) -> str:
+    """The readable table of a run."""
+    header = (f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'stmts':>6} {'ratio':>6} {'target':>6} verdict")
+    lines = [header, "-" * len(header)]
+    for m in results:
+        lines.append(
+            f"{m.operation:<26} {m.database:<10} {m.impl:<7} {m.ops_per_s:>9.0f} "
+            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.statements_per_op:>6.2f} "
+            f"{'' if m.ratio is None else f'{m.ratio:.2f}':>6} "
+            f"{'' if m.target is None else f'{m.target:.2f}':>6} {m.verdict or ''}"
+        )
+    return "\n".join(lines)
+
+
+async def run_bench(url: str, *, ops: int, runs: int, only: set[str] | None = None) -> str:
+    bench = Bench(url, ops=ops, runs=runs, warmup=max(10, ops // 10))
+    results = await bench.run(only)
+    return table(results)
