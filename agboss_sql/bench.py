@@ -236,9 +236,7 @@ class Bench:
             if impl == "agboss":
                 measurement.ratio = round(ratio, 3) if ratio is not None else None
                 measurement.target = target
-                measurement.verdict = (
-                    "pass" if ratio is not None and ratio >= target else "short"
-                )
+                measurement.verdict = "pass" if ratio is not None and ratio >= target else "short"
             self.results.append(measurement)
             print(json.dumps(asdict(measurement)), file=self.out, flush=True)
 
@@ -296,13 +294,20 @@ class Bench:
             assert await store.acquire("t", f"a-{i}", 30_000) is not None
 
         if statement is None:  # MySQL 8: the take and its read-back
-            take, read = connection.compiled(store._sql.acquire), connection.compiled(
-                store._sql.read
+            take, read = (
+                connection.compiled(store._sql.acquire),
+                connection.compiled(store._sql.read),
             )
 
             async def raw(i: int) -> None:
-                params = {**take.defaults, "tenant_id": "t", "execution_id": f"a-{i}",
-                          "holder": "bench", "lease_ms": 30_000, "take_id": f"{i:032d}"}
+                params = {
+                    **take.defaults,
+                    "tenant_id": "t",
+                    "execution_id": f"a-{i}",
+                    "holder": "bench",
+                    "lease_ms": 30_000,
+                    "take_id": f"{i:032d}",
+                }
                 await floor.execute(take.sql, params)
                 await floor.execute(read.sql, params)
         else:
@@ -311,13 +316,26 @@ class Bench:
             async def raw(i: int) -> None:
                 rows, _ = await floor.execute(
                     compiled.sql,
-                    {**compiled.defaults, "tenant_id": "t", "execution_id": f"a-{i}",
-                     "holder": "bench", "lease_ms": 30_000, "take_id": f"{i:032d}"},
+                    {
+                        **compiled.defaults,
+                        "tenant_id": "t",
+                        "execution_id": f"a-{i}",
+                        "holder": "bench",
+                        "lease_ms": 30_000,
+                        "take_id": f"{i:032d}",
+                    },
                 )
                 assert rows
 
-        await self._pair("lease.acquire", connection, floor, ours, raw,
-                         target=self._lease_target(), note="a new execution per take")
+        await self._pair(
+            "lease.acquire",
+            connection,
+            floor,
+            ours,
+            raw,
+            target=self._lease_target(),
+            note="a new execution per take",
+        )
 
     async def _held_leases(self, connection: SqlConnection, count: int, prefix: str) -> list[Any]:
         from agboss_sql.sql.leases import SqlExecutionLeaseRepository
@@ -343,8 +361,14 @@ class Bench:
         async def ours(_i: int) -> None:
             assert await store.renew(ours_lease, 600_000) is not None
 
-        params = {**compiled.defaults, "tenant_id": "t", "execution_id": raw_lease.execution_id,
-                  "holder": "bench", "epoch": raw_lease.lease_epoch, "lease_ms": 600_000}
+        params = {
+            **compiled.defaults,
+            "tenant_id": "t",
+            "execution_id": raw_lease.execution_id,
+            "holder": "bench",
+            "epoch": raw_lease.lease_epoch,
+            "lease_ms": 600_000,
+        }
 
         async def raw(_i: int) -> None:
             _, count = await floor.execute(compiled.sql, params)
@@ -352,8 +376,7 @@ class Bench:
             if two_trips:
                 await floor.execute(read.sql, {**read.defaults, **params})
 
-        await self._pair("lease.renew", connection, floor, ours, raw,
-                         target=self._lease_target())
+        await self._pair("lease.renew", connection, floor, ours, raw, target=self._lease_target())
 
     async def lease_release(self, connection: SqlConnection, floor: Floor) -> None:
         from agboss_sql.sql.leases import SqlExecutionLeaseRepository
@@ -371,17 +394,24 @@ class Bench:
             lease = raw_leases[i - 1_000_000]
             _, count = await floor.execute(
                 compiled.sql,
-                {**compiled.defaults, "tenant_id": "t", "execution_id": lease.execution_id,
-                 "holder": "bench", "epoch": lease.lease_epoch},
+                {
+                    **compiled.defaults,
+                    "tenant_id": "t",
+                    "execution_id": lease.execution_id,
+                    "holder": "bench",
+                    "epoch": lease.lease_epoch,
+                },
             )
             assert count == 1
 
-        await self._pair("lease.release", connection, floor, ours, raw,
-                         target=self._lease_target())
+        await self._pair("lease.release", connection, floor, ours, raw, target=self._lease_target())
 
     def _key(self, lease: ExecutionLease, i: int, name: str) -> FencedEffectKey:
         context = ExecutionContext(
-            "t", lease.execution_id, lease.execution_id, lease,
+            "t",
+            lease.execution_id,
+            lease.execution_id,
+            lease,
             StepRef(lease.execution_id, f"step-{i}", "charge"),
         )
         return fenced_effect_key_of(context, name)
@@ -416,24 +446,49 @@ class Bench:
             identity = fenced_key_identity_of(key)
             digest = identity_hash(identity)
             await floor.text(begin)
-            _, count = await floor.execute(fence.sql, {
-                **fence.defaults, "tenant_id": "t", "execution_id": raw_lease.execution_id,
-                "token": raw_lease.lease_epoch})
+            _, count = await floor.execute(
+                fence.sql,
+                {
+                    **fence.defaults,
+                    "tenant_id": "t",
+                    "execution_id": raw_lease.execution_id,
+                    "token": raw_lease.lease_epoch,
+                },
+            )
             assert count == 1
-            await floor.execute(claim.sql, {
-                **claim.defaults, "identity_hash": digest, "identity": identity,
-                "tenant_id": "t", "scope_key": key.scope_key, "name": key.name,
-                "business_key": None, "fingerprint": None,
-                "step_execution_id": key.step.execution_id,
-                "step_idempotency_key": key.step.idempotency_key, "step_name": key.step.name,
-                "lease_execution_id": key.lease_execution_id, "token": key.token})
+            await floor.execute(
+                claim.sql,
+                {
+                    **claim.defaults,
+                    "identity_hash": digest,
+                    "identity": identity,
+                    "tenant_id": "t",
+                    "scope_key": key.scope_key,
+                    "name": key.name,
+                    "business_key": None,
+                    "fingerprint": None,
+                    "step_execution_id": key.step.execution_id,
+                    "step_idempotency_key": key.step.idempotency_key,
+                    "step_name": key.step.name,
+                    "lease_execution_id": key.lease_execution_id,
+                    "token": key.token,
+                },
+            )
             await floor.execute(business.sql, {**business.defaults, "row": f"raw-{i}"})
-            await floor.execute(stored.sql, {**stored.defaults, "identity_hash": digest,
-                                             "result": '"ok"'})
+            await floor.execute(
+                stored.sql, {**stored.defaults, "identity_hash": digest, "result": '"ok"'}
+            )
             await floor.text("COMMIT")
 
-        await self._pair("fenced_effect", connection, floor, ours, raw, target=0.7,
-                         note="lease check + mark, claim, one business row, result")
+        await self._pair(
+            "fenced_effect",
+            connection,
+            floor,
+            ours,
+            raw,
+            target=0.7,
+            note="lease check + mark, claim, one business row, result",
+        )
 
     async def outbound_record(self, connection: SqlConnection, floor: Floor) -> None:
         from agboss_sql.sql.outbound import SqlOutboundCallRepository
@@ -473,13 +528,22 @@ class Bench:
                     elif isinstance(value, str) and name == "identity_hash":
                         values[name] = digest
                     elif isinstance(value, str) and probe_lease.execution_id in value:
-                        values[name] = value.replace(
-                            probe_lease.execution_id, raw_lease.execution_id
-                        ).replace('"step-0"', f'"step-{i}"').replace("step-0", f"step-{i}")
+                        values[name] = (
+                            value.replace(probe_lease.execution_id, raw_lease.execution_id)
+                            .replace('"step-0"', f'"step-{i}"')
+                            .replace("step-0", f"step-{i}")
+                        )
                 await floor.execute(sql, values)
 
-        await self._pair("outbound_call.record", connection, floor, ours, raw, target=0.7,
-                         note="lease check + mark, insert of the intent")
+        await self._pair(
+            "outbound_call.record",
+            connection,
+            floor,
+            ours,
+            raw,
+            target=0.7,
+            note="lease check + mark, insert of the intent",
+        )
 
     async def slot_acquire(self, connection: SqlConnection, floor: Floor) -> None:
         from agboss_sql.contracts.clocks import SystemClock
@@ -507,88 +571,109 @@ class Bench:
                 values = {n: (f"raw-{i}" if v == "probe-key" else v) for n, v in params.items()}
                 await floor.execute(sql, values)
 
-        await self._pair("rate_limit.acquire_slot", connection, floor, ours, raw, target=0.7,
-                         note="a new key per take")
+        await self._pair(
+            "rate_limit.acquire_slot",
+            connection,
+            floor,
+            ours,
+            raw,
+            target=0.7,
+            note="a new key per take",
+        )
 
     async def child_claim(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-
         count = self.runs * self.ops
         for workers in (1, 2, 8):
-            await truncate_all(connection)
-            stores = [
-                SqlChildExecutionQueueRepository(
-                    SqlConnection(self.url), _SystemClockStub(), ApplicationContext(f"w{w}")
-                )
-                for w in range(workers)
-            ]
-            enqueue = stores[0]
-            for i in range(count):
-                await enqueue.enqueue(QueuedChild("t", "root", "parent", f"c-{i}", i % 4))
-            claimed: list[str] = []
-
-            async def worker(store: Any) -> None:
-                while (child := await store.claim(store.application.instance_id)) is not None:
-                    claimed.append(child.child_execution_id)
-
-            began = time.perf_counter()
-            await asyncio.gather(*(worker(s) for s in stores))
-            ours_rate = count / (time.perf_counter() - began)
-            assert sorted(claimed) == sorted(f"c-{i}" for i in range(count)), "double claim"
-            for store in stores:
-                await store.connection.close()
-            # The floor: the same claim statements on raw connections, one per worker.
-            await truncate_all(connection)
-            for i in range(count):
-                await enqueue.enqueue(QueuedChild("t", "root", "parent", f"r-{i}", i % 4))
-            recorded: list[tuple[str, Mapping[str, Any]]] = []
-            probe = SqlChildExecutionQueueRepository(
-                connection, _SystemClockStub(), ApplicationContext("probe")
-            )
-            await enqueue.enqueue(QueuedChild("t", "root", "parent", "probe", 99))
-            remove = connection.add_statement_listener(
-                lambda sql, params: recorded.append((sql, dict(params)))
-            )
-            try:
-                assert (await probe.claim("probe")) is not None
-            finally:
-                remove()
-            floors = [await open_floor(connection) for _ in range(workers)]
-            raw_claimed: list[Any] = []
-
-            async def raw_worker(f: Floor, w: int) -> None:
-                while True:
-                    rows: list[Any] = []
-                    got: Any = None
-                    for sql, params in recorded:
-                        if not params:
-                            await f.text(sql)
-                            continue
-                        values = {n: (v if v != "probe" else f"w{w}") for n, v in params.items()}
-                        if got is not None and "id" in values:
-                            values["id"] = got
-                        rows, _ = await f.execute(sql, values)
-                        if rows and got is None:
-                            got = rows[0][0]
-                    if not rows and got is None:
-                        if recorded and not recorded[-1][1]:
-                            pass
-                        break
-                    raw_claimed.append(got)
-
-            began = time.perf_counter()
-            await asyncio.gather(*(raw_worker(f, w) for w, f in enumerate(floors)))
-            raw_rate = count / (time.perf_counter() - began)
-            for f in floors:
-                await f.close()
+            ours_rate = await self._claim_ours(connection, count, workers)
+            raw_rate = await self._claim_raw(connection, count, workers)
             self._record(
                 f"child.claim x{workers}",
                 (ours_rate, 0.0, 0.0, 0.0),
                 (raw_rate, 0.0, 0.0, 0.0),
                 target=0.7,
-                note=f"{count} children, {workers} workers, no double claims",
+                note=f"{count} queued children, {workers} workers, no double claims",
                 total_ops=count,
             )
+
+    async def _enqueue(self, connection: SqlConnection, count: int, prefix: str) -> None:
+        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+        await truncate_all(connection)
+        queue = SqlChildExecutionQueueRepository(
+            connection, _SystemClockStub(), ApplicationContext("bench")
+        )
+        for i in range(count):
+            await queue.enqueue(QueuedChild("t", "root", "parent", f"{prefix}-{i}", i % 4))
+
+    async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> float:
+        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+        await self._enqueue(connection, count, "c")
+        connections = [SqlConnection(self.url) for _ in range(workers)]
+        stores = [
+            SqlChildExecutionQueueRepository(c, _SystemClockStub(), ApplicationContext(f"w{w}"))
+            for w, c in enumerate(connections)
+        ]
+        claimed: list[str] = []
+
+        async def worker(store: SqlChildExecutionQueueRepository) -> None:
+            while (child := await store.claim(store.application.instance_id)) is not None:
+                claimed.append(child.child_execution_id)
+
+        try:
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(s) for s in stores))
+            rate = count / (time.perf_counter() - began)
+        finally:
+            for c in connections:
+                await c.close()
+        if sorted(claimed) != sorted(f"c-{i}" for i in range(count)):
+            raise AssertionError("child claims lost or doubled")
+        return rate
+
+    async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> float:
+        from agboss_sql.sql.queue import _STATUS_PARAMS, SqlChildExecutionQueueRepository
+
+        await self._enqueue(connection, count, "r")
+        store = SqlChildExecutionQueueRepository(
+            connection, _SystemClockStub(), ApplicationContext("bench")
+        )
+        sql = store._sql
+        one_statement = sql.update_returning
+        claim = connection.compiled(sql.claim if one_statement else sql.lock_next)
+        locked = None if one_statement else connection.compiled(sql.claim_locked)
+        floors = [await open_floor(connection) for _ in range(workers)]
+        claimed: list[Any] = []
+
+        async def worker(floor: Floor, name: str) -> None:
+            params = {**_STATUS_PARAMS, "instance_id": name}
+            while True:
+                params["now"] = time.time_ns() // 1_000_000
+                if locked is None:
+                    rows, _ = await floor.execute(claim.sql, {**claim.defaults, **params})
+                    if not rows:
+                        return
+                    claimed.append(rows[0][3])
+                    continue
+                await floor.text(connection.ops.BEGIN)
+                rows, _ = await floor.execute(claim.sql, {**claim.defaults, **params})
+                if not rows:
+                    await floor.text("COMMIT")
+                    return
+                await floor.execute(locked.sql, {**locked.defaults, **params, "id": rows[0][0]})
+                await floor.text("COMMIT")
+                claimed.append(rows[0][4])
+
+        try:
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(f, f"raw{w}") for w, f in enumerate(floors)))
+            rate = count / (time.perf_counter() - began)
+        finally:
+            for f in floors:
+                await f.close()
+        if sorted(claimed) != sorted(f"r-{i}" for i in range(count)):
+            raise AssertionError("raw child claims lost or doubled")
+        return rate
 
 
 def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> Callable[[], None]:
@@ -610,8 +695,12 @@ def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> C
     def end(*_args: Any) -> None:
         counted.append("END")
 
-    hooks = [("before_cursor_execute", statement), ("begin", begin), ("commit", end),
-             ("rollback", end)]
+    hooks = [
+        ("before_cursor_execute", statement),
+        ("begin", begin),
+        ("commit", end),
+        ("rollback", end),
+    ]
     for name, hook in hooks:
         sa.event.listen(engine, name, hook)
 
@@ -635,8 +724,10 @@ class _SystemClockStub:
 
 def table(results: list[Measurement]) -> str:
     """The readable table of a run."""
-    header = (f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'stmts':>6} {'ratio':>6} {'target':>6} verdict")
+    header = (
+        f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
+    )
     lines = [header, "-" * len(header)]
     for m in results:
         lines.append(

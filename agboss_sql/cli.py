@@ -113,6 +113,186 @@ def _revision(revision: object) -> str:
     return "base (no schema)" if revision is None else str(revision)
 
 
+# --- check -----------------------------------------------------------------------------
+
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--strict", action="store_true", help="an opted-out fencing store is an error"
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(_check_async(database_url(args), strict=args.strict))
+
+
+async def _check_async(url: str, *, strict: bool) -> int:
+    import time
+
+    from agboss_sql.application import Application, DatabaseUrl, HealthStatus, sql_stores
+    from agboss_sql.sql import migrate
+    from agboss_sql.sql.connection import SqlConnection
+
+    print(f"database: {shown(url)}")
+    healthy = True
+    revision, head = migrate.current(url), migrate.head()
+    if revision == head:
+        print(f"schema: {revision} (head)")
+    else:
+        healthy = False
+        print(f"schema: {_revision(revision)}, head is {head}: run `{PROG} upgrade --url URL`")
+    app = Application(
+        "agboss-sql-check", sql_stores(), {DatabaseUrl: DatabaseUrl(url)}, strict=strict
+    )
+    await app.start()
+    try:
+        report = await app.check_readiness()
+        print(report)
+        healthy = healthy and report.status is HealthStatus.UP
+        connection = SqlConnection(url)
+        try:
+            now = connection.ops.now_ms()
+            sent = time.time_ns() / 1e6
+            database_now = (await connection.execute(_select(now))).scalar()
+            received = time.time_ns() / 1e6
+        finally:
+            await connection.close()
+        skew = float(database_now) - (sent + received) / 2
+        print(
+            f"clock skew: the database's clock is {skew:+.0f} ms from this host's "
+            f"(round trip {received - sent:.1f} ms); leases are decided by the database's clock"
+        )
+    finally:
+        await app.close()
+    print("ready" if healthy else "NOT ready")
+    return 0 if healthy else 1
+
+
+def _select(expression: object) -> object:
+    import sqlalchemy as sa
+
+    return sa.select(expression)  # type: ignore[call-overload]
+
+
+# --- demo ------------------------------------------------------------------------------
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agboss_sql.demo import run_demo
+
+    url = database_url(args)
+    print(f"demo on {shown(url)}")
+    return asyncio.run(run_demo(url))
+
+
+# --- leases ----------------------------------------------------------------------------
+
+
+def _leases_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument("--tenant", help="with --execution: one lease and its whole log")
+    parser.add_argument("--execution", help="the execution (tree root or child) id")
+    parser.add_argument("--limit", type=int, default=20, help="recent events to show")
+
+
+def _leases(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(_leases_async(database_url(args), args.tenant, args.execution, args.limit))
+
+
+async def _leases_async(url: str, tenant: str | None, execution: str | None, limit: int) -> int:
+    import sqlalchemy as sa
+
+    from agboss_sql.contracts import ApplicationContext, StoreClock
+    from agboss_sql.sql.connection import SqlConnection
+    from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
+    from agboss_sql.sql.schema import execution_leases as leases
+
+    connection = SqlConnection(url)
+    try:
+        log = SqlExecutionLeaseEventRepository(
+            connection, StoreClock(), ApplicationContext("agboss-sql-leases")
+        )
+        if tenant and execution:
+            row = (
+                await connection.execute(
+                    sa.select(
+                        leases.c.holder_instance_id,
+                        leases.c.lease_epoch,
+                        leases.c.expires_at,
+                        leases.c.released,
+                        leases.c.yielded,
+                        leases.c.finished,
+                        leases.c.closed_reason,
+                        connection.ops.now_ms(),
+                    ).where(leases.c.tenant_id == tenant, leases.c.execution_id == execution)
+                )
+            ).first()
+            if row is None:
+                print(f"{tenant}/{execution}: no lease")
+            else:
+                holder, epoch, expires_at, released, yielded, finished, closed, now = row
+                state = (
+                    "finished"
+                    if finished
+                    else f"closed ({closed})"
+                    if closed
+                    else "released"
+                    if released
+                    else "yielded"
+                    if yielded
+                    else f"live, {expires_at - now} ms left"
+                    if expires_at > now
+                    else "expired"
+                )
+                print(f"{tenant}/{execution}: {holder} at epoch {epoch}, {state}")
+            events = list(await log.list(tenant, execution))
+        else:
+            events = list(await log.recent(limit))
+        for event in events:
+            taken = event.taken_over_from
+            extra = f" from {taken.instance_id}@{taken.lease_epoch}" if taken else ""
+            extra += f" ({event.reason})" if event.reason else ""
+            print(
+                f"{event.at} {event.tenant_id}/{event.execution_id} {event.instance_id} "
+                f"epoch {event.lease_epoch} {event.kind}{extra}"
+            )
+        # A zombie is an instance acting at an epoch below the lease's current one.
+        return 0
+    finally:
+        await connection.close()
+
+
+# --- bench -----------------------------------------------------------------------------
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument("--ops", type=int, default=500, help="operations per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs (the median is reported)")
+    parser.add_argument("--only", help="comma-separated operations, e.g. lease.acquire")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agboss_sql.bench import run_bench
+
+    only = set(args.only.split(",")) if args.only else None
+    print(asyncio.run(run_bench(database_url(args), ops=args.ops, runs=args.runs, only=only)))
+    return 0
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "upgrade": Subcommand(
         "create or upgrade the agboss tables (safe to run from several instances at once)",
@@ -121,6 +301,26 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "current": Subcommand("show the schema revision of a database", _current_arguments, _current),
     "history": Subcommand("list the schema revisions", _history_arguments, _history),
+    "check": Subcommand(
+        "readiness of the SQL stores, the schema revision and the database's clock skew",
+        _check_arguments,
+        _check,
+    ),
+    "demo": Subcommand(
+        "two instances keep both promises through a takeover (default: the local SQLite file)",
+        _demo_arguments,
+        _demo,
+    ),
+    "leases": Subcommand(
+        "the lease log: recent moves, or one lease and its history (tell a zombie from a takeover)",
+        _leases_arguments,
+        _leases,
+    ),
+    "bench": Subcommand(
+        "benchmark the hot operations beside the raw driver on the same database",
+        _bench_arguments,
+        _bench,
+    ),
 }
 """Every subcommand, by name, in the order `--help` lists them."""
 

@@ -51,23 +51,42 @@ async def run_demo(url: str, *, out: Callable[[str], None] = print) -> int:
     try:
         log = a.store(ExecutionLeaseEventRepository)
 
-        async def record(app: Application, lease: ExecutionLease, kind: LeaseEventKind,
-                         reason: str | None = None) -> None:
-            await log.save(ExecutionLeaseEvent(
-                tenant, tree, app.instance_id, lease.lease_epoch, kind, clock.now(),
-                lease.taken_over_from, reason))
+        async def record(
+            app: Application, lease: ExecutionLease, kind: LeaseEventKind, reason: str | None = None
+        ) -> None:
+            taken = lease.taken_over_from if kind is LeaseEventKind.TAKEN_OVER else None
+            await log.save(
+                ExecutionLeaseEvent(
+                    tenant,
+                    tree,
+                    app.instance_id,
+                    lease.lease_epoch,
+                    kind,
+                    clock.now(),
+                    taken,
+                    reason,
+                )
+            )
 
         async def charge(app: Application, lease: ExecutionLease) -> Any:
             step = StepRef(tree, "step-1:charge", "charge-card")
             key = fenced_effect_key_of(
-                ExecutionContext(tenant, tree, tree, lease, step), "charge", business_key=order,
-                fingerprint="amount=4200")
+                ExecutionContext(tenant, tree, tree, lease, step),
+                "charge",
+                business_key=order,
+                fingerprint="amount=4200",
+            )
 
             async def work(tx: Any) -> dict[str, Any]:
                 # The business row, in the effect's own transaction.
-                await tx.execute(sa.insert(execution_tree_keys).values(
-                    tenant_id=tenant, root_execution_id=tree, key=f"charged/{order}",
-                    value=f'{{"by": "{app.instance_id}", "epoch": {lease.lease_epoch}}}'))
+                await tx.execute(
+                    sa.insert(execution_tree_keys).values(
+                        tenant_id=tenant,
+                        root_execution_id=tree,
+                        key=f"charged/{order}",
+                        value=f'{{"by": "{app.instance_id}", "epoch": {lease.lease_epoch}}}',
+                    )
+                )
                 return {"charged": 4200, "by": app.instance_id}
 
             return await app.store(FencedEffectRepository).save_result_if_absent(key, work)
@@ -89,8 +108,12 @@ async def run_demo(url: str, *, out: Callable[[str], None] = print) -> int:
         assert second is not None, "an expired lease is free"
         await record(b, second, LeaseEventKind.TAKEN_OVER)
         taken = second.taken_over_from
-        out(f"pod-b  took {tree} over at epoch {second.lease_epoch}"
-            f" (from {taken.instance_id} at {taken.lease_epoch})" if taken else "")
+        out(
+            f"pod-b  took {tree} over at epoch {second.lease_epoch}"
+            f" (from {taken.instance_id} at {taken.lease_epoch})"
+            if taken
+            else ""
+        )
         replay = await charge(b, second)
         out(f"pod-b  runs the step again: {replay.value} (replayed: {replay.replayed})")
 
