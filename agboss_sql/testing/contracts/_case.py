@@ -70,11 +70,15 @@ class CaseContext:
     business_rows: BusinessRows | None = None
     clock: VirtualClock = field(default_factory=lambda: VirtualClock(START_MS))
     _built: dict[tuple[str, int, int], Any] = field(default_factory=dict)
+    database_time: bool = False
+    """When set (before the first store is built), the stores get `StoreClock()`: the
+    database's own time decides, on real time, and the case's clock only skews the
+    instances' own clocks."""
 
     @property
     def store_clock(self) -> StoreClock:
         """The run's time: what every store decides by."""
-        return StoreClock(self.clock)
+        return StoreClock() if self.database_time else StoreClock(self.clock)
 
     @staticmethod
     def instance_id(instance: int) -> str:

@@ -1,0 +1,747 @@
+"""Contract suite of `FencedEffectRepository` (SPEC §3.3): one effect per key.
+
+Writes and replays, the key's rules, business keys and rollback run for every store. The
+cases marked fencing (skipped, with a note, for a store that opts out of the lease check)
+are those only an atomic lease check passes: a stale, released, yielded, finished or
+expired lease refused 1 ms before / at / after expiry, a zombie's write racing its lease's
+hand-over, and the store's time deciding whatever the writer's own clock says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agboss_sql.contracts.errors import (
+    ExecutionFencedError,
+    IdempotencyKeyConflictError,
+    InvalidBusinessKeyError,
+    InvalidFencedEffectNameError,
+)
+from agboss_sql.contracts.types import ExecutionLease, FencedEffectKey, FencedEffectResult
+from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._fencing import (
+    BOUNDARIES,
+    DATABASE_LEASE_MS,
+    LEASE_MS,
+    OTHER_TENANT,
+    SKEWS,
+    TENANT,
+    Round,
+    World,
+    each_round,
+    expect,
+    fail,
+    key_of,
+    on_database_time,
+    past_database_lease,
+    race,
+    skew_text,
+    step_of,
+)
+
+CONTRACT = "fenced_effect"
+
+CaseRun = Callable[[CaseContext], Awaitable[None]]
+
+VALUE = {"charge": "ch_1", "amount": 1250, "items": [1, "two", None, True], "note": "é"}
+
+BAD_NAMES = ("", "has space", "x" * 101, "naïve", "a/b", "semi;colon")
+BAD_BUSINESS_KEYS = ("", "   ", "line\nbreak", "nul\x00byte", "k" * 256)
+
+
+async def _write(
+    w: World,
+    key: FencedEffectKey,
+    label: str,
+    value: Any = VALUE,
+    *,
+    instance: int = 0,
+    skew_ms: int = 0,
+) -> FencedEffectResult[Any]:
+    return await w.effects(instance, skew_ms=skew_ms).save_result_if_absent(
+        key, w.work(label, value)
+    )
+
+
+async def _expect_fenced(
+    w: World,
+    key: FencedEffectKey,
+    what: str,
+    *,
+    instance: int = 0,
+    skew_ms: int = 0,
+    rule: str = "no-stale-write",
+) -> None:
+    """The write at `key` is refused with `ExecutionFencedError` naming its scope and token,
+    without running its work or leaving a business row."""
+    work = w.work(f"refused-{w.name('row')}", VALUE)
+    before = await w.rows()
+    try:
+        got = await w.effects(instance, skew_ms=skew_ms).save_result_if_absent(key, work)
+    except ExecutionFencedError as exc:
+        expect(
+            exc.scope_key == key.scope_key and exc.token == key.token,
+            "no-stale-write",
+            f"{what}: the refusal names scope {exc.scope_key!r} at {exc.token}, expected "
+            f"{key.scope_key!r} at {key.token}",
+        )
+    else:
+        fail(rule, f"{what}: the write was accepted ({got})")
+    expect(work.calls == 0, rule, f"{what}: the refused write ran its work")
+    after = await w.rows()
+    expect(
+        after == before,
+        rule,
+        f"{what}: the refused write left business rows {after[len(before) :]}",
+    )
+
+
+async def _expect_ran(w: World, result: FencedEffectResult[Any], value: Any, what: str) -> None:
+    expect(
+        result == FencedEffectResult(value, False, None),
+        "one-effect-per-key",
+        f"{what}: answered {result}, expected the work's value, not replayed",
+    )
+
+
+# --- writes and replays -------------------------------------------------------------------
+
+
+async def first_write_runs_once(ctx: CaseContext) -> None:
+    """The first write runs its work in the transaction, answers its value (not replayed)
+    and commits the work's business row with the result."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    work = w.work("charge", VALUE)
+    result = await w.effects(0).save_result_if_absent(key_of(lease), work)
+    await _expect_ran(w, result, VALUE, "the first write")
+    expect(work.calls == 1, "one-effect-per-key", f"the work ran {work.calls} times")
+    expect(await w.rows() == ["charge"], "one-effect-per-key", f"business rows {await w.rows()}")
+
+
+async def replay_returns_stored_result(ctx: CaseContext) -> None:
+    """The same key again, from either instance, replays the stored (JSON) result without
+    running the work; `replayed_from` is `None` for the step that wrote it."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    key = key_of(lease)
+    await _write(w, key, "charge")
+    for instance in (0, 1, 0):
+        work = w.work("again", {"other": True})
+        result = await w.effects(instance).save_result_if_absent(key, work)
+        expect(
+            result == FencedEffectResult(VALUE, True, None),
+            "replay",
+            f"a replay on instance-{instance + 1} answered {result}, expected the stored value",
+        )
+        expect(work.calls == 0, "one-effect-per-key", "a replay ran the work")
+    expect(await w.rows() == ["charge"], "one-effect-per-key", f"business rows {await w.rows()}")
+
+
+async def business_key_replays_with_replayed_from(ctx: CaseContext) -> None:
+    """A business key written by one execution's step replays for another execution's step
+    (same tenant, name and fingerprint), naming the writer's step in `replayed_from`."""
+    w = World(ctx)
+    first = await w.take(w.name(), 0)
+    second = await w.take(w.name(), 1)
+    business = f"order-{w.uid}"
+    written = await _write(w, key_of(first, business_key=business, fingerprint="fp-1"), "charge")
+    await _expect_ran(w, written, VALUE, "the first write of a business key")
+    work = w.work("again", None)
+    result = await w.effects(1).save_result_if_absent(
+        key_of(second, step_key="step-9", business_key=business, fingerprint="fp-1"), work
+    )
+    expect(
+        result == FencedEffectResult(VALUE, True, step_of(first)),
+        "replay",
+        f"another execution's write of the business key answered {result}, expected a replay "
+        f"from {step_of(first)}",
+    )
+    expect(
+        work.calls == 0 and await w.rows() == ["charge"],
+        "one-effect-per-key",
+        "the business key's work ran twice",
+    )
+
+
+async def fingerprint_conflict(ctx: CaseContext) -> None:
+    """Another fingerprint under a business key is `IdempotencyKeyConflictError`, never a
+    replay, from the same or another execution, and writes nothing."""
+    w = World(ctx)
+    first = await w.take(w.name(), 0)
+    second = await w.take(w.name(), 1)
+    business = f"order-{w.uid}"
+    await _write(w, key_of(first, business_key=business, fingerprint="fp-1"), "charge")
+    for lease, instance, fingerprint in (
+        (first, 0, "fp-2"),
+        (second, 1, "fp-2"),
+        (second, 1, None),
+    ):
+        work = w.work("conflict", None)
+        key = key_of(lease, step_key="step-2", business_key=business, fingerprint=fingerprint)
+        try:
+            got = await w.effects(instance).save_result_if_absent(key, work)
+        except IdempotencyKeyConflictError:
+            pass
+        else:
+            fail(
+                "idempotency-key-conflict",
+                f"fingerprint {fingerprint!r} under the business key answered {got}",
+            )
+        expect(work.calls == 0, "idempotency-key-conflict", "a conflicting write ran its work")
+    expect(
+        await w.rows() == ["charge"], "idempotency-key-conflict", f"business rows {await w.rows()}"
+    )
+
+
+async def separate_keys_separate_effects(ctx: CaseContext) -> None:
+    """Two steps of one lease, two names of one step, one step key in two executions or two
+    tenants, and one business key under two names or in two tenants are separate effects:
+    each runs its work."""
+    w = World(ctx)
+    tree = w.name()
+    one = await w.take(tree, 0)
+    two = await w.take(w.name(), 1)
+    three = await w.take(tree, 1, tenant=OTHER_TENANT)
+    business = f"order-{w.uid}"
+    keys = [
+        ("one step-1 charge", key_of(one)),
+        ("one step-2 charge", key_of(one, step_key="step-2")),
+        ("one step-1 refund", key_of(one, "refund")),
+        ("two step-1 charge", key_of(two)),
+        ("other tenant step-1 charge", key_of(three)),
+        ("business pay", key_of(one, "pay", step_key="step-3", business_key=business)),
+        ("business refund", key_of(one, "refund", step_key="step-4", business_key=business)),
+        (
+            "other tenant business pay",
+            key_of(three, "pay", step_key="step-3", business_key=business),
+        ),
+    ]
+    for index, (label, key) in enumerate(keys):
+        result = await _write(w, key, label, {"label": label}, instance=index % 2)
+        expect(
+            result == FencedEffectResult({"label": label}, False, None),
+            "key-identity",
+            f"key {label} answered {result}: it was taken for another key's effect",
+        )
+    expect(
+        sorted(await w.rows()) == sorted(label for label, _ in keys),
+        "key-identity",
+        f"business rows {await w.rows()}",
+    )
+
+
+# --- the key's rules ----------------------------------------------------------------------
+
+
+async def invalid_names_refused_first(ctx: CaseContext) -> None:
+    """A key built by hand with a name that is not 1-100 of `[A-Za-z0-9._-]` is
+    `InvalidFencedEffectNameError` before any statement: even on an expired lease, nothing
+    runs and nothing is written; a 100-character name is fine."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    good = key_of(lease)
+    stale = dataclasses.replace(good, token=good.token + 5)
+    for base in (good, stale):
+        for name in BAD_NAMES:
+            work = w.work("bad-name", None)
+            try:
+                got = await w.effects(0).save_result_if_absent(
+                    dataclasses.replace(base, name=name), work
+                )
+            except InvalidFencedEffectNameError:
+                pass
+            except ExecutionFencedError:
+                fail(
+                    "key-checked-first",
+                    f"name {name!r:.30} at a stale token was fenced before its name was checked",
+                )
+            else:
+                fail("key-checked-first", f"name {name!r:.30} was accepted ({got})")
+            expect(work.calls == 0, "key-checked-first", f"name {name!r:.30}: the work ran")
+    longest = "n" * 100
+    result = await _write(w, key_of(lease, longest), "longest", 1)
+    await _expect_ran(w, result, 1, "a 100-character name")
+    expect(await w.rows() == ["longest"], "key-checked-first", f"business rows {await w.rows()}")
+
+
+async def invalid_business_keys_refused_first(ctx: CaseContext) -> None:
+    """A business key that is not a key's text (empty, blank, control characters, over
+    255 characters) is `InvalidBusinessKeyError` before any statement, even on a stale
+    token; a 255-character business key is fine."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    good = key_of(lease, business_key="b", fingerprint="fp")
+    stale = dataclasses.replace(good, token=good.token + 5)
+    for base in (good, stale):
+        for business in BAD_BUSINESS_KEYS:
+            work = w.work("bad-business-key", None)
+            try:
+                got = await w.effects(0).save_result_if_absent(
+                    dataclasses.replace(base, business_key=business), work
+                )
+            except InvalidBusinessKeyError:
+                pass
+            except ExecutionFencedError:
+                fail(
+                    "key-checked-first",
+                    f"business key {business!r:.30} at a stale token was fenced before it was checked",
+                )
+            else:
+                fail("key-checked-first", f"business key {business!r:.30} was accepted ({got})")
+            expect(
+                work.calls == 0, "key-checked-first", f"business key {business!r:.30}: the work ran"
+            )
+    longest = (w.uid + "b" * 255)[:255]
+    result = await _write(w, key_of(lease, business_key=longest, fingerprint="fp"), "longest", 2)
+    await _expect_ran(w, result, 2, "a 255-character business key")
+    again = await _write(
+        w, key_of(lease, step_key="step-2", business_key=longest, fingerprint="fp"), "again", 3
+    )
+    expect(
+        again.replayed and again.value == 2,
+        "replay",
+        f"the 255-character business key from another step answered {again}",
+    )
+    expect(await w.rows() == ["longest"], "one-effect-per-key", f"business rows {await w.rows()}")
+
+
+# --- all or nothing -----------------------------------------------------------------------
+
+
+class WorkFailed(Exception):
+    """What the suite's failing work raises."""
+
+
+async def raising_work_leaves_nothing(ctx: CaseContext) -> None:
+    """Work that raises propagates its exception and leaves no result and no business row:
+    the next write of the key runs its work again."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    key = key_of(lease)
+    error = WorkFailed("the payment API said no")
+    try:
+        got = await w.effects(0).save_result_if_absent(key, w.work("failed", None, error=error))
+    except WorkFailed as exc:
+        expect(exc is error, "all-or-nothing", f"the work's exception came back as {exc!r}")
+    else:
+        fail("all-or-nothing", f"work that raised answered {got}")
+    expect(
+        await w.rows() == [],
+        "all-or-nothing",
+        f"work that raised left business rows {await w.rows()}",
+    )
+    result = await _write(w, key, "retried", {"ok": 1}, instance=1)
+    await _expect_ran(w, result, {"ok": 1}, "the write after a raising work (a result was stored)")
+    expect(await w.rows() == ["retried"], "all-or-nothing", f"business rows {await w.rows()}")
+
+
+async def result_json_refuses_leaves_nothing(ctx: CaseContext) -> None:
+    """A result JSON cannot hold fails the effect and leaves no result and no business row."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    key = key_of(lease)
+    try:
+        got = await w.effects(0).save_result_if_absent(key, w.work("not-json", {1, 2}))
+    except Exception:
+        pass
+    else:
+        fail("all-or-nothing", f"a set as the result was accepted ({got})")
+    expect(
+        await w.rows() == [],
+        "all-or-nothing",
+        f"a failed result left business rows {await w.rows()}",
+    )
+    result = await _write(w, key, "json", [1, 2])
+    await _expect_ran(w, result, [1, 2], "the write after a failed result")
+
+
+# --- the lease check ----------------------------------------------------------------------
+
+
+def _write_at(offset: int, label: str) -> CaseRun:
+    async def run(ctx: CaseContext) -> None:
+        w = World(ctx)
+        start = w.now
+        lease = await w.take(w.name(), 0)
+        await w.at(start + LEASE_MS + offset)
+        key = key_of(lease)
+        if offset < 0:
+            result = await _write(w, key, "in-time")
+            await _expect_ran(w, result, VALUE, f"a write {label} expiry")
+            expect(
+                await w.rows() == ["in-time"],
+                "live-until-expiry",
+                f"business rows {await w.rows()}",
+            )
+            return
+        await _expect_fenced(
+            w, key, f"a write {label} the lease's expiry", rule="live-until-expiry"
+        )
+
+    run.__doc__ = f"The holder's fenced write {label} expiry: accepted while live, else `ExecutionFencedError`."
+    return run
+
+
+async def zombie_write_refused(ctx: CaseContext) -> None:
+    """After a takeover the old epoch's write is refused, its replay too, while the new
+    holder writes and replays."""
+    w = World(ctx)
+    tree = w.name()
+    old = await w.take(tree, 0)
+    written = await _write(w, key_of(old), "epoch-1")
+    await _expect_ran(w, written, VALUE, "the holder's write")
+    await w.at(w.now + LEASE_MS)
+    new = await w.take(tree, 1)
+    await _expect_fenced(w, key_of(old), "the zombie's replay of its own key after a takeover")
+    await _expect_fenced(
+        w, key_of(old, step_key="step-2"), "the zombie's new write after a takeover"
+    )
+    await _expect_fenced(
+        w, key_of(old, step_key="step-2"), "the zombie's write through instance-2", instance=1
+    )
+    replay = await _write(w, key_of(new), "epoch-2", instance=1)
+    expect(
+        replay == FencedEffectResult(VALUE, True, None),
+        "replay",
+        f"the new holder's replay answered {replay}",
+    )
+    fresh = await _write(w, key_of(new, step_key="step-2"), "epoch-2-step-2", 2, instance=1)
+    await _expect_ran(w, fresh, 2, "the new holder's write")
+    await _expect_fenced(
+        w, key_of(old, step_key="step-3"), "the zombie's write after the new holder wrote"
+    )
+    expect(
+        await w.rows() == ["epoch-1", "epoch-2-step-2"],
+        "no-stale-write",
+        f"business rows {await w.rows()}",
+    )
+
+
+async def ended_leases_refused(ctx: CaseContext) -> None:
+    """A write on a released, a yielded or a finished lease is refused."""
+    w = World(ctx)
+    for end in ("release", "yield_lease", "finish"):
+        lease = await w.take(w.name(), 0)
+        moved = await getattr(w.leases(0), end)(lease)
+        expect(moved, "no-stale-write", f"the holder's {end} was refused")
+        await _expect_fenced(w, key_of(lease), f"a write after {end}")
+    expect(await w.rows() == [], "no-stale-write", f"business rows {await w.rows()}")
+
+
+async def ungranted_tokens_refused(ctx: CaseContext) -> None:
+    """A write at a token never granted (above the lease's epoch), or with no lease at all,
+    is refused."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    ahead = dataclasses.replace(lease, lease_epoch=lease.lease_epoch + 1)
+    await _expect_fenced(w, key_of(ahead), "a write at a token above the lease's epoch")
+    nobody = dataclasses.replace(lease, execution_id=w.name("never-leased"))
+    await _expect_fenced(w, key_of(nobody), "a write on an execution that has no lease")
+    result = await _write(w, key_of(lease), "held")
+    await _expect_ran(w, result, VALUE, "the holder's write after the refused ones")
+
+
+# --- races --------------------------------------------------------------------------------
+
+
+async def zombie_write_races_hand_over(ctx: CaseContext) -> None:
+    """A zombie's write of a step's key races its lease's release, the next take and the
+    new holder's write of the same key, round after round in both orders: one business row.
+    The zombie's write either lands before the release (the new holder replays it) or is
+    refused; it is never answered with a replay of the new holder's write."""
+    w = World(ctx)
+
+    async def one(round_: Round) -> None:
+        tree = w.name()
+        old = await w.take(tree, 0)
+        label = f"r{round_.number}{'s' if round_.swapped else ''}"
+
+        async def zombie() -> FencedEffectResult[Any]:
+            return await _write(w, key_of(old), f"{label}-zombie", {"by": "zombie"})
+
+        async def hand_over() -> tuple[ExecutionLease, FencedEffectResult[Any]]:
+            if not await w.leases(0).release(old):
+                fail(
+                    "no-stale-write",
+                    f"{round_}: the holder's release of its live lease was refused",
+                )
+            new = await w.take(tree, 1)
+            return new, await _write(
+                w, key_of(new), f"{label}-holder", {"by": "holder"}, instance=1
+            )
+
+        zombie_outcome, holder_outcome = await race(round_, zombie, hand_over)
+        new, holder_result = holder_outcome.answer("the new holder's hand-over and write")
+        rows = [row for row in await w.rows() if row.startswith(f"{label}-")]
+        if zombie_outcome.raised:
+            if not isinstance(zombie_outcome.error, ExecutionFencedError):
+                fail("store-error", f"{round_}: the zombie's write raised {zombie_outcome.error!r}")
+            expect(
+                holder_result == FencedEffectResult({"by": "holder"}, False, None),
+                "one-effect-per-key",
+                f"{round_}: the zombie was refused, yet the new holder's write answered {holder_result}",
+            )
+            expect(
+                rows == [f"{label}-holder"], "one-effect-per-key", f"{round_}: business rows {rows}"
+            )
+            return
+        zombie_result = zombie_outcome.value
+        expect(
+            not zombie_result.replayed,
+            "no-stale-write",
+            f"{round_}: the zombie's write was answered with a replay ({zombie_result}): it "
+            "passed the lease check after its lease was handed over",
+        )
+        expect(
+            holder_result == FencedEffectResult({"by": "zombie"}, True, None),
+            "no-stale-write" if not holder_result.replayed else "one-effect-per-key",
+            f"{round_}: the zombie's write was accepted and the new holder's answered "
+            f"{holder_result}: the zombie wrote after epoch {new.lease_epoch} was taken",
+        )
+        expect(rows == [f"{label}-zombie"], "one-effect-per-key", f"{round_}: business rows {rows}")
+
+    await each_round(one)
+
+
+async def two_instances_one_key(ctx: CaseContext) -> None:
+    """Two instances writing one key at once (one lease, one token), round after round in
+    both orders: one runs its work, the other replays its result; one business row."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+
+    async def one(round_: Round) -> None:
+        key = key_of(lease, step_key=f"step-{round_.number}-{round_.swapped}")
+        label = f"r{round_.number}{'s' if round_.swapped else ''}"
+        outcomes = await race(
+            round_,
+            lambda: _write(w, key, f"{label}-a", {"by": "a"}, instance=0),
+            lambda: _write(w, key, f"{label}-b", {"by": "b"}, instance=1),
+        )
+        results = [o.answer("a write of one key") for o in outcomes]
+        _expect_one_ran(results, round_, "two instances writing one key")
+        rows = [row for row in await w.rows() if row.startswith(f"{label}-")]
+        expect(
+            len(rows) == 1,
+            "one-effect-per-key",
+            f"{round_}: two instances writing one key committed business rows {rows}",
+        )
+
+    await each_round(one)
+
+
+def _expect_one_ran(results: list[FencedEffectResult[Any]], round_: object, what: str) -> None:
+    ran = [r for r in results if not r.replayed]
+    expect(
+        len(ran) == 1,
+        "one-effect-per-key",
+        f"{round_}: {what}: {len(ran)} ran their work ({results})",
+    )
+    winner = ran[0]
+    for result in results:
+        if result.replayed:
+            expect(
+                result.value == winner.value,
+                "replay",
+                f"{round_}: {what}: the replay answered {result.value}, the write {winner.value}",
+            )
+
+
+async def two_executions_one_business_key(ctx: CaseContext) -> None:
+    """Two executions (two leases, two instances) writing one business key at once, round
+    after round in both orders: one runs its work, the other replays it, naming the
+    winner's step; one business row."""
+    w = World(ctx)
+    first = await w.take(w.name(), 0)
+    second = await w.take(w.name(), 1)
+
+    async def one(round_: Round) -> None:
+        business = f"order-{w.uid}-{round_.number}-{round_.swapped}"
+        label = f"r{round_.number}{'s' if round_.swapped else ''}"
+        keys = (
+            key_of(first, business_key=business, fingerprint="fp"),
+            key_of(second, step_key="step-b", business_key=business, fingerprint="fp"),
+        )
+        outcomes = await race(
+            round_,
+            lambda: _write(w, keys[0], f"{label}-a", {"by": "a"}, instance=0),
+            lambda: _write(w, keys[1], f"{label}-b", {"by": "b"}, instance=1),
+        )
+        results = [o.answer("a write of one business key") for o in outcomes]
+        _expect_one_ran(results, round_, "two executions writing one business key")
+        for index, result in enumerate(results):
+            if result.replayed:
+                other = keys[1 - index].step
+                expect(
+                    result.replayed_from == other,
+                    "replay",
+                    f"{round_}: the replay names {result.replayed_from}, expected {other}",
+                )
+        rows = [row for row in await w.rows() if row.startswith(f"{label}-")]
+        expect(
+            len(rows) == 1,
+            "one-effect-per-key",
+            f"{round_}: two executions writing one business key committed business rows {rows}",
+        )
+
+    await each_round(one)
+
+
+# --- the store's time ---------------------------------------------------------------------
+
+
+def _store_time(skew_ms: int) -> CaseRun:
+    async def run(ctx: CaseContext) -> None:
+        w = World(ctx)
+        tree = w.name()
+        start = w.now
+        lease = await w.take(tree, 1, skew_ms=skew_ms)
+        what = f"instance-2, its own clock {skew_text(skew_ms)}"
+        await w.at(start + LEASE_MS - 1)
+        result = await _write(w, key_of(lease), "in-time", instance=1, skew_ms=skew_ms)
+        expect(
+            result == FencedEffectResult(VALUE, False, None),
+            "store-time",
+            f"{what}, writing 1 ms before its lease's expiry by the store's time, got {result}",
+        )
+        await w.at(start + LEASE_MS)
+        await _expect_fenced(
+            w,
+            key_of(lease, step_key="step-2"),
+            f"{what}, writing at its lease's expiry by the store's time",
+            instance=1,
+            skew_ms=skew_ms,
+            rule="store-time",
+        )
+        holder = await w.take(tree, 0)
+        fresh = await _write(w, key_of(holder, step_key="step-3"), "holder", 3)
+        await _expect_ran(w, fresh, 3, "the next holder's write")
+        await _expect_fenced(
+            w,
+            key_of(lease, step_key="step-4"),
+            f"{what}, writing as a zombie",
+            instance=1,
+            skew_ms=skew_ms,
+            rule="store-time",
+        )
+        expect(
+            await w.rows() == ["in-time", "holder"], "store-time", f"business rows {await w.rows()}"
+        )
+
+    run.__doc__ = f"With the writer's own clock off by {skew_text(skew_ms)}, the store's time decides its writes."
+    return run
+
+
+async def database_time_decides(ctx: CaseContext) -> None:
+    """On the database's own time (`StoreClock()`), whatever the writer's own clock says
+    (10 x lease ahead or behind): a write on a live lease is accepted, one after it ran out
+    refused."""
+    await on_database_time(ctx)
+    w = World(ctx)
+    ahead, behind = 10 * DATABASE_LEASE_MS, -10 * DATABASE_LEASE_MS
+    lease = await w.leases(1).acquire(TENANT, w.name(), DATABASE_LEASE_MS)
+    if lease is None:
+        fail("live-until-expiry", "a new lease was refused on database time")
+    result = await _write(w, key_of(lease), "in-time", instance=1, skew_ms=ahead)
+    expect(
+        result == FencedEffectResult(VALUE, False, None),
+        "store-time",
+        f"a write on a live lease, the writer's clock {skew_text(ahead)}, answered {result}",
+    )
+    await past_database_lease()
+    await _expect_fenced(
+        w,
+        key_of(lease, step_key="step-2"),
+        f"a write after the lease ran out on database time, the writer's clock {skew_text(behind)}",
+        instance=1,
+        skew_ms=behind,
+        rule="store-time",
+    )
+    expect(await w.rows() == ["in-time"], "store-time", f"business rows {await w.rows()}")
+
+
+def cases() -> list[Case]:
+    """The fenced effect's cases; those only an atomic lease check passes are fencing."""
+    named: list[tuple[str, CaseRun, bool]] = [
+        (
+            "the first write runs its work once and commits its business row",
+            first_write_runs_once,
+            False,
+        ),
+        (
+            "a replay returns the stored result without running the work",
+            replay_returns_stored_result,
+            False,
+        ),
+        (
+            "a business key from another execution replays naming its step",
+            business_key_replays_with_replayed_from,
+            False,
+        ),
+        (
+            "another fingerprint under a business key is IdempotencyKeyConflictError",
+            fingerprint_conflict,
+            False,
+        ),
+        (
+            "separate steps, names, executions and tenants are separate effects",
+            separate_keys_separate_effects,
+            False,
+        ),
+        (
+            "invalid effect names are refused before anything is written",
+            invalid_names_refused_first,
+            False,
+        ),
+        (
+            "invalid business keys are refused before anything is written",
+            invalid_business_keys_refused_first,
+            False,
+        ),
+        (
+            "work that raises leaves no result and no business row",
+            raising_work_leaves_nothing,
+            False,
+        ),
+        (
+            "a result JSON cannot hold leaves no result and no business row",
+            result_json_refuses_leaves_nothing,
+            False,
+        ),
+    ]
+    for offset, label in BOUNDARIES:
+        outcome = "is accepted" if offset < 0 else "is refused"
+        named.append((f"a write {label} expiry {outcome}", _write_at(offset, label), True))
+    named += [
+        (
+            "a zombie's write after a takeover is refused, its replay too",
+            zombie_write_refused,
+            True,
+        ),
+        ("a write on a released, yielded or finished lease is refused", ended_leases_refused, True),
+        ("a write at a token never granted is refused", ungranted_tokens_refused, True),
+        (
+            "race: a zombie's write against its lease's hand-over and the new holder's write",
+            zombie_write_races_hand_over,
+            True,
+        ),
+        ("race: two instances writing one key", two_instances_one_key, False),
+        ("race: two executions writing one business key", two_executions_one_business_key, False),
+    ]
+    for skew in SKEWS:
+        named.append(
+            (
+                f"the store's time is the authority with the writer's clock {skew_text(skew)}",
+                _store_time(skew),
+                True,
+            )
+        )
+    named.append(
+        ("database time decides, whatever the writer's clock", database_time_decides, True)
+    )
+    return [Case(CONTRACT, name, run, fencing=fencing) for name, run, fencing in named]
+
+
+__all__ = ["CONTRACT", "cases"]
