@@ -1,0 +1,456 @@
+"""`LeaseKeeper`: holds one execution lease, renews it, and fences itself when it cannot.
+
+The trust rule (SPEC §2): a take or renewal that answers `remaining` ms lets the
+holder trust its lease for `remaining - 1000` ms from the moment it **sent** the
+request, on its monotonic clock. Nothing is trusted past that instant unless a
+later renewal, sent before it, was answered before it. The store decides expiry
+by its own time; the holder only ever under-estimates how long it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from agboss_sql.contracts.clocks import Clock
+from agboss_sql.contracts.errors import ExecutionCancelledError, ExecutionLeaseLostError
+from agboss_sql.contracts.stores import (
+    CANCEL_REQUEST_KEY,
+    ExecutionLeaseEventRepository,
+    ExecutionLeaseRepository,
+    ExecutionTreeRepository,
+)
+from agboss_sql.contracts.types import ExecutionLease, LeaseEventKind
+from agboss_sql.runtime._log import log_lease_event, log_take
+from agboss_sql.runtime.signal import AbortSignal
+
+logger = logging.getLogger("agboss_sql.runtime")
+
+DEFAULT_LEASE_MS = 30_000
+TRUST_MARGIN_MS = 1_000
+"""How much shorter than the answered `remaining` the holder trusts its lease (SPEC §2)."""
+
+
+class _State(enum.Enum):
+    IDLE = "idle"
+    HELD = "held"
+    LOST = "lost"
+    RELEASED = "released"
+    YIELDED = "yielded"
+    FINISHED = "finished"
+
+
+_current: contextvars.ContextVar[LeaseKeeper | None] = contextvars.ContextVar(
+    "agboss_current_lease_keeper", default=None
+)
+
+
+def current_keeper() -> LeaseKeeper | None:
+    """The keeper of the execution this task runs for (set by `ChildWorker` around a
+    child's run), or `None`."""
+    return _current.get()
+
+
+class LeaseKeeper:
+    """Holds one lease of `(tenant_id, execution_id)` for one run.
+
+    - `take` acquires it (or `adopt` holds one acquired elsewhere) and writes the
+      `acquired` / `taken-over` event after the move.
+    - `start` renews it every `lease_ms / 3` on the application clock, sooner when the
+      trust window would end first; a watchdog aborts the moment the window ends with no
+      renewal confirmed (a renewal that hangs self-fences).
+    - `confirm_now` renews it at once: call it before every checkpoint write.
+    - A renewal answered `None`, one that raises, or one not confirmed inside the trust
+      window loses the lease: `signal` is aborted with `ExecutionLeaseLostError`
+      (`execution.lease-lost`), a `lost` event is written, and nothing is renewed again.
+    - Every renewal (background or `confirm_now`) also looks for `CANCEL_REQUEST_KEY` on
+      the root's tree when a tree store is given; a request aborts `signal` with
+      `ExecutionCancelledError`. The lease stays held and renewed after a cancellation so
+      the holder can unwind and record the outcome.
+    - `release`, `yield_`, `reclaim` and `finish` move the lease and log the move; a move
+      the store refuses means the lease is no longer this run's: it counts as lost.
+    """
+
+    def __init__(
+        self,
+        leases: ExecutionLeaseRepository,
+        events: ExecutionLeaseEventRepository | None,
+        clock: Clock,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        tree: ExecutionTreeRepository | None = None,
+        root_execution_id: str | None = None,
+        trust_margin_ms: int = TRUST_MARGIN_MS,
+        log_renewals: bool = False,
+    ) -> None:
+        if isinstance(trust_margin_ms, bool) or not isinstance(trust_margin_ms, int):
+            raise ValueError(f"trust_margin_ms must be an int, got {trust_margin_ms!r}")
+        if trust_margin_ms < 0:
+            raise ValueError(f"trust_margin_ms must be >= 0, got {trust_margin_ms}")
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+            raise ValueError(f"lease_ms must be a positive number of ms, got {lease_ms!r}")
+        if lease_ms <= trust_margin_ms:
+            raise ValueError(
+                f"a lease of {lease_ms} ms is never trusted with a {trust_margin_ms} ms margin: "
+                "use a longer lease or a smaller trust_margin_ms"
+            )
+        self.leases = leases
+        self.events = events
+        self.clock = clock
+        self.lease_ms = lease_ms
+        self.tree = tree
+        self.root_execution_id = root_execution_id
+        self.trust_margin_ms = trust_margin_ms
+        self.log_renewals = log_renewals
+        self.signal = AbortSignal()
+        self._lease: ExecutionLease | None = None
+        self._state = _State.IDLE
+        self._trusted_until: int | None = None
+        self._started = False
+        self._renewer: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- what the holder knows ---------------------------------------------------------
+
+    @property
+    def lease(self) -> ExecutionLease | None:
+        """The lease this keeper holds (or last held), with its epoch."""
+        return self._lease
+
+    @property
+    def interval_ms(self) -> int:
+        """The background renewal cadence: a third of the lease."""
+        return max(1, self.lease_ms // 3)
+
+    @property
+    def held(self) -> bool:
+        """True while this keeper holds the lease (taken, not lost, released, yielded or
+        finished). Says nothing about trust: see `trusted()`."""
+        return self._state is _State.HELD
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was lost (refused, failed or unconfirmed renewal, or a move
+        the store refused)."""
+        return self._state is _State.LOST
+
+    @property
+    def trusted_until(self) -> int | None:
+        """The monotonic instant the trust window ends, or `None` before any answer."""
+        return self._trusted_until
+
+    def trusted(self) -> bool:
+        """True only while held and inside the trust window (`sent + remaining - margin`,
+        on `clock.monotonic()`)."""
+        return (
+            self._state is _State.HELD
+            and self._trusted_until is not None
+            and self.clock.monotonic() < self._trusted_until
+        )
+
+    def check_lease(self) -> None:
+        """Raise `ExecutionLeaseLostError` unless the lease is held and trusted now. A trust
+        window found over loses the lease at once, as the watchdog would."""
+        if self._state is _State.HELD and not self.trusted():
+            self._mark_lost("the lease was not confirmed before its trust window ended")
+        if self._state is not _State.HELD:
+            reason = self.signal.reason
+            if self._state is _State.LOST and isinstance(reason, ExecutionLeaseLostError):
+                raise reason
+            raise ExecutionLeaseLostError(
+                f"this keeper holds no lease of {self._describe()} ({self._state.value}): "
+                "start no further call"
+            )
+
+    def guard(self) -> None:
+        """Call before every model, tool or effect call: raise the signal's reason when
+        aborted (cancelled or lost), and `ExecutionLeaseLostError` when the lease is not
+        held and trusted."""
+        self.signal.raise_if_aborted()
+        self.check_lease()
+
+    # -- taking --------------------------------------------------------------------------
+
+    async def take(self, tenant_id: str, execution_id: str) -> ExecutionLease | None:
+        """Acquire the lease (one store call); trust it from the moment the request was
+        sent; log `acquired` or `taken-over` after the move. `None` when refused."""
+        self._check_unused()
+        sent = self.clock.monotonic()
+        lease = await self.leases.acquire(tenant_id, execution_id, self.lease_ms)
+        if lease is None:
+            return None
+        self._hold(lease, sent)
+        await log_take(self.events, self.clock, lease)
+        return lease
+
+    async def adopt(self, lease: ExecutionLease) -> bool:
+        """Hold a lease acquired elsewhere (by the recovery sweep) and confirm it at once:
+        the trust window must be measured from a request this keeper sent. True when the
+        confirmation held it."""
+        self._check_unused()
+        self._lease = lease
+        self._state = _State.HELD
+        self._trusted_until = None
+        return await self.confirm_now()
+
+    def _check_unused(self) -> None:
+        if self._state is not _State.IDLE:
+            raise RuntimeError(
+                f"this keeper already held {self._describe()}: a keeper holds one lease "
+                "for one run; make a new keeper"
+            )
+
+    def _hold(self, lease: ExecutionLease, sent: int) -> None:
+        self._lease = lease
+        self._state = _State.HELD
+        self._trusted_until = sent + lease.remaining_ms - self.trust_margin_ms
+
+    # -- renewing ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start background renewal (every `lease_ms / 3` on the application clock) and the
+        trust-window watchdog. Idempotent; needs a held lease."""
+        if self._state is not _State.HELD:
+            raise RuntimeError(f"start needs a held lease; the keeper is {self._state.value}")
+        self._started = True
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        """Stop renewing without releasing the lease (shutdown, or an instance frozen in a
+        test); the lease runs out on the store's time unless someone releases it."""
+        self._started = False
+        tasks = self._cancel_tasks()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def confirm_now(self) -> bool:
+        """Renew at once and say whether the lease is still held (call it before every
+        checkpoint write). False once lost, released, yielded or finished: then it sends
+        nothing."""
+        if self._state is not _State.HELD:
+            return False
+        return await self._renew()
+
+    async def _renew_loop(self) -> None:
+        while self._state is _State.HELD:
+            wait = self.interval_ms
+            if self._trusted_until is not None:
+                # Renew early when the trust window would end before the next beat.
+                left = self._trusted_until - self.clock.monotonic()
+                wait = min(wait, max(0, left // 2))
+            await self.clock.sleep(wait)
+            if not self.held:
+                return
+            await self._renew()
+
+    async def _watch(self) -> None:
+        while self._state is _State.HELD:
+            until = self._trusted_until
+            now = self.clock.monotonic()
+            if until is None or now >= until:
+                await self._lose("the lease was not confirmed before its trust window ended")
+                return
+            await self.clock.sleep(until - now)
+
+    async def _renew(self) -> bool:
+        lease = self._lease
+        assert lease is not None
+        sent = self.clock.monotonic()
+        cancel_check: asyncio.Task[bool] | None = None
+        if self.tree is not None and not isinstance(self.signal.reason, ExecutionCancelledError):
+            # Looked up beside the renewal, not after it: one round trip of latency.
+            cancel_check = asyncio.get_running_loop().create_task(self._cancel_requested(lease))
+        try:
+            try:
+                remaining = await self.leases.renew(lease, self.lease_ms)
+            except Exception as error:
+                if self.held:
+                    await self._lose(f"the renewal failed: {error!r}")
+                return False
+            if not self.held or self._lease is not lease:
+                return False
+            answered = self.clock.monotonic()
+            if remaining is None:
+                await self._lose(
+                    "the renewal was refused: the lease is over or another holder has it"
+                )
+                return False
+            if self._trusted_until is not None and answered >= self._trusted_until:
+                await self._lose("the renewal was confirmed only after the trust window ended")
+                return False
+            until = sent + remaining - self.trust_margin_ms
+            self._trusted_until = (
+                until if self._trusted_until is None else max(self._trusted_until, until)
+            )
+            if self.log_renewals:
+                await log_lease_event(self.events, self.clock, lease, LeaseEventKind.RENEWED)
+            if cancel_check is not None:
+                check, cancel_check = cancel_check, None
+                if await check:
+                    self.signal.abort(
+                        ExecutionCancelledError(
+                            f"execution {self._describe()} was cancelled: a cancel request "
+                            "is on its tree"
+                        )
+                    )
+            return True
+        finally:
+            if cancel_check is not None:
+                cancel_check.cancel()
+
+    async def _cancel_requested(self, lease: ExecutionLease) -> bool:
+        assert self.tree is not None
+        root = self.root_execution_id or lease.execution_id
+        try:
+            return await self.tree.get(lease.tenant_id, root, CANCEL_REQUEST_KEY) is not None
+        except Exception:
+            # A failed look-up is tried again at the next renewal; it never costs the lease.
+            logger.warning("could not read the cancel request of %s", root, exc_info=True)
+            return False
+
+    # -- losing --------------------------------------------------------------------------
+
+    def _mark_lost(self, why: str) -> bool:
+        """Lose the lease now (synchronously): abort the signal, stop renewing. True when
+        this call lost it; the `lost` event is the caller's to write."""
+        if self._state not in (_State.HELD, _State.YIELDED):
+            return False
+        self._state = _State.LOST
+        self.signal.abort(
+            ExecutionLeaseLostError(
+                f"lost the lease of {self._describe()}: {why}; another instance may own this "
+                "execution now, so start no further model, tool or effect call"
+            )
+        )
+        self._cancel_tasks()
+        lease = self._lease
+        assert lease is not None
+        self._spawn(
+            log_lease_event(self.events, self.clock, lease, LeaseEventKind.LOST, reason=why)
+        )
+        return True
+
+    async def _lose(self, why: str) -> None:
+        if self._mark_lost(why):
+            # The event was spawned; let it be written before the loser goes on.
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _cancel_tasks(self) -> list[asyncio.Task[None]]:
+        current = asyncio.current_task()
+        cancelled = []
+        for task in (self._renewer, self._watchdog):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+                cancelled.append(task)
+        return cancelled
+
+    # -- letting go ----------------------------------------------------------------------
+
+    async def release(self) -> bool:
+        """Stop renewing and release the lease; log `released`. False when it was not held
+        (a refusal by the store loses it, with a `lost` event)."""
+        lease = await self._let_go()
+        if lease is None:
+            return False
+        if not await self.leases.release(lease):
+            await self._lose("the store refused the release: the lease was no longer held")
+            return False
+        self._state = _State.RELEASED
+        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.RELEASED)
+        return True
+
+    async def yield_(self) -> bool:
+        """Stop renewing and yield the still-live lease so anyone may take it (a parent
+        waiting on its children); log `yielded`. `reclaim` takes it back if nobody did."""
+        lease = await self._let_go()
+        if lease is None:
+            return False
+        if not await self.leases.yield_lease(lease):
+            await self._lose("the store refused the yield: the lease was over or not held")
+            return False
+        self._state = _State.YIELDED
+        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.YIELDED)
+        return True
+
+    async def reclaim(self) -> ExecutionLease | None:
+        """Take a yielded lease back at the next epoch when nobody took it; log `reclaimed`
+        and resume renewal if it was running. `None` (and the lease counts as lost) when
+        someone else took it or it ran out."""
+        if self._state is not _State.YIELDED:
+            return None
+        lease = self._lease
+        assert lease is not None
+        sent = self.clock.monotonic()
+        reclaimed = await self.leases.reclaim(lease, self.lease_ms)
+        if reclaimed is None:
+            await self._lose("the yielded lease could not be reclaimed: someone else has it")
+            return None
+        self._hold(reclaimed, sent)
+        await log_lease_event(self.events, self.clock, reclaimed, LeaseEventKind.RECLAIMED)
+        if self._started:
+            self.start()
+        return reclaimed
+
+    async def finish(self) -> bool:
+        """Stop renewing and finish the lease (never granted again); log `finished`."""
+        lease = await self._let_go()
+        if lease is None:
+            return False
+        if not await self.leases.finish(lease):
+            await self._lose("the store refused the finish: the lease was no longer held")
+            return False
+        self._state = _State.FINISHED
+        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.FINISHED)
+        return True
+
+    async def _let_go(self) -> ExecutionLease | None:
+        if self._state is not _State.HELD:
+            return None
+        started = self._started
+        await self.stop()
+        self._started = started
+        return self._lease
+
+    def _describe(self) -> str:
+        lease = self._lease
+        if lease is None:
+            return "no execution"
+        return f"{lease.tenant_id}/{lease.execution_id} at epoch {lease.lease_epoch}"
+
+    def __repr__(self) -> str:
+        return f"LeaseKeeper({self._describe()}, {self._state.value})"
+
+
+def bind_keeper(keeper: LeaseKeeper) -> contextvars.Token[LeaseKeeper | None]:
+    """Make `keeper` the `current_keeper()` of this context (and of tasks created in it)."""
+    return _current.set(keeper)
+
+
+def unbind_keeper(token: contextvars.Token[LeaseKeeper | None]) -> None:
+    """Undo `bind_keeper`."""
+    _current.reset(token)
+
+
+__all__ = [
+    "DEFAULT_LEASE_MS",
+    "TRUST_MARGIN_MS",
+    "LeaseKeeper",
+    "bind_keeper",
+    "current_keeper",
+    "unbind_keeper",
+]
