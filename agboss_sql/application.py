@@ -65,13 +65,13 @@ def sql_stores() -> list[type[Any]]:
 def _contract_of(provider: type[Any]) -> type[Any] | None:
     for contract in CONTRACTS.values():
         if issubclass(provider, contract):
-            return contract  # type: ignore[no-any-return]
+            return contract
     try:
         from langgraph.checkpoint.base import BaseCheckpointSaver
     except ImportError:  # pragma: no cover - LangGraph is an optional extra
         return None
     if issubclass(provider, BaseCheckpointSaver):
-        return BaseCheckpointSaver  # type: ignore[no-any-return]
+        return BaseCheckpointSaver
     return None
 
 
@@ -170,6 +170,7 @@ class Application:
             return self.values[annotation]
         if annotation is ApplicationContext:
             return self.context
+        value: Any
         if annotation is StoreClock:
             value = StoreClock()
         elif annotation is Clock:
@@ -188,7 +189,9 @@ class Application:
     def _connection(self) -> Any:
         from agboss_sql.sql.connection import SqlConnection
 
-        url = self.values.get(DatabaseUrl) or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+        url = (
+            self.values.get(DatabaseUrl) or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+        )
         connection = SqlConnection(str(url))
         self._owned_connections.append(connection)
         return connection
@@ -209,8 +212,10 @@ class Application:
                 continue
             annotation = _resolvable(annotation)
             if annotation is None or (
-                parameter.default is not parameter.empty and annotation not in self.values
-                and not _is_sql_connection(annotation) and annotation not in _BUILTIN_DEPS
+                parameter.default is not parameter.empty
+                and annotation not in self.values
+                and not _is_sql_connection(annotation)
+                and annotation not in _BUILTIN_DEPS
             ):
                 continue
             kwargs[parameter.name] = self._value(annotation)
@@ -332,12 +337,14 @@ class Application:
                 await asyncio.wait_for(store.ping(), timeout_s)
             except TimeoutError:
                 elapsed = (time.perf_counter() - started) * 1000
-                return ComponentHealth(name, HealthStatus.DOWN, elapsed,
-                                       f"no answer within {timeout_s:g} s")
+                return ComponentHealth(
+                    name, HealthStatus.DOWN, elapsed, f"no answer within {timeout_s:g} s"
+                )
             except Exception as exc:
                 elapsed = (time.perf_counter() - started) * 1000
-                return ComponentHealth(name, HealthStatus.DOWN, elapsed,
-                                       f"{type(exc).__name__}: {exc}")
+                return ComponentHealth(
+                    name, HealthStatus.DOWN, elapsed, f"{type(exc).__name__}: {exc}"
+                )
             elapsed = (time.perf_counter() - started) * 1000
             return ComponentHealth(name, HealthStatus.UP, elapsed)
 
@@ -363,8 +370,10 @@ class Application:
 
 
 def _is_sql_connection(annotation: Any) -> bool:
-    return isinstance(annotation, type) and annotation.__name__ == "SqlConnection" and (
-        annotation.__module__ == "agboss_sql.sql.connection"
+    return (
+        isinstance(annotation, type)
+        and annotation.__name__ == "SqlConnection"
+        and (annotation.__module__ == "agboss_sql.sql.connection")
     )
 
 

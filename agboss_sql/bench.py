@@ -108,6 +108,7 @@ async def open_floor(connection: SqlConnection) -> Floor:
     """A raw driver connection to the same database, set up as our stores' connections are."""
     dialect = connection.dialect_name
     url = connection.url
+    raw: Any
     if dialect == "sqlite":
         import sqlite3
 
@@ -646,7 +647,7 @@ class Bench:
         claimed: list[Any] = []
 
         async def worker(floor: Floor, name: str) -> None:
-            params = {**_STATUS_PARAMS, "instance_id": name}
+            params: dict[str, Any] = {**_STATUS_PARAMS, "instance_id": name}
             while True:
                 params["now"] = time.time_ns() // 1_000_000
                 if locked is None:

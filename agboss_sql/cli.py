@@ -160,7 +160,7 @@ async def _check_async(url: str, *, strict: bool) -> int:
             received = time.time_ns() / 1e6
         finally:
             await connection.close()
-        skew = float(database_now) - (sent + received) / 2
+        skew = float(database_now or 0) - (sent + received) / 2
         print(
             f"clock skew: the database's clock is {skew:+.0f} ms from this host's "
             f"(round trip {received - sent:.1f} ms); leases are decided by the database's clock"

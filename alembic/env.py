@@ -13,9 +13,9 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 import sqlalchemy as sa
+from alembic import context
 
 from agboss_sql.sql import migrate
-from alembic import context
 
 config = context.config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, ClassVar
+from typing import Any
 
 from agboss_sql.contracts.types import ApplicationContext
 from agboss_sql.sql.connection import SqlConnection

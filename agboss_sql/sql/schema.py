@@ -22,24 +22,24 @@ metadata = sa.MetaData(
 )
 
 
-def Ident(length: int = 255) -> sa.types.TypeEngine[str]:  # noqa: N802 - reads as a type
+def Ident(length: int = 255) -> sa.types.TypeEngine[str]:
     """A bounded identifier compared by its exact characters on every database."""
     return sa.String(length).with_variant(
         mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
     )
 
 
-def Json() -> sa.types.TypeEngine[str]:  # noqa: N802
+def Json() -> sa.types.TypeEngine[str]:
     """JSON text of any size."""
     return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
-def Blob() -> sa.types.TypeEngine[bytes]:  # noqa: N802
+def Blob() -> sa.types.TypeEngine[bytes]:
     """Binary data of any size."""
     return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
-def Flag() -> sa.Boolean:  # noqa: N802
+def Flag() -> sa.Boolean:
     return sa.Boolean(create_constraint=False)
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
-
 from alembic import op
+from sqlalchemy.dialects import mysql
 
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None

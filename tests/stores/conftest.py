@@ -27,7 +27,9 @@ async def sql(sql_url: str) -> AsyncIterator[SqlConnection]:
 
 
 @pytest.fixture
-async def new_connection(sql: SqlConnection, sql_url: str) -> AsyncIterator[Callable[[], SqlConnection]]:
+async def new_connection(
+    sql: SqlConnection, sql_url: str
+) -> AsyncIterator[Callable[[], SqlConnection]]:
     """Make more connections to the same database (as other instances would); closed after."""
     made: list[SqlConnection] = []
 

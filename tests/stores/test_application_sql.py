@@ -25,7 +25,9 @@ async def test_connection_is_built_once_per_instance(sql_url: str) -> None:
         id(store.connection) for store in app.stores.values() if hasattr(store, "connection")
     }
     assert len(connections) == 1
-    other = Application("support", providers=sql_stores(), values={DatabaseUrl: DatabaseUrl(sql_url)})
+    other = Application(
+        "support", providers=sql_stores(), values={DatabaseUrl: DatabaseUrl(sql_url)}
+    )
     await other.start()
     assert app.store(ExecutionLeaseRepository).connection is not (  # type: ignore[attr-defined]
         other.store(ExecutionLeaseRepository).connection  # type: ignore[attr-defined]
@@ -74,7 +76,9 @@ async def test_readiness_answers_within_the_timeout_when_the_database_hangs(sche
     async with silent_server() as port:
         url = f"{scheme}127.0.0.1:{port}/nothing"
         app = Application(
-            "support", providers=[SqlExecutionLeaseRepository], values={DatabaseUrl: DatabaseUrl(url)}
+            "support",
+            providers=[SqlExecutionLeaseRepository],
+            values={DatabaseUrl: DatabaseUrl(url)},
         )
         await app.start()
         started = time.perf_counter()
