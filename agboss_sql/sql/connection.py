@@ -13,6 +13,31 @@ round trips around it.
 Transient conflicts (deadlock, serialization failure, lock timeout,
 `SQLITE_BUSY`) roll the step back and run it again with backoff; they never
 surface as a wrong answer.
+
+What each call sends (what the statement listener sees), on every dialect
+unless noted:
+
+- `execute(statement)`, `insert_if_absent(statement)`, `ping()`: the statement
+  alone, in autocommit. No `BEGIN`/`COMMIT` (SQLite runs it in its implicit
+  transaction; a writer blocked by another connection's write lock waits up to
+  the busy timeout).
+- `run(step)` (`transaction=True`): `BEGIN` (SQLite `BEGIN IMMEDIATE`, which
+  takes the write lock first), the step's statements, `COMMIT`; when the step
+  or a statement raises, `ROLLBACK` instead of `COMMIT` (none after a
+  cancellation on a server: the connection is closed instead, which rolls back).
+- `run(step, transaction=False)`: the step's statements, each in autocommit.
+- `drive_on(tx, step)`: the step's statements, in the caller's transaction (its
+  `BEGIN`/`COMMIT` are SQLAlchemy's and not seen by the listener).
+- a retried step sends all of it again, once per attempt. Retried (only a step
+  given as a factory): a transient conflict in a transaction step, or in a
+  transaction-less step before any of its statements applied; a lost
+  connection in a transaction step before its `COMMIT` was sent (the server
+  rolled it back). A lost connection otherwise surfaces as
+  `StoreUnavailableError`: an autocommit statement's outcome is unknown.
+- a new pooled connection costs its handshake only (psycopg and aiomysql send no
+  set-up statement); an idle one is checked without a round trip before reuse
+  (`is_usable`: open, outside any transaction, nothing unread from the server).
+  SQLite's single connection sets its pragmas once.
 """
 
 from __future__ import annotations
@@ -59,14 +84,26 @@ class Result:
         self.rowcount = rowcount
 
     def first(self) -> Any | None:
+        """The first row, or `None` when there is none."""
         return self.rows[0] if self.rows else None
 
     def scalar(self) -> Any | None:
+        """The first column of the first row, or `None` when there is no row."""
         return self.rows[0][0] if self.rows else None
 
 
 Step = Generator[Exec, Result, T]
 """An atomic step: yields statements, receives their results, returns its answer."""
+
+
+class _Progress:
+    """How far one attempt of a step got: statements applied, and whether COMMIT was sent."""
+
+    __slots__ = ("applied", "committing")
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.committing = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +119,7 @@ class Suffixed:
 class Compiled:
     sql: str
     defaults: Mapping[str, Any]
+    verbatim: bool = False  # a text statement, sent as written when it has no params
 
 
 class SqlBuilder:
@@ -165,16 +203,25 @@ class SqlConnection:
         return found
 
     def compiled(self, statement: Any) -> Compiled:
+        """`statement` compiled for this dialect, once per statement object. Its bind params'
+        values (constant literals; `None` for a param with no value, which is how
+        `insert(table)` fills columns not given) are defaults under the caller's params. A
+        `str` is sent as written, in the driver's own paramstyle."""
         entry = self._compiled.get(id(statement))
         if entry is not None and entry[0] is statement:
             return entry[1]
         if isinstance(statement, str):
-            compiled = Compiled(statement, {})
+            compiled = Compiled(statement, {}, verbatim=True)
         elif isinstance(statement, Suffixed):
             inner = self.compiled(statement.statement)
-            compiled = Compiled(inner.sql + statement.suffix, inner.defaults)
+            compiled = Compiled(inner.sql + statement.suffix, inner.defaults, inner.verbatim)
         else:
             result = statement.compile(dialect=self._dialect)
+            if "__[POSTCOMPILE_" in result.string:
+                raise ValueError(
+                    "an expanding IN parameter cannot be sent to the raw driver: name one "
+                    f"bind param per value instead ({result.string!r})"
+                )
             compiled = Compiled(result.string, dict(result.params))
         # Keep the statement alive with its compiled form, so its id is never reused.
         self._compiled[id(statement)] = (statement, compiled)
@@ -182,20 +229,25 @@ class SqlConnection:
 
     def add_statement_listener(self, listener: StatementListener) -> Callable[[], None]:
         """Call `listener(sql, params)` before every statement this connection sends
-        (`BEGIN`/`COMMIT` included). Returns a function that removes it."""
+        (`BEGIN`/`COMMIT`/`ROLLBACK` included; `drive_on` reports the step's statements only).
+        Returns a function that removes it."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def _params(self, compiled: Compiled, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _params(self, compiled: Compiled, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The params to send; `None` sends a text statement as written. A compiled statement
+        always gets a mapping, even empty: the driver then reads its `%%` as `%`."""
         if not compiled.defaults:
+            if compiled.verbatim and not params:
+                return None
             return params
         merged = dict(compiled.defaults)
         merged.update(params)
         return merged
 
-    def _notify(self, sql: str, params: Mapping[str, Any]) -> None:
+    def _notify(self, sql: str, params: Mapping[str, Any] | None) -> None:
         for listener in self._listeners:
-            listener(sql, params)
+            listener(sql, params if params is not None else {})
 
     # --- running steps ----------------------------------------------------------------
 
@@ -221,23 +273,51 @@ class SqlConnection:
         while True:
             attempt += 1
             current = factory() if factory is not None else step
+            progress = _Progress()
             try:
                 if self.dialect_name == "sqlite":
-                    return await self._run_sqlite(current, transaction)  # type: ignore[arg-type]
-                return await self._run_server(current, transaction)  # type: ignore[arg-type]
+                    return await self._run_sqlite(current, transaction, progress)  # type: ignore[arg-type]
+                return await self._run_server(current, transaction, progress)  # type: ignore[arg-type]
             except Exception as exc:
-                if factory is None or attempt >= MAX_ATTEMPTS or not self.ops.is_retryable(exc):
+                if (
+                    factory is None
+                    or attempt >= MAX_ATTEMPTS
+                    or not self._may_retry(exc, transaction, progress)
+                ):
+                    if self.ops.is_disconnect(exc):
+                        raise StoreUnavailableError(
+                            f"lost the connection to {self._safe_url()}: "
+                            f"{type(exc).__name__}: {exc}"
+                        ) from exc
                     raise
             await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
+
+    def _may_retry(self, exc: Exception, transaction: bool, progress: _Progress) -> bool:
+        """Whether running the step again can apply none of it twice."""
+        if self.ops.is_retryable(exc):
+            # The conflict undid the whole transaction, or the one statement it hit.
+            return transaction or progress.applied == 0
+        if self.ops.is_disconnect(exc):
+            # The server rolls back a transaction whose session it lost before COMMIT.
+            return transaction and not progress.committing
+        return False
+
+    def _safe_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
 
     # SQLite: the whole step in one hop to the connection's thread.
 
     def _sqlite_connection(self) -> Any:
         if self._sqlite_raw is None:
-            self._sqlite_raw = self.ops.connect_sync(self._sqlite_path)
+            try:
+                self._sqlite_raw = self.ops.connect_sync(self._sqlite_path)
+            except Exception as exc:
+                raise StoreUnavailableError(
+                    f"cannot open {self._sqlite_path!r}: {type(exc).__name__}: {exc}"
+                ) from exc
         return self._sqlite_raw
 
-    def _drive_sqlite(self, step: Step[T], transaction: bool) -> T:
+    def _drive_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
         if self._closed:
             raise StoreUnavailableError("the connection is closed")
         raw = self._sqlite_connection()
@@ -260,21 +340,35 @@ class SqlConnection:
                 if listeners:
                     self._notify(compiled.sql, params)
                 rows, count = execute_sync(raw, compiled.sql, params)
+                progress.applied += 1
                 result = Result(rows, count)
+            if transaction:
+                if listeners:
+                    self._notify("COMMIT", {})
+                progress.committing = True
+                raw.execute("COMMIT")
         except BaseException:
-            if transaction and raw.in_transaction:
-                raw.execute("ROLLBACK")
             step.close()
+            if raw.in_transaction:
+                if listeners:
+                    self._notify("ROLLBACK", {})
+                with contextlib.suppress(Exception):
+                    raw.execute("ROLLBACK")
+                if raw.in_transaction:
+                    # Still holding the write lock: drop the connection (closing rolls back).
+                    self._sqlite_raw = None
+                    with contextlib.suppress(Exception):
+                        raw.close()
             raise
-        if transaction:
-            if listeners:
-                self._notify("COMMIT", {})
-            raw.execute("COMMIT")
         return answer
 
-    async def _run_sqlite(self, step: Step[T], transaction: bool) -> T:
+    async def _run_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
+        if self._closed:
+            raise StoreUnavailableError("the connection is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._drive_sqlite, step, transaction)
+        return await loop.run_in_executor(
+            self._thread, self._drive_sqlite, step, transaction, progress
+        )
 
     # Servers: one pooled raw connection per step.
 
@@ -282,47 +376,103 @@ class SqlConnection:
     async def _raw(self) -> AsyncIterator[Any]:
         if self._closed:
             raise StoreUnavailableError("the connection is closed")
-        if self._available is None:
-            self._available = asyncio.Condition()
-        async with self._available:
-            while not self._idle and self._open >= self._pool_size:
-                await self._available.wait()
-            raw = self._idle.pop() if self._idle else None
-            if raw is None:
-                self._open += 1
-        if raw is None:
-            try:
-                raw = await self.ops.connect(self.url)
-            except BaseException as exc:
-                async with self._available:
-                    self._open -= 1
-                    self._available.notify()
-                raise StoreUnavailableError(f"cannot connect to {self.url!r}: {exc}") from exc
-            if self.dialect_name == "mysql" and self.is_mariadb is None:
-                self.is_mariadb = "mariadb" in str(raw.get_server_info()).lower()
-        healthy = False
+        raw = await self._checkout()
+        reusable = False
         try:
             yield raw
-            healthy = True
+            reusable = True
+        except Exception as exc:
+            # A failed step's connection is kept when alive and idle (its ROLLBACK done).
+            reusable = not self.ops.is_disconnect(exc) and self._usable(raw)
+            raise
         finally:
-            if healthy and not self._closed:
-                async with self._available:
-                    self._idle.append(raw)
-                    self._available.notify()
-            else:
-                with contextlib.suppress(Exception):
-                    await self.ops.close(raw)
-                async with self._available:
-                    self._open -= 1
-                    self._available.notify()
+            # Cancelled mid-statement, the protocol state is unknown: the connection goes.
+            await self._checkin(raw, reusable)
 
-    async def _run_server(self, step: Step[T], transaction: bool) -> T:
+    def _usable(self, raw: Any) -> bool:
+        try:
+            return bool(self.ops.is_usable(raw))
+        except Exception:
+            return False
+
+    async def _checkout(self) -> Any:
+        """An idle connection still usable, else a new one while fewer than `pool_size` are
+        open, else the next one returned."""
+        if self._available is None:
+            self._available = asyncio.Condition()
+        available = self._available
+        while True:
+            async with available:
+                try:
+                    while not self._closed and not self._idle and self._open >= self._pool_size:
+                        await available.wait()
+                except BaseException:
+                    # Woken and then cancelled, this waiter would swallow the wake-up meant for
+                    # the connection just returned: pass it on.
+                    available.notify()
+                    raise
+                if self._closed:
+                    raise StoreUnavailableError("the connection is closed")
+                raw = self._idle.pop() if self._idle else None
+                if raw is None:
+                    self._open += 1
+            if raw is None:
+                return await self._connect()
+            if self._usable(raw):
+                return raw
+            await self._discard(raw)
+
+    async def _connect(self) -> Any:
+        """A new raw connection, for a slot already counted in `_open`."""
+        try:
+            raw = await self.ops.connect(self.url)
+        except BaseException as exc:
+            await self._release_slot()
+            if not isinstance(exc, Exception):
+                raise  # cancelled (e.g. a readiness timeout): never turned into an error
+            raise StoreUnavailableError(
+                f"cannot connect to {self._safe_url()}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if self._closed:
+            await self._discard(raw)
+            raise StoreUnavailableError("the connection is closed")
+        if self.dialect_name == "mysql" and self.is_mariadb is None:
+            self.is_mariadb = "mariadb" in str(raw.get_server_info()).lower()
+        return raw
+
+    async def _release_slot(self) -> None:
+        # The condition's lock is never held across an await: taking it does not suspend,
+        # so a cancellation cannot interrupt this bookkeeping.
+        assert self._available is not None
+        async with self._available:
+            self._open -= 1
+            self._available.notify()
+
+    async def _discard(self, raw: Any) -> None:
+        await self._release_slot()
+        with contextlib.suppress(Exception):
+            await self.ops.close(raw)
+
+    async def _checkin(self, raw: Any, reusable: bool) -> None:
+        if reusable and not self._closed:
+            assert self._available is not None
+            async with self._available:
+                self._idle.append(raw)
+                self._available.notify()
+        else:
+            await self._discard(raw)
+
+    async def _run_server(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
         async with self._raw() as raw:
-            return await self.drive(raw, step, transaction)
+            return await self._drive(raw, step, transaction, progress)
 
     async def drive(self, raw: Any, step: Step[T], transaction: bool) -> T:
         """Run `step` on the raw driver connection `raw` (in a transaction of its own when
-        `transaction`)."""
+        `transaction`, rolled back when the step or a statement raises). After a cancellation
+        no `ROLLBACK` is sent (the connection may be mid-statement): close `raw`."""
+        return await self._drive(raw, step, transaction, _Progress())
+
+    async def _drive(self, raw: Any, step: Step[T], transaction: bool, progress: _Progress) -> T:
         ops = self.ops
         execute = ops.execute
         listeners = self._listeners
@@ -343,17 +493,25 @@ class SqlConnection:
                 if listeners:
                     self._notify(compiled.sql, params)
                 rows, count = await execute(raw, compiled.sql, params)
+                progress.applied += 1
                 result = Result(rows, count)
-        except BaseException:
-            step.close()
             if transaction:
+                if listeners:
+                    self._notify("COMMIT", {})
+                progress.committing = True
+                await ops.run_text(raw, "COMMIT")
+        except Exception:
+            step.close()
+            # A failed COMMIT ended the transaction already.
+            if transaction and not progress.committing:
+                if listeners:
+                    self._notify("ROLLBACK", {})
                 with contextlib.suppress(Exception):
                     await ops.run_text(raw, "ROLLBACK")
             raise
-        if transaction:
-            if listeners:
-                self._notify("COMMIT", {})
-            await ops.run_text(raw, "COMMIT")
+        except BaseException:
+            step.close()
+            raise
         return answer
 
     async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
@@ -385,8 +543,13 @@ class SqlConnection:
     @property
     def engine(self) -> AsyncEngine:
         """A SQLAlchemy async engine on the same database (created on first use)."""
+        if self._closed:
+            raise StoreUnavailableError("the connection is closed")
         if self._engine is None:
-            kwargs: dict[str, Any] = {"pool_pre_ping": False}
+            # Every user of this engine ends its transaction (SQLAlchemy's connection rolls an
+            # open one back on close), so the pool's own reset would only add a ROLLBACK round
+            # trip per checkin (aiomysql sends it even on an idle connection).
+            kwargs: dict[str, Any] = {"pool_pre_ping": False, "pool_reset_on_return": None}
             if self.dialect_name == "sqlite":
                 kwargs["connect_args"] = {"timeout": self.ops.BUSY_TIMEOUT_MS / 1000}
             self._engine = create_async_engine(self.url, **kwargs)
@@ -398,9 +561,8 @@ class SqlConnection:
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A SQLAlchemy connection in a transaction that took the write lock first on SQLite
         (`BEGIN IMMEDIATE`); committed on success, rolled back on any exception."""
-        async with self.engine.connect() as connection:
-            async with connection.begin():
-                yield connection
+        async with self.engine.connect() as connection, connection.begin():
+            yield connection
 
     async def run_in_transaction(
         self, body: Callable[[AsyncConnection], Any], *, attempts: int = MAX_ATTEMPTS
@@ -430,7 +592,10 @@ class SqlConnection:
         await self.execute("SELECT 1")
 
     async def close(self) -> None:
-        """Close every connection; later calls fail with `StoreUnavailableError`."""
+        """Close every connection; later calls fail with `StoreUnavailableError`. Steps
+        already running finish, and their connections are closed when they return them."""
+        if self._closed:
+            return
         self._closed = True
         if self.dialect_name == "sqlite":
 
@@ -443,10 +608,13 @@ class SqlConnection:
             self._thread.shutdown(wait=False)
         else:
             idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            if self._available is not None:
+                async with self._available:
+                    self._available.notify_all()  # waiters for a connection fail now
             for raw in idle:
                 with contextlib.suppress(Exception):
                     await self.ops.close(raw)
-            self._open -= len(idle)
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
