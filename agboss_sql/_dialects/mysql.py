@@ -213,6 +213,11 @@ def is_retryable(exc: BaseException) -> bool:
     return _code(exc) in _RETRYABLE
 
 
+def is_busy(exc: BaseException) -> bool:
+    """SQLite's "database is locked"; a server waits on its own row locks instead."""
+    return False
+
+
 def is_unique_violation(exc: BaseException) -> bool:
     return _code(exc) == 1062
 

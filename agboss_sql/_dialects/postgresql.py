@@ -173,6 +173,11 @@ def is_retryable(exc: BaseException) -> bool:
     return sqlstate in ("40001", "40P01", "55P03")
 
 
+def is_busy(exc: BaseException) -> bool:
+    """SQLite's "database is locked"; a server waits on its own row locks instead."""
+    return False
+
+
 def is_unique_violation(exc: BaseException) -> bool:
     sqlstate = getattr(exc, "sqlstate", None) or getattr(
         getattr(exc, "orig", None), "sqlstate", None

@@ -132,6 +132,18 @@ def is_retryable(exc: BaseException) -> bool:
     return False
 
 
+def is_busy(exc: BaseException) -> bool:
+    """The database is locked by another connection's write: nothing was applied."""
+    orig = getattr(exc, "orig", exc)
+    if not isinstance(orig, sqlite3.OperationalError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    text = str(orig).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
 def is_unique_violation(exc: BaseException) -> bool:
     orig = getattr(exc, "orig", exc)
     return isinstance(orig, sqlite3.IntegrityError) and "UNIQUE" in str(orig)
@@ -238,3 +250,49 @@ def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
         f"meta_alt_type{index}": kinds[1],
         f"meta_value{index}": compared,
     }
+
+
+def inline_aiosqlite_creator(path: str) -> Any:
+    """An `async_creator` for SQLAlchemy's aiosqlite dialect whose connections run each call
+    inline on the event loop's thread, instead of one hop per call to aiosqlite's worker
+    thread; a call that finds the database locked is retried after an async sleep (the
+    connection's busy timeout is 0), so the loop is never blocked waiting for the lock.
+    The worker thread still opens and closes the connection."""
+    import asyncio
+    import random
+
+    import aiosqlite
+
+    class InlineConnection(aiosqlite.Connection):
+        async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self._running or not self._connection:
+                raise ValueError("Connection closed")
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_busy(exc):
+                    raise
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + BUSY_TIMEOUT_MS / 1000
+            delay = 0.0005
+            while True:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as exc:
+                    if not is_busy(exc) or loop.time() >= deadline:
+                        raise
+                delay = min(delay * 2, 0.05)
+
+    def connector() -> sqlite3.Connection:
+        raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        raw.execute("PRAGMA busy_timeout = 0")
+        raw.execute("PRAGMA journal_mode = WAL")
+        raw.execute("PRAGMA synchronous = NORMAL")
+        raw.execute("PRAGMA foreign_keys = ON")
+        return raw
+
+    async def create() -> Any:
+        return await InlineConnection(connector, 64)
+
+    return create

@@ -2,10 +2,12 @@
 
 Statements are written once with SQLAlchemy Core and compiled once per
 dialect; each execution then goes straight to the async driver (psycopg,
-aiomysql) or, for SQLite, to the stdlib driver on the connection's own
+aiomysql) or, for SQLite, to the stdlib driver, inline on the event loop's
 thread. An atomic step is written once as a generator of statements
-(`Step`): on SQLite the whole step runs in one thread hop inside
-`BEGIN IMMEDIATE`; on a server each statement is one await on one pooled
+(`Step`): on SQLite the whole step runs inline, without a thread hop, inside
+`BEGIN IMMEDIATE` (a statement that finds the database locked by another
+connection is retried after an async sleep, so the loop never blocks on the
+write lock); on a server each statement is one await on one pooled
 connection, inside `BEGIN … COMMIT` when the step needs a transaction. A
 single-statement operation is sent alone, in autocommit: no `BEGIN`/`COMMIT`
 round trips around it.
@@ -19,8 +21,8 @@ unless noted:
 
 - `execute(statement)`, `insert_if_absent(statement)`, `ping()`: the statement
   alone, in autocommit. No `BEGIN`/`COMMIT` (SQLite runs it in its implicit
-  transaction; a writer blocked by another connection's write lock waits up to
-  the busy timeout).
+  transaction; a writer blocked by another connection's write lock waits, with
+  async sleeps, up to the busy timeout).
 - `run(step)` (`transaction=True`): `BEGIN` (SQLite `BEGIN IMMEDIATE`, which
   takes the write lock first), the step's statements, `COMMIT`; when the step
   or a statement raises, `ROLLBACK` instead of `COMMIT` (none after a
@@ -45,9 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import threading
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -182,9 +182,8 @@ class SqlConnection:
                 )
             Path(database_path).parent.mkdir(parents=True, exist_ok=True)
             self._sqlite_path = database_path
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agboss-sqlite")
             self._sqlite_raw: Any = None
-            self._sqlite_lock = threading.Lock()
+            self._sqlite_gate: asyncio.Lock | None = None
         else:
             self.is_mariadb: bool | None = None
             self._idle: list[Any] = []
@@ -305,29 +304,70 @@ class SqlConnection:
     def _safe_url(self) -> str:
         return self.url.render_as_string(hide_password=True)
 
-    # SQLite: the whole step in one hop to the connection's thread.
+    # SQLite: the whole step inline, on the event loop's own thread.
+    #
+    # A SQLite statement costs tens of microseconds, less than a hop to another thread and
+    # back, so the step runs right here, to the end, without yielding. The one wait SQLite
+    # has is for the write lock (another connection's write transaction): the connection's
+    # busy timeout is 0, and a busy statement is retried after an async sleep, so the loop
+    # keeps serving the other connections, in this process too, while it waits.
 
     def _sqlite_connection(self) -> Any:
         if self._sqlite_raw is None:
             try:
-                self._sqlite_raw = self.ops.connect_sync(self._sqlite_path)
+                raw = self.ops.connect_sync(self._sqlite_path)
+                raw.execute("PRAGMA busy_timeout = 0")
             except Exception as exc:
                 raise StoreUnavailableError(
                     f"cannot open {self._sqlite_path!r}: {type(exc).__name__}: {exc}"
                 ) from exc
+            self._sqlite_raw = raw
         return self._sqlite_raw
 
-    def _drive_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
-        if self._closed:
-            raise StoreUnavailableError("the connection is closed")
-        raw = self._sqlite_connection()
-        execute_sync = self.ops.execute_sync
-        listeners = self._listeners
-        if transaction:
-            if listeners:
-                self._notify(self.ops.BEGIN, {})
-            raw.execute(self.ops.BEGIN)
+    async def _sqlite_execute(
+        self, raw: Any, sql: str, params: Mapping[str, Any] | None
+    ) -> tuple[list[Any] | None, int]:
+        """One statement; while the database is busy, wait (asynchronously) and send it again:
+        a busy statement applied nothing."""
         try:
+            return self.ops.execute_sync(raw, sql, params)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if not self.ops.is_busy(exc):
+                raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ops.BUSY_TIMEOUT_MS / 1000
+        delay = 0.0005
+        while True:
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            try:
+                return self.ops.execute_sync(raw, sql, params)  # type: ignore[no-any-return]
+            except Exception as exc:
+                if not self.ops.is_busy(exc) or loop.time() >= deadline:
+                    raise
+            delay = min(delay * 2, 0.05)
+
+    async def _run_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
+        if self._sqlite_gate is None:
+            self._sqlite_gate = asyncio.Lock()
+        # Steps of this connection never interleave (a step may wait for the write lock).
+        async with self._sqlite_gate:
+            if self._closed:
+                raise StoreUnavailableError("the connection is closed")
+            answer = await self._drive_sqlite(step, transaction, progress)
+        # A step that found the database free never suspended: give the loop one turn, so a
+        # caller looping over store calls cannot starve the rest (a lease renewal, say).
+        await asyncio.sleep(0)
+        return answer
+
+    async def _drive_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
+        raw = self._sqlite_connection()
+        execute = self._sqlite_execute
+        listeners = self._listeners
+        try:
+            if transaction:
+                if listeners:
+                    self._notify(self.ops.BEGIN, {})
+                await execute(raw, self.ops.BEGIN, None)
             result: Result | None = None
             while True:
                 try:
@@ -339,14 +379,14 @@ class SqlConnection:
                 params = self._params(compiled, request.params)
                 if listeners:
                     self._notify(compiled.sql, params)
-                rows, count = execute_sync(raw, compiled.sql, params)
+                rows, count = await execute(raw, compiled.sql, params)
                 progress.applied += 1
                 result = Result(rows, count)
             if transaction:
                 if listeners:
                     self._notify("COMMIT", {})
                 progress.committing = True
-                raw.execute("COMMIT")
+                await execute(raw, "COMMIT", None)
         except BaseException:
             step.close()
             if raw.in_transaction:
@@ -361,14 +401,6 @@ class SqlConnection:
                         raw.close()
             raise
         return answer
-
-    async def _run_sqlite(self, step: Step[T], transaction: bool, progress: _Progress) -> T:
-        if self._closed:
-            raise StoreUnavailableError("the connection is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._thread, self._drive_sqlite, step, transaction, progress
-        )
 
     # Servers: one pooled raw connection per step.
 
@@ -551,7 +583,9 @@ class SqlConnection:
             # trip per checkin (aiomysql sends it even on an idle connection).
             kwargs: dict[str, Any] = {"pool_pre_ping": False, "pool_reset_on_return": None}
             if self.dialect_name == "sqlite":
-                kwargs["connect_args"] = {"timeout": self.ops.BUSY_TIMEOUT_MS / 1000}
+                # Each call inline on the loop's thread, a locked database waited for with
+                # async sleeps: no thread hop per statement of the work's transaction.
+                kwargs["async_creator"] = self.ops.inline_aiosqlite_creator(self._sqlite_path)
             self._engine = create_async_engine(self.url, **kwargs)
             if self.dialect_name == "sqlite":
                 _sqlite_begin_immediate(self._engine)
@@ -598,14 +632,9 @@ class SqlConnection:
             return
         self._closed = True
         if self.dialect_name == "sqlite":
-
-            def _close() -> None:
-                raw, self._sqlite_raw = self._sqlite_raw, None
-                if raw is not None:
-                    raw.close()
-
-            await asyncio.get_running_loop().run_in_executor(self._thread, _close)
-            self._thread.shutdown(wait=False)
+            raw, self._sqlite_raw = self._sqlite_raw, None
+            if raw is not None:
+                raw.close()
         else:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
@@ -634,14 +663,8 @@ def _sqlite_begin_immediate(engine: AsyncEngine) -> None:
     """Make the engine's transactions `BEGIN IMMEDIATE` (pysqlite's own BEGIN is deferred
     and would take the write lock only at the first write)."""
 
-    @sa.event.listens_for(engine.sync_engine, "connect")
-    def _connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.execute("PRAGMA busy_timeout = 10000")
-        cursor.execute("PRAGMA synchronous = NORMAL")
-        cursor.close()
+    # The connections come from `inline_aiosqlite_creator`: no implicit transactions, WAL,
+    # busy timeout 0 (a locked database is waited for with async sleeps).
 
     @sa.event.listens_for(engine.sync_engine, "begin")
     def _begin(connection: Any) -> None:
