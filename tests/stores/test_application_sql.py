@@ -117,3 +117,43 @@ async def test_instances_see_each_others_leases(sql_url: str, sql: SqlConnection
         assert second is not None and second.lease_epoch == 2
         assert second.taken_over_from is not None
         assert second.taken_over_from.instance_id == a.instance_id
+
+
+async def test_instances_see_each_others_effects(sql_url: str, sql: SqlConnection) -> None:
+    from typing import Any
+
+    from agboss_sql.contracts import (
+        ExecutionContext,
+        ExecutionFencedError,
+        FencedEffectRepository,
+        StepRef,
+        fenced_effect_key_of,
+    )
+    from agboss_sql.testing.database import committed_business_rows, insert_business_row
+
+    template = Application("support", providers=sql_stores())
+    async with instances(template, n=2, url=sql_url) as cluster:
+        a, b = cluster.apps
+        first = await a.store(ExecutionLeaseRepository).acquire("t", "root-2", 30_000)
+        assert first is not None
+        step = StepRef("root-2", "step-1", "charge")
+
+        def key(lease: Any) -> Any:
+            return fenced_effect_key_of(
+                ExecutionContext("t", "root-2", "root-2", lease, step), "pay"
+            )
+
+        async def work(tx: Any) -> str:
+            await insert_business_row(tx, "charged")
+            return "paid"
+
+        done = await a.store(FencedEffectRepository).save_result_if_absent(key(first), work)
+        assert (done.value, done.replayed) == ("paid", False)
+        await cluster.clock.advance(30_000)
+        second = await b.store(ExecutionLeaseRepository).acquire("t", "root-2", 30_000)
+        assert second is not None
+        replay = await b.store(FencedEffectRepository).save_result_if_absent(key(second), work)
+        assert (replay.value, replay.replayed) == ("paid", True)
+        with pytest.raises(ExecutionFencedError):
+            await a.store(FencedEffectRepository).save_result_if_absent(key(first), work)
+        assert await committed_business_rows(sql) == ["charged"]

@@ -1,0 +1,202 @@
+"""The interleaving explorer: a deterministic scheduler over a store set's fencing stores.
+
+Simulated instances take, renew, yield, reclaim, release and finish a tree's
+lease, ask `lease_state_of`, write the step's fenced effect and move an
+outbound call through its protocol (read the intent, record it, reconcile,
+claim the next attempt, send, end it), with time advancing as a scheduled step
+of its own. Each operation is sent only once the store answered the one
+before, so the order the explorer chose is the order the store sees, for any
+store. Four worlds: the lease; the step's fenced effect; an outbound call
+handed over on one tree; an outbound call under one business key from two
+trees. Each runs both orders of its two-outcome races, every schedule of two
+instances to `depth` (each state explored once, at the fewest steps that reach
+it) and seeded walks of three instances, with the other instances' clocks
+skewed by +-lease/2, +-lease and +-10 x lease while the store decides by the
+run's time (a search under one skew stands for all six when no store ever read
+its instance's own clock: the others would be the same search). After every step it checks `one-live-holder`, `no-stale-write`,
+`one-effect-per-key`, `one-send-per-business-key`,
+`no-takeover-of-finished-work` and `store-error`, and prints a failure as its
+minimal schedule, each step with what the store answered.
+
+    report = await explore(factories, world="lease", reset=reset)
+
+`store_conformance` registers it on its test class with `register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agboss_sql.testing.contracts._case import BusinessRows
+from agboss_sql.testing.contracts._errors import INVALID_OPTION, StoreConformanceError
+from agboss_sql.testing.explorer._races import RACE_OUTCOME, RACES
+from agboss_sql.testing.explorer._search import (
+    DEFAULT_DEPTH,
+    DEFAULT_SEED,
+    DEFAULT_TIME_LIMIT_S,
+    DEFAULT_WALK_DEPTH,
+    DEFAULT_WALKS,
+    OPTED_OUT_NOTE,
+    SEED_ENV,
+    ExplorerReport,
+    InterleavingFailure,
+    InterleavingTimeLimitError,
+    Reset,
+    StoreFactoryLike,
+    explore,
+    resolve_seed,
+)
+from agboss_sql.testing.explorer._sim import INVARIANTS, LEASE_MS, SKEWS, WORLDS
+
+OPTIONS = ("depth", "walks", "walk_depth", "seed", "time_limit")
+"""The keys of `interleavings={...}`."""
+
+
+def options_of(interleavings: Mapping[str, Any] | bool | None) -> dict[str, Any] | None:
+    """The explorer's options with their defaults, or `None` when `interleavings` is False.
+    An unknown key is `[store-conformance.invalid-option]`."""
+    if interleavings is False:
+        return None
+    given: Mapping[str, Any] = {} if interleavings in (None, True) else interleavings  # type: ignore[assignment]
+    if not isinstance(given, Mapping):
+        raise StoreConformanceError.of(
+            INVALID_OPTION,
+            f"interleavings is a dict of {', '.join(OPTIONS)}, or False; got {interleavings!r}",
+        )
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise StoreConformanceError.of(
+            INVALID_OPTION,
+            f"interleavings has no option {', '.join(map(repr, unknown))}: its options are "
+            f"{', '.join(OPTIONS)}",
+        )
+    return {
+        "depth": given.get("depth", DEFAULT_DEPTH),
+        "walks": given.get("walks", DEFAULT_WALKS),
+        "walk_depth": given.get("walk_depth", DEFAULT_WALK_DEPTH),
+        "seed": resolve_seed(given.get("seed")),
+        "time_limit": given.get("time_limit", DEFAULT_TIME_LIMIT_S),
+    }
+
+
+def register(
+    cls: type[Any],
+    *,
+    name: str,
+    factories: Mapping[str, StoreFactoryLike],
+    reset: Reset | None = None,
+    business_rows: BusinessRows | None = None,
+    interleavings: Mapping[str, Any] | bool | None = None,
+    accept_without_double_charge_protection: bool = False,
+) -> list[str]:
+    """Add the explorer's cases to the pytest class `cls`, for each world the set can run
+    (a lease store; the fenced-effect world also needs the fenced-effect store, the
+    outbound-call worlds the outbound-call store): `test_interleavings__<world>__exhaustive`
+    (its races and its exhaustive search) and `test_interleavings__<world>__walks_seed_<seed>`
+    (its walks), each async on the event loop scope of the class's store set (a
+    `store_conformance` class), else the session's. `interleavings` is
+    `{depth, walks, walk_depth, seed, time_limit}` (defaults 8, 200, 30, then
+    `AGBOSS_EXPLORER_SEED` or 533, 480 s) or False (nothing is added). A world whose fencing
+    store opted out of the lease check fails with `[store-conformance.opted-out-store]`, or
+    is skipped when the opt-out is accepted. The names added."""
+    options = options_of(interleavings)
+    if options is None or "execution_lease" not in factories:
+        return []
+    import pytest
+
+    added: list[str] = []
+    seed = options["seed"]
+    # A conformance class runs its cases on its set's event loop scope; others on the session's.
+    loop_scope = getattr(getattr(cls, "store_set", None), "loop_scope", "session")
+    for world in WORLDS.values():
+        if any(key not in factories for key in world.needs):
+            continue
+        cases = []
+        if options["depth"]:
+            cases.append((f"test_interleavings__{world.ident}__exhaustive", False))
+        if options["walks"]:
+            cases.append((f"test_interleavings__{world.ident}__walks_seed_{seed}", True))
+        for method_name, walks_only in cases:
+            test = _case(
+                world.ident,
+                walks_only,
+                name=name,
+                factories=factories,
+                reset=reset,
+                business_rows=business_rows,
+                options=options,
+                accept=accept_without_double_charge_protection,
+            )
+            test.__name__ = method_name
+            test.__qualname__ = f"{cls.__qualname__}.{method_name}"
+            test.__module__ = cls.__module__
+            setattr(cls, method_name, pytest.mark.asyncio(loop_scope=loop_scope)(test))
+            added.append(method_name)
+    return added
+
+
+def _case(
+    world: str,
+    walks_only: bool,
+    *,
+    name: str,
+    factories: Mapping[str, StoreFactoryLike],
+    reset: Reset | None,
+    business_rows: BusinessRows | None,
+    options: dict[str, Any],
+    accept: bool,
+) -> Any:
+    title = WORLDS[world].title
+
+    async def test(self: Any) -> None:
+        import pytest
+
+        report = await explore(
+            factories,
+            world=world,
+            depth=0 if walks_only else options["depth"],
+            walks=options["walks"] if walks_only else 0,
+            walk_depth=options["walk_depth"],
+            seed=options["seed"],
+            time_limit=options["time_limit"],
+            reset=reset,
+            business_rows=business_rows,
+            name=name,
+            accept_without_double_charge_protection=accept,
+        )
+        if report.skipped:
+            pytest.skip(report.skipped)
+        print(report.summary())
+
+    kind = (
+        f"{options['walks']} seeded walks of three instances (seed {options['seed']})"
+        if walks_only
+        else f"its races in both orders and every schedule of two instances to depth {options['depth']}"
+    )
+    test.__doc__ = f"interleavings ({name}): the {title}, {kind}."
+    return test
+
+
+__all__ = [
+    "DEFAULT_DEPTH",
+    "DEFAULT_SEED",
+    "DEFAULT_TIME_LIMIT_S",
+    "DEFAULT_WALKS",
+    "DEFAULT_WALK_DEPTH",
+    "INVARIANTS",
+    "LEASE_MS",
+    "OPTED_OUT_NOTE",
+    "OPTIONS",
+    "RACES",
+    "RACE_OUTCOME",
+    "SEED_ENV",
+    "SKEWS",
+    "WORLDS",
+    "ExplorerReport",
+    "InterleavingFailure",
+    "InterleavingTimeLimitError",
+    "explore",
+    "options_of",
+    "register",
+]

@@ -1,0 +1,296 @@
+"""Both orders of every two-outcome race, each checked against the contract's outcome.
+
+A race is a set-up, two sides (each one or more steps), and what the contract
+answers to each step when the first side goes first and when the second does.
+The explorer sends one operation at a time, so "first" is exactly the order the
+store sees. Every step is also checked against the invariants, as in a search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agboss_sql.testing.explorer._sim import (
+    ACQUIRE,
+    CLAIM,
+    EFFECT,
+    END,
+    FINISH,
+    LEASE_MS,
+    LEASE_STATE_OF,
+    NO_STALE_WRITE,
+    NO_TAKEOVER_OF_FINISHED_WORK,
+    ONE_LIVE_HOLDER,
+    ONE_SEND_PER_BUSINESS_KEY,
+    READ,
+    RECONCILE,
+    RECORD,
+    RELEASE,
+    RENEW,
+    TIME,
+    WAIT_EXPIRY,
+    Action,
+)
+
+RACE_OUTCOME = "race-outcome"
+"""The rule a race breaks when a store refuses what the contract grants it (no safety
+invariant is broken, but the store does not keep the contract)."""
+
+REFUSED = "refused"
+
+Expect = tuple[str | None, str]
+"""What the contract answers to one step (`None`: anything), and the invariant a store
+breaks by answering otherwise."""
+
+
+def _any() -> Expect:
+    return (None, RACE_OUTCOME)
+
+
+def _is(answer: str, invariant: str = RACE_OUTCOME) -> Expect:
+    return (answer, invariant)
+
+
+FIRST = f"epoch 1, {LEASE_MS} ms left"
+NEXT = f"epoch 2, {LEASE_MS} ms left"
+TAKEOVER = f"epoch 2, {LEASE_MS} ms left, taken over from instance-1 at 1"
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a race: a label and its steps."""
+
+    label: str
+    steps: tuple[Action, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Race:
+    """A two-outcome race of one world."""
+
+    name: str
+    world: str
+    setup: tuple[tuple[Action, Expect], ...]
+    first: Side
+    second: Side
+    first_first: tuple[Expect, ...]
+    """The contract's answers when `first` goes first: its steps, `second`'s, `after`'s."""
+    second_first: tuple[Expect, ...]
+    """The contract's answers when `second` goes first: its steps, `first`'s, `after`'s."""
+    after: tuple[Action, ...] = ()
+    needs_lease_state_of: bool = False
+
+    def orders(self) -> tuple[tuple[str, tuple[Action, ...], tuple[Expect, ...]], ...]:
+        """Each order: its label, its steps after the set-up, and the contract's answers."""
+        return (
+            (
+                f"{self.first.label} first",
+                self.first.steps + self.second.steps + self.after,
+                self.first_first,
+            ),
+            (
+                f"{self.second.label} first",
+                self.second.steps + self.first.steps + self.after,
+                self.second_first,
+            ),
+        )
+
+
+def matches(answer: str, expected: str | None) -> bool:
+    """The store's answer is the contract's (a refusal of any reason matches "refused")."""
+    if expected is None:
+        return True
+    return answer == expected or (expected == REFUSED and answer.startswith(REFUSED + " ("))
+
+
+def _a(index: int, op: str, param: int = 0) -> Action:
+    return (index, op, param)
+
+
+_WAIT = _a(TIME, WAIT_EXPIRY)
+_TAKEN_PAST_LEASE = ((_a(0, ACQUIRE), _is(FIRST)), (_WAIT, _any()))
+
+RACES: tuple[Race, ...] = (
+    # --- the lease ---
+    Race(
+        "finish vs a take past the lease",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("finish", (_a(0, FINISH),)),
+        Side("take", (_a(1, ACQUIRE),)),
+        (_is("finished"), _is(REFUSED, NO_TAKEOVER_OF_FINISHED_WORK)),
+        (_is(TAKEOVER), _is(REFUSED, NO_STALE_WRITE)),
+    ),
+    Race(
+        "release vs a take past the lease",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("release", (_a(0, RELEASE),)),
+        Side("take", (_a(1, ACQUIRE),)),
+        (_is("released"), _is(NEXT)),
+        (_is(TAKEOVER), _is(REFUSED, NO_STALE_WRITE)),
+    ),
+    Race(
+        "release vs a take of a live lease",
+        "lease",
+        ((_a(0, ACQUIRE), _is(FIRST)),),
+        Side("release", (_a(0, RELEASE),)),
+        Side("take", (_a(1, ACQUIRE),)),
+        (_is("released"), _is(NEXT)),
+        (_is(REFUSED, ONE_LIVE_HOLDER), _is("released")),
+    ),
+    Race(
+        "lease_state_of vs a take past the lease",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
+        Side("take", (_a(1, ACQUIRE),)),
+        (_is("superseded"), _is(TAKEOVER)),
+        (_is(TAKEOVER), _is("superseded")),
+        needs_lease_state_of=True,
+    ),
+    Race(
+        "lease_state_of vs finish past the lease",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
+        Side("finish", (_a(0, FINISH),)),
+        (_is("superseded"), _is(REFUSED, NO_STALE_WRITE)),
+        (_is("finished"), _is("finished")),
+        needs_lease_state_of=True,
+    ),
+    Race(
+        "lease_state_of vs a late renewal",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
+        Side("renewal", (_a(0, RENEW),)),
+        (_is("superseded"), _is("over", NO_STALE_WRITE)),
+        (_is("over", NO_STALE_WRITE), _is("superseded")),
+        needs_lease_state_of=True,
+    ),
+    Race(
+        "two takes past the lease",
+        "lease",
+        _TAKEN_PAST_LEASE,
+        Side("instance-1's take", (_a(0, ACQUIRE),)),
+        Side("instance-2's take", (_a(1, ACQUIRE),)),
+        (_is(TAKEOVER), _is(REFUSED, ONE_LIVE_HOLDER)),
+        (_is(TAKEOVER), _is(REFUSED, ONE_LIVE_HOLDER)),
+    ),
+    # --- the step's fenced effect ---
+    Race(
+        "a write vs its lease's hand-over",
+        "fenced_effect",
+        ((_a(0, ACQUIRE), _is(FIRST)),),
+        Side("write", (_a(0, EFFECT),)),
+        Side("hand-over", (_a(0, RELEASE), _a(1, ACQUIRE))),
+        (_is("written"), _is("released"), _is(NEXT), _is("replayed")),
+        (_is("released"), _is(NEXT), _is(REFUSED, NO_STALE_WRITE), _is("written")),
+        after=(_a(1, EFFECT),),
+    ),
+    Race(
+        "a zombie's write vs the takeover",
+        "fenced_effect",
+        _TAKEN_PAST_LEASE,
+        Side("write", (_a(0, EFFECT),)),
+        Side("takeover", (_a(1, ACQUIRE),)),
+        (_is(REFUSED, NO_STALE_WRITE), _is(TAKEOVER), _is("written")),
+        (_is(TAKEOVER), _is(REFUSED, NO_STALE_WRITE), _is("written")),
+        after=(_a(1, EFFECT),),
+    ),
+    # --- an outbound call handed over on one tree ---
+    Race(
+        "a claim vs its lease's hand-over",
+        "outbound_call_handover",
+        (
+            (_a(0, ACQUIRE), _is(FIRST)),
+            (_a(0, RECORD), _is("created, pending attempt 0 of tree-1 at 1")),
+        ),
+        Side("claim", (_a(0, CLAIM),)),
+        Side("hand-over", (_a(0, RELEASE), _a(1, ACQUIRE))),
+        (_is("claimed attempt 1"), _is("released"), _is(NEXT)),
+        (_is("released"), _is(NEXT), _is(REFUSED, NO_STALE_WRITE)),
+    ),
+    Race(
+        "an ending vs a newer claim after a hand-over",
+        "outbound_call_handover",
+        (
+            (_a(0, ACQUIRE), _is(FIRST)),
+            (_a(0, RECORD), _is("created, pending attempt 0 of tree-1 at 1")),
+            (_a(0, CLAIM), _is("claimed attempt 1")),
+            (_WAIT, _any()),
+            (_a(1, ACQUIRE), _is(TAKEOVER)),
+            (_a(1, READ), _is("pending attempt 1 of tree-1 at 1")),
+            (
+                _a(1, RECONCILE),
+                _is("lease_state_of tree-1 at 1: superseded; the other system never got it"),
+            ),
+        ),
+        Side("ending", (_a(0, END),)),
+        Side("newer claim", (_a(1, CLAIM),)),
+        (_is(REFUSED, NO_STALE_WRITE), _is("claimed attempt 2")),
+        (_is("claimed attempt 2"), _is(REFUSED, NO_STALE_WRITE)),
+    ),
+    # --- an outbound call under one business key from two trees ---
+    Race(
+        "two executions recording one business key",
+        "outbound_call_business_key",
+        ((_a(0, ACQUIRE), _is(FIRST)), (_a(1, ACQUIRE), _is(FIRST))),
+        Side("tree-1's record", (_a(0, RECORD),)),
+        Side("tree-2's record", (_a(1, RECORD),)),
+        (
+            _is("created, pending attempt 0 of tree-1 at 1"),
+            _is("found, pending attempt 0 of tree-1 at 1", ONE_SEND_PER_BUSINESS_KEY),
+        ),
+        (
+            _is("created, pending attempt 0 of tree-2 at 1"),
+            _is("found, pending attempt 0 of tree-2 at 1", ONE_SEND_PER_BUSINESS_KEY),
+        ),
+    ),
+    Race(
+        "two claims of one attempt",
+        "outbound_call_business_key",
+        (
+            (_a(0, ACQUIRE), _is(FIRST)),
+            (_a(1, ACQUIRE), _is(FIRST)),
+            (_a(0, RECORD), _is("created, pending attempt 0 of tree-1 at 1")),
+            (_a(1, READ), _is("pending attempt 0 of tree-1 at 1")),
+        ),
+        Side("tree-1's claim", (_a(0, CLAIM),)),
+        Side("tree-2's claim", (_a(1, CLAIM),)),
+        (_is("claimed attempt 1"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+        (_is("claimed attempt 1"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+    ),
+    Race(
+        "an ending vs a newer claim",
+        "outbound_call_business_key",
+        (
+            (_a(0, ACQUIRE), _is(FIRST)),
+            (_a(1, ACQUIRE), _is(FIRST)),
+            (_a(0, RECORD), _is("created, pending attempt 0 of tree-1 at 1")),
+            (_a(0, CLAIM), _is("claimed attempt 1")),
+            (_a(1, READ), _is("pending attempt 1 of tree-1 at 1")),
+        ),
+        Side("ending", (_a(0, END),)),
+        Side("newer claim", (_a(1, CLAIM),)),
+        (_is("completed"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+        (_is("claimed attempt 2"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+    ),
+)
+"""Both orders of every two-outcome race: finish vs take past the lease, release vs take,
+lease_state_of vs take and vs finish (and vs a late renewal), a write vs its lease's
+hand-over, two claims of one attempt, an ending vs a newer claim, two executions recording
+one business key, a claim vs its hand-over."""
+
+
+def races_of(world: str, *, lease_state_of: bool) -> list[Race]:
+    """The races of `world` a set can run (`lease_state_of` needs the outbound-call store)."""
+    return [
+        race
+        for race in RACES
+        if race.world == world and (lease_state_of or not race.needs_lease_state_of)
+    ]
+
+
+__all__ = ["RACES", "RACE_OUTCOME", "Race", "Side", "matches", "races_of"]

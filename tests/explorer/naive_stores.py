@@ -1,0 +1,273 @@
+"""Naive store sets the explorer must catch, each on the invariant it breaks.
+
+Each is the in-memory reference set with one deliberate mistake, the kind a store
+author makes: leases on the caller's clock, a lease live through its expiry
+instant, a renewal whatever the time, a renewal from the old end, a finish that
+only releases, a reclaim that keeps the epoch, calls keyed by the step only, a
+claim that does not compare, effects that trust the current token, effects on
+the caller's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agboss_sql.contracts.clocks import StoreClock, remaining_of
+from agboss_sql.contracts.types import (
+    AttemptRef,
+    ExecutionLease,
+    FencedEffectKey,
+    FencedEffectResult,
+    JsonValue,
+    LeaseHolder,
+    OutboundCall,
+    OutboundCallSaved,
+)
+from agboss_sql.memory import (
+    InMemoryBackend,
+    InMemoryExecutionLeaseRepository,
+    InMemoryFencedEffectRepository,
+    InMemoryOutboundCallRepository,
+    InMemoryTransaction,
+)
+from agboss_sql.memory._fencing import store_now
+from agboss_sql.memory.backend import LeaseRow
+from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory
+
+T = TypeVar("T")
+
+
+class NaiveLeases(InMemoryExecutionLeaseRepository):
+    """The reference lease store with one of its rules broken (class attributes say which)."""
+
+    live_through_expiry = False
+    """A lease is live while `expires_at >= now`: through its expiry instant."""
+    renew_whatever_the_time = False
+    """A renewal never checks that the lease is still live."""
+    renew_from_old_end = False
+    """A renewal extends from the old end: `expires_at + lease_ms`."""
+    finish_only_releases = False
+    """`finish` sets released, never finished."""
+    reclaim_keeps_epoch = False
+    """`reclaim` gives the lease back at the same epoch."""
+
+    def _live(self, expires_at: int, now: int) -> bool:
+        return expires_at >= now if self.live_through_expiry else expires_at > now
+
+    async def acquire(
+        self, tenant_id: str, execution_id: str, lease_ms: int
+    ) -> ExecutionLease | None:
+        if not self.live_through_expiry:
+            return await super().acquire(tenant_id, execution_id, lease_ms)
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            key = (tenant_id, execution_id)
+            row = self.memory.leases.get(key)
+            if row is None:
+                row = LeaseRow(tenant_id, execution_id, self.instance_id, 1, now + lease_ms)
+                self.memory.leases[key] = row
+                return self._lease_of(row, now)
+            free = row.released or row.yielded or not self._live(row.expires_at, now)
+            if row.finished or not free:
+                return None
+            came = None
+            if not row.released and not row.yielded:
+                came = LeaseHolder(row.holder_instance_id, row.lease_epoch)
+            row.holder_instance_id = self.instance_id
+            row.lease_epoch += 1
+            row.expires_at = now + lease_ms
+            row.released = row.yielded = False
+            row.closed_reason = None
+            return self._lease_of(row, now, came)
+
+    async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            row = self._held(lease)
+            if row is None or row.released or row.yielded or row.finished:
+                return None
+            if not self.renew_whatever_the_time and not self._live(row.expires_at, now):
+                return None
+            if self.renew_from_old_end:
+                row.expires_at = row.expires_at + lease_ms
+            else:
+                row.expires_at = max(row.expires_at, now + lease_ms)
+            return remaining_of(row.expires_at, now)
+
+    async def yield_lease(self, lease: ExecutionLease) -> bool:
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            row = self._held(lease)
+            if row is None or row.released or row.yielded or row.finished:
+                return False
+            if not self._live(row.expires_at, now):
+                return False
+            row.yielded = True
+            return True
+
+    async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
+        async with self.memory.atomic():
+            now = store_now(self.store_clock)
+            row = self._held(lease)
+            if row is None or not row.yielded or row.released or row.finished:
+                return None
+            if not self._live(row.expires_at, now):
+                return None
+            if not self.reclaim_keeps_epoch:
+                row.lease_epoch += 1
+            row.yielded = False
+            row.expires_at = now + lease_ms
+            return self._lease_of(row, now)
+
+    async def finish(self, lease: ExecutionLease) -> bool:
+        if not self.finish_only_releases:
+            return await super().finish(lease)
+        return await super().release(lease)
+
+
+class LiveThroughExpiry(NaiveLeases):
+    live_through_expiry = True
+
+
+class RenewWhateverTheTime(NaiveLeases):
+    renew_whatever_the_time = True
+
+
+class RenewFromOldEnd(NaiveLeases):
+    renew_from_old_end = True
+
+
+class FinishOnlyReleases(NaiveLeases):
+    finish_only_releases = True
+
+
+class ReclaimKeepsEpoch(NaiveLeases):
+    reclaim_keeps_epoch = True
+
+
+class CallsKeyedByStep(InMemoryOutboundCallRepository):
+    """Outbound calls whose row is the step's, whatever the business key: two trees under
+    one business key each get a row of their own."""
+
+    @staticmethod
+    def _step_key(key: FencedEffectKey) -> FencedEffectKey:
+        return dataclasses.replace(key, business_key=None, fingerprint=None)
+
+    async def get(self, key: FencedEffectKey) -> OutboundCall | None:
+        return await super().get(self._step_key(key))
+
+    async def save_if_absent(
+        self, key: FencedEffectKey, intent: JsonValue, recorded_at: int
+    ) -> OutboundCallSaved:
+        return await super().save_if_absent(self._step_key(key), intent, recorded_at)
+
+    async def mark_pending(self, key: FencedEffectKey, expected: AttemptRef, owner: str) -> bool:
+        return await super().mark_pending(self._step_key(key), expected, owner)
+
+    async def mark_completed(
+        self, key: FencedEffectKey, attempt: AttemptRef, response: JsonValue
+    ) -> bool:
+        return await super().mark_completed(self._step_key(key), attempt, response)
+
+    async def mark_failed(
+        self, key: FencedEffectKey, attempt: AttemptRef, error: JsonValue
+    ) -> bool:
+        return await super().mark_failed(self._step_key(key), attempt, error)
+
+
+class ClaimWithoutCompare(InMemoryOutboundCallRepository):
+    """A claim that takes the next attempt whatever attempt the caller read."""
+
+    async def mark_pending(self, key: FencedEffectKey, expected: AttemptRef, owner: str) -> bool:
+        current = await self.get(key)
+        if current is None:
+            return False
+        return await super().mark_pending(key, current.attempt_ref, owner)
+
+
+class EffectsTrustCurrentToken(InMemoryFencedEffectRepository):
+    """Fenced effects checked against whatever token the lease is at now, not the key's."""
+
+    async def save_result_if_absent(
+        self, key: FencedEffectKey, work: Callable[[InMemoryTransaction], Awaitable[T]]
+    ) -> FencedEffectResult[T]:
+        row = self.memory.leases.get((key.tenant_id, key.lease_execution_id))
+        if row is not None:
+            key = dataclasses.replace(key, token=row.lease_epoch)
+        return await super().save_result_if_absent(key, work)
+
+
+@dataclass
+class MemorySet:
+    """An in-memory store set on one backend, as `explore` takes it."""
+
+    backend: InMemoryBackend
+    factories: dict[str, Any]
+
+    async def reset(self) -> None:
+        self.backend.reset()
+
+    @property
+    def business_rows(self) -> BusinessRows:
+        backend = self.backend
+
+        async def insert(tx: Any, row: str) -> None:
+            tx.insert(row)
+
+        async def committed() -> list[str]:
+            return list(backend.business_rows)
+
+        return BusinessRows(insert, committed)
+
+
+def memory_set(
+    *,
+    leases: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    effects: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    calls: Callable[[InMemoryBackend, Seam], Any] | None = None,
+) -> MemorySet:
+    """The in-memory reference set, with any of its fencing stores replaced."""
+    backend = InMemoryBackend()
+
+    def reference(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+        return lambda memory, seam: cls(memory, seam.store_clock, seam.application)
+
+    made = {
+        "execution_lease": leases or reference(InMemoryExecutionLeaseRepository),
+        "fenced_effect": effects or reference(InMemoryFencedEffectRepository),
+        "outbound_call": calls or reference(InMemoryOutboundCallRepository),
+    }
+    factories: dict[str, Any] = {
+        key: StoreFactory(instance=(lambda seam, make=make: make(backend, seam)))
+        for key, make in made.items()
+    }
+    return MemorySet(backend, factories)
+
+
+def on_callers_clock(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+    """A store deciding by its caller's own clock (`seam.clock`) instead of the store's."""
+    return lambda memory, seam: cls(memory, StoreClock(seam.clock), seam.application)
+
+
+def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+    return lambda memory, seam: cls(memory, seam.store_clock, seam.application)
+
+
+__all__ = [
+    "CallsKeyedByStep",
+    "ClaimWithoutCompare",
+    "EffectsTrustCurrentToken",
+    "FinishOnlyReleases",
+    "LiveThroughExpiry",
+    "MemorySet",
+    "NaiveLeases",
+    "ReclaimKeepsEpoch",
+    "RenewFromOldEnd",
+    "RenewWhateverTheTime",
+    "memory_set",
+    "naive",
+    "on_callers_clock",
+]
