@@ -677,6 +677,123 @@ class Bench:
         return rate
 
 
+def _numbers(n: int) -> Any:
+    """A derived table of the integers 0..n-1 (n a power of ten): a cross join of digits,
+    portable to all three databases and free of recursion limits."""
+    import sqlalchemy as sa
+
+    digits = sa.union_all(*(sa.select(sa.literal(d).label("d")) for d in range(10)))
+    places = max(1, len(str(n)) - 1)
+    tables = [digits.subquery(f"p{k}") for k in range(places)]
+    value = sum((t.c.d * (10**k) for k, t in enumerate(tables)), sa.literal(0))
+    query = sa.select(value.label("n"))
+    for table in tables:
+        query = query.select_from(table) if table is tables[0] else query.join(table, sa.true())
+    return query.subquery("numbers")
+
+
+async def fill_leases(connection: SqlConnection, n: int) -> None:
+    """`n` expired leases of other executions (one statement)."""
+    import sqlalchemy as sa
+
+    from agboss_sql.sql.schema import execution_leases as t
+
+    numbers = _numbers(n)
+    name = sa.literal("fill-") + sa.cast(numbers.c.n, sa.String)
+    columns: dict[str, Any] = {
+        "tenant_id": sa.literal("fill"),
+        "execution_id": name,
+        "holder_instance_id": sa.literal("x"),
+        "lease_epoch": sa.literal(1),
+        "expires_at": sa.literal(0),
+        "released": sa.false(),
+        "yielded": sa.false(),
+        "finished": sa.false(),
+        "fence_token": sa.literal(0),
+        "updated_at": sa.literal(0),
+    }
+    select = sa.select(*(v.label(k) for k, v in columns.items()))
+    await connection.execute(sa.insert(t).from_select(list(columns), select))
+
+
+async def fill_children(connection: SqlConnection, n: int) -> None:
+    """`n` children already claimed and finished, and as many more queued (one statement
+    each): the claim must find the queued ones by its index, not by a scan."""
+    import sqlalchemy as sa
+
+    from agboss_sql.sql.schema import child_executions as t
+
+    for status, prefix in (("finished", "done-"), ("queued", "wait-")):
+        numbers = _numbers(n)
+        columns: dict[str, Any] = {
+            "child_execution_id": sa.literal(prefix) + sa.cast(numbers.c.n, sa.String),
+            "tenant_id": sa.literal("fill"),
+            "root_execution_id": sa.literal("root"),
+            "parent_execution_id": sa.literal("parent-") + sa.cast(numbers.c.n % 1000, sa.String),
+            "depth": numbers.c.n % 4,
+            "status": sa.literal(status),
+            "attempt": sa.literal(1),
+            "queued_at": numbers.c.n,
+        }
+        select = sa.select(*(v.label(k) for k, v in columns.items()))
+        await connection.execute(sa.insert(t).from_select(list(columns), select))
+
+
+async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sys.stdout) -> str:
+    """p50 of a lease take and of a child claim with `size` rows already in the table, for
+    each size: the cost must stay flat (an index lookup, never a scan)."""
+    from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+    from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+    create_schema(url)
+    connection = SqlConnection(url)
+    leases = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+    queue = SqlChildExecutionQueueRepository(
+        connection, _SystemClockStub(), ApplicationContext("b")
+    )
+    rows: list[tuple[str, int, float]] = []
+    try:
+        for size in sizes:
+            await truncate_all(connection)
+            await fill_leases(connection, size)
+            # As autovacuum (or its peers) would have by now: plans from fresh statistics.
+            await connection.execute(connection.ops.analyze_sql("agboss_execution_leases"))
+
+            async def take(i: int, size: int = size) -> None:
+                assert await leases.acquire("t", f"s{size}-{i}", 30_000) is not None
+
+            _, p50, _ = await measure(take, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("lease.acquire", size, p50))
+            await truncate_all(connection)
+            await fill_children(connection, size)
+            await connection.execute(connection.ops.analyze_sql("agboss_child_executions"))
+
+            async def claim(_i: int) -> None:
+                assert await queue.claim("bench") is not None
+
+            _, p50, _ = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("child.claim", size, p50))
+    finally:
+        await truncate_all(connection)
+        await connection.close()
+    lines = [f"{'operation':<16} {'rows':>9} {'p50 ms':>8} {'vs smallest':>11} verdict"]
+    for name, size, p50 in rows:
+        base = next(p for n, s, p in rows if n == name and s == sizes[0])
+        ratio = p50 / base if base else 0.0
+        verdict = "pass" if ratio <= 1.5 else "short"
+        record = {
+            "operation": name,
+            "rows": size,
+            "p50_ms": round(p50, 3),
+            "ratio_to_smallest": round(ratio, 2),
+            "target": 1.5,
+            "verdict": verdict,
+        }
+        print(json.dumps(record), file=out, flush=True)
+        lines.append(f"{name:<16} {size:>9} {p50:>8.3f} {ratio:>11.2f} {verdict}")
+    return "\n".join(lines)
+
+
 def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> Callable[[], None]:
     """Count what goes through the SQLAlchemy engine too (a fenced effect's transaction and its
     work): each statement, each COMMIT/ROLLBACK, and PostgreSQL's BEGIN (psycopg sends it

@@ -281,6 +281,12 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", type=int, default=500, help="operations per run")
     parser.add_argument("--runs", type=int, default=3, help="runs (the median is reported)")
     parser.add_argument("--only", help="comma-separated operations, e.g. lease.acquire")
+    parser.add_argument(
+        "--scale",
+        metavar="ROWS",
+        help="instead: lease take and child claim p50 with ROWS rows already in the table "
+        "(comma-separated powers of ten, e.g. 1000,100000,1000000)",
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -288,6 +294,12 @@ def _bench(args: argparse.Namespace) -> int:
 
     from agboss_sql.bench import run_bench
 
+    if args.scale:
+        from agboss_sql.bench import run_scale
+
+        sizes = [int(size) for size in args.scale.split(",")]
+        print(asyncio.run(run_scale(database_url(args), sizes, ops=args.ops)))
+        return 0
     only = set(args.only.split(",")) if args.only else None
     print(asyncio.run(run_bench(database_url(args), ops=args.ops, runs=args.runs, only=only)))
     return 0

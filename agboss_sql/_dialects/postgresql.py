@@ -271,3 +271,8 @@ def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
 def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
     """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
     return {f"meta_key{index}": key, f"meta_value{index}": json.dumps(value)}
+
+
+def analyze_sql(table: str) -> str:
+    """The statement that refreshes the planner's statistics of `table`."""
+    return f"ANALYZE {table}"

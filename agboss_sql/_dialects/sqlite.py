@@ -296,3 +296,8 @@ def inline_aiosqlite_creator(path: str) -> Any:
         return await InlineConnection(connector, 64)
 
     return create
+
+
+def analyze_sql(table: str) -> str:
+    """The statement that refreshes the planner's statistics of `table`."""
+    return f"ANALYZE {table}"
