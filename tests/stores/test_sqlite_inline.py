@@ -1,0 +1,73 @@
+"""SQLite runs inline on the event loop: waiting for the write lock must never block it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agboss_sql.contracts import ApplicationContext, StoreClock
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+from agboss_sql.testing.database import insert_business_row
+
+
+@pytest.fixture
+def sqlite_only(sql: SqlConnection) -> SqlConnection:
+    if sql.dialect_name != "sqlite":
+        pytest.skip("SQLite's own execution model")
+    return sql
+
+
+async def test_a_writer_waiting_for_the_lock_leaves_the_loop_free(
+    sqlite_only: SqlConnection, new_connection: Callable[[], SqlConnection]
+) -> None:
+    holder, waiter = sqlite_only, new_connection()
+    leases = SqlExecutionLeaseRepository(waiter, StoreClock(), ApplicationContext("b"))
+    ticks = 0
+    holding = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async def hold_the_write_lock() -> None:
+        async with holder.transaction() as tx:  # BEGIN IMMEDIATE: the database's write lock
+            await insert_business_row(tx, "held")
+            holding.set()
+            await asyncio.sleep(0.3)
+
+    tick_task = asyncio.create_task(ticker())
+    hold = asyncio.create_task(hold_the_write_lock())
+    await holding.wait()
+    before = ticks
+    taken = await asyncio.gather(*(leases.acquire("t", f"e-{i}", 60_000) for i in range(20)))
+    after = ticks
+    await hold
+    tick_task.cancel()
+    assert all(lease is not None for lease in taken), "every take waited and then went through"
+    # The takes waited for the lock about 0.3 s; the loop kept turning all along.
+    assert after - before >= 20, f"the event loop was blocked while waiting ({after - before})"
+
+
+async def test_a_loop_of_calls_does_not_starve_other_tasks(sqlite_only: SqlConnection) -> None:
+    leases = SqlExecutionLeaseRepository(sqlite_only, StoreClock(), ApplicationContext("a"))
+    other_ran = 0
+
+    async def other() -> None:
+        nonlocal other_ran
+        while True:
+            other_ran += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    for i in range(200):
+        lease: Any = await leases.acquire("t", f"loop-{i}", 60_000)
+        assert lease is not None
+    task.cancel()
+    assert other_ran >= 100, f"a tight loop of store calls starved the other task ({other_ran})"
