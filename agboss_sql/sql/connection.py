@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -368,20 +368,7 @@ class SqlConnection:
                 if listeners:
                     self._notify(self.ops.BEGIN, {})
                 await execute(raw, self.ops.BEGIN, None)
-            result: Result | None = None
-            while True:
-                try:
-                    request = step.send(result) if result is not None else next(step)
-                except StopIteration as stop:
-                    answer: T = stop.value
-                    break
-                compiled = self.compiled(request.statement)
-                params = self._params(compiled, request.params)
-                if listeners:
-                    self._notify(compiled.sql, params)
-                rows, count = await execute(raw, compiled.sql, params)
-                progress.applied += 1
-                result = Result(rows, count)
+            answer = await self._feed(step, raw, execute, progress)
             if transaction:
                 if listeners:
                     self._notify("COMMIT", {})
@@ -513,20 +500,7 @@ class SqlConnection:
                 self._notify(ops.BEGIN, {})
             await ops.run_text(raw, ops.BEGIN)
         try:
-            result: Result | None = None
-            while True:
-                try:
-                    request = step.send(result) if result is not None else next(step)
-                except StopIteration as stop:
-                    answer: T = stop.value
-                    break
-                compiled = self.compiled(request.statement)
-                params = self._params(compiled, request.params)
-                if listeners:
-                    self._notify(compiled.sql, params)
-                rows, count = await execute(raw, compiled.sql, params)
-                progress.applied += 1
-                result = Result(rows, count)
+            answer = await self._feed(step, raw, execute, progress)
             if transaction:
                 if listeners:
                     self._notify("COMMIT", {})
@@ -546,10 +520,15 @@ class SqlConnection:
             raise
         return answer
 
-    async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
-        """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
-        transaction the caller holds open on it (for work that shares our transaction)."""
-        raw: Any = (await connection.get_raw_connection()).driver_connection
+    async def _feed(
+        self,
+        step: Step[T],
+        raw: Any,
+        execute: Callable[[Any, str, Mapping[str, Any] | None], Awaitable[tuple[Any, int]]],
+        progress: _Progress,
+    ) -> T:
+        """Drive `step`: send each statement it yields through `execute` on `raw`, and feed
+        its result back, until the step returns its answer."""
         listeners = self._listeners
         result: Result | None = None
         while True:
@@ -561,14 +540,16 @@ class SqlConnection:
             params = self._params(compiled, request.params)
             if listeners:
                 self._notify(compiled.sql, params)
-            if self.dialect_name == "sqlite":
-                cursor = await raw.execute(compiled.sql, params)
-                rows = await cursor.fetchall() if cursor.description is not None else None
-                count = cursor.rowcount
-                await cursor.close()
-            else:
-                rows, count = await self.ops.execute(raw, compiled.sql, params)
+            rows, count = await execute(raw, compiled.sql, params)
+            progress.applied += 1
             result = Result(list(rows) if rows is not None else None, count)
+
+    async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
+        """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
+        transaction the caller holds open on it (for work that shares our transaction)."""
+        raw: Any = (await connection.get_raw_connection()).driver_connection
+        execute = _aiosqlite_execute if self.dialect_name == "sqlite" else self.ops.execute
+        return await self._feed(step, raw, execute, _Progress())
 
     # --- SQLAlchemy engine, for work that wants an AsyncConnection -------------------------
 
@@ -650,6 +631,17 @@ class SqlConnection:
 
     def __repr__(self) -> str:
         return f"SqlConnection({self.url.render_as_string(hide_password=True)!r})"
+
+
+async def _aiosqlite_execute(
+    raw: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    cursor = await raw.execute(sql, params if params is not None else ())
+    try:
+        rows = await cursor.fetchall() if cursor.description is not None else None
+        return rows, cursor.rowcount
+    finally:
+        await cursor.close()
 
 
 def _single(statement: Any, params: Mapping[str, Any]) -> Callable[[], Step[Result]]:
