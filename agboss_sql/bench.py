@@ -188,7 +188,7 @@ class Bench:
             for name, case in self.cases():
                 if only and name not in only:
                     continue
-                await truncate_all(connection)
+                await fresh_tables(connection)
                 await case(connection, floor)
         finally:
             await floor.close()
@@ -505,10 +505,10 @@ class Bench:
 
         # The floor: the same fenced transaction, recorded from one of our own calls.
         recorded: list[tuple[str, Mapping[str, Any]]] = []
+        probe_lease = (await self._held_leases(connection, 1, "ob-probe"))[0]
         remove = connection.add_statement_listener(
             lambda sql, params: recorded.append((sql, dict(params)))
         )
-        probe_lease = (await self._held_leases(connection, 1, "ob-probe"))[0]
         try:
             await store.save_if_absent(self._key(probe_lease, 0, "pay"), {"amount": 0}, 0)
         finally:
@@ -599,12 +599,14 @@ class Bench:
     async def _enqueue(self, connection: SqlConnection, count: int, prefix: str) -> None:
         from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
 
-        await truncate_all(connection)
+        await fresh_tables(connection)
         queue = SqlChildExecutionQueueRepository(
             connection, _SystemClockStub(), ApplicationContext("bench")
         )
         for i in range(count):
             await queue.enqueue(QueuedChild("t", "root", "parent", f"{prefix}-{i}", i % 4))
+        # Fresh planner statistics, as autovacuum (or its peers) would have in steady state.
+        await connection.execute(connection.ops.analyze_sql("agboss_child_executions"))
 
     async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> float:
         from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
@@ -675,6 +677,22 @@ class Bench:
         if sorted(claimed) != sorted(f"r-{i}" for i in range(count)):
             raise AssertionError("raw child claims lost or doubled")
         return rate
+
+
+async def fresh_tables(connection: SqlConnection) -> None:
+    """Empty every table and give its storage back (TRUNCATE on a server): a DELETE would
+    leave the dead rows of earlier runs in the indexes, and the figures would measure them."""
+    from agboss_sql.sql.schema import metadata
+    from agboss_sql.testing.database import business_metadata
+
+    names = [t.name for t in (*metadata.sorted_tables, *business_metadata.sorted_tables)]
+    if connection.dialect_name == "postgresql":
+        await connection.execute("TRUNCATE " + ", ".join(names))
+    elif connection.dialect_name == "mysql":
+        for name in names:
+            await connection.execute(f"TRUNCATE TABLE {name}")
+    else:
+        await truncate_all(connection)
 
 
 def _numbers(n: int) -> Any:
@@ -754,7 +772,7 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sy
     rows: list[tuple[str, int, float]] = []
     try:
         for size in sizes:
-            await truncate_all(connection)
+            await fresh_tables(connection)
             await fill_leases(connection, size)
             # As autovacuum (or its peers) would have by now: plans from fresh statistics.
             await connection.execute(connection.ops.analyze_sql("agboss_execution_leases"))
@@ -764,7 +782,7 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sy
 
             _, p50, _ = await measure(take, ops=ops, runs=1, warmup=20, base=0)
             rows.append(("lease.acquire", size, p50))
-            await truncate_all(connection)
+            await fresh_tables(connection)
             await fill_children(connection, size)
             await connection.execute(connection.ops.analyze_sql("agboss_child_executions"))
 
@@ -774,7 +792,7 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sy
             _, p50, _ = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
             rows.append(("child.claim", size, p50))
     finally:
-        await truncate_all(connection)
+        await fresh_tables(connection)
         await connection.close()
     lines = [f"{'operation':<16} {'rows':>9} {'p50 ms':>8} {'vs smallest':>11} verdict"]
     for name, size, p50 in rows:
