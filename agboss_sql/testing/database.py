@@ -6,7 +6,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.sql.connection import SqlConnection, normalize_url
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.migrate import sync_url
 from agboss_sql.sql.schema import metadata
 
 business_metadata = sa.MetaData()
@@ -18,14 +19,6 @@ business_rows = sa.Table(
 )
 """The table the conformance and fault suites' fenced effects write their business rows to.
 It is not part of the project's schema (the migrations never create it)."""
-
-
-def sync_url(url: str | sa.URL) -> sa.URL:
-    """The synchronous-driver URL for a plain or async URL (for schema set-up in tests)."""
-    parsed = normalize_url(url)
-    backend = parsed.get_backend_name()
-    driver = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql"}
-    return parsed.set(drivername=driver[backend])
 
 
 def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
