@@ -131,3 +131,20 @@ def raise_mark(backend: InMemoryBackend, key: FencedEffectKey) -> None:
     current = backend.fence_marks.get(key.scope_key)
     if current is None or current < key.token:
         backend.fence_marks[key.scope_key] = key.token
+
+
+class ApplicationClockStore:
+    """What the in-memory stores on the application's clock share: their backend, clock,
+    application and readiness (they are always ready). List it before the contract."""
+
+    backend: str | None = "in-memory"
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
+    ) -> None:
+        self.memory = backend
+        self.clock = checked_clock(clock)
+        self.application = checked_application(application)
+
+    async def ping(self) -> None:
+        return None

@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import CostLedgerRepository, RateLimitRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     BudgetScope,
     CostEntry,
     CostTotal,
     WindowResult,
 )
 from agboss_sql.memory._fencing import (
-    checked_application,
-    checked_clock,
+    ApplicationClockStore,
     checked_count,
     checked_int,
     checked_positive,
 )
-from agboss_sql.memory.backend import InMemoryBackend, WindowRow
+from agboss_sql.memory.backend import WindowRow
 
 
-class InMemoryRateLimitRepository(RateLimitRepository):
+class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
     """Rate limits in an `InMemoryBackend`, on the application's clock.
 
     Each method counts and takes without awaiting in between: one atomic step on the event
@@ -30,18 +27,6 @@ class InMemoryRateLimitRepository(RateLimitRepository):
     aligned to a multiple of `window_ms`, one counter per key: a key counts in one window
     size (asked with another size, its count restarts whenever the window start differs).
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     def _live_slots(self, key: str, now: int) -> dict[str, int]:
         slots = self.memory.slots.setdefault(key, {})
@@ -120,24 +105,12 @@ def _matches(scope: BudgetScope, key: str, entry: CostEntry) -> bool:
     return entry.application == key
 
 
-class InMemoryCostLedgerRepository(CostLedgerRepository):
+class InMemoryCostLedgerRepository(ApplicationClockStore, CostLedgerRepository):
     """Spend in an `InMemoryBackend`: entries recorded once by id, reservations per scope key.
 
     Reservations are one running sum per scope and key: they count (as cost, no tokens) in
     every `total` of that scope and key, whatever `since`.
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     async def record(self, entry: CostEntry) -> bool:
         checked_identifier("entry_id", entry.entry_id)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     JsonValue,
     PausedExecution,
     PauseStatus,
 )
-from agboss_sql.memory._fencing import checked_application, checked_clock, checked_int
-from agboss_sql.memory.backend import InMemoryBackend, PauseRow, json_copy
+from agboss_sql.memory._fencing import ApplicationClockStore, checked_int
+from agboss_sql.memory.backend import PauseRow, json_copy
 
 _PURGEABLE = frozenset({PauseStatus.TAKEN, PauseStatus.CANCELLED})
 
@@ -27,7 +25,7 @@ def _pause_out(pause: PausedExecution) -> PausedExecution:
     )
 
 
-class InMemoryPausedExecutionRepository(PausedExecutionRepository):
+class InMemoryPausedExecutionRepository(ApplicationClockStore, PausedExecutionRepository):
     """Pauses in an `InMemoryBackend`, keyed by `(tenant_id, pause_id)`, answered once
     whichever instance answers.
 
@@ -35,18 +33,6 @@ class InMemoryPausedExecutionRepository(PausedExecutionRepository):
     age from when it was saved or last moved (resolved, taken, cancelled), on the
     application's clock.
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     def _row(self, tenant_id: str, pause_id: str) -> PauseRow | None:
         return self.memory.pauses.get((tenant_id, pause_id))

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     ChildExecution,
     ChildStatus,
     ClaimedChild,
@@ -17,8 +15,8 @@ from agboss_sql.contracts.types import (
     JsonValue,
     QueuedChild,
 )
-from agboss_sql.memory._fencing import checked_application, checked_clock, checked_count
-from agboss_sql.memory.backend import ChildRow, InMemoryBackend, json_copy
+from agboss_sql.memory._fencing import ApplicationClockStore, checked_count
+from agboss_sql.memory.backend import ChildRow, json_copy
 
 
 def _claimed(row: ChildRow, claimed_by: str) -> ClaimedChild:
@@ -50,25 +48,13 @@ def _listed(row: ChildRow) -> ChildExecution:
     )
 
 
-class InMemoryChildExecutionQueueRepository(ChildExecutionQueueRepository):
+class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutionQueueRepository):
     """The child queue in an `InMemoryBackend`.
 
     Each method reads and writes without awaiting in between, which makes it one atomic
     step on the event loop: two claimers never get one child, and exactly one finisher of
     a parent's last child sees `remaining == 0`.
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     async def enqueue(self, child: QueuedChild) -> None:
         checked_identifier("tenant_id", child.tenant_id)

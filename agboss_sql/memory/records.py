@@ -6,7 +6,6 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateExecutionError, IdempotencyKeyConflictError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import (
@@ -16,7 +15,6 @@ from agboss_sql.contracts.stores import (
     MeshRequestRepository,
 )
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     ExecutionRecord,
     ExecutionRecordStatus,
     ExecutionSnapshot,
@@ -26,12 +24,11 @@ from agboss_sql.contracts.types import (
     MeshRequestSaved,
 )
 from agboss_sql.memory._fencing import (
-    checked_application,
-    checked_clock,
+    ApplicationClockStore,
     checked_count,
     checked_int,
 )
-from agboss_sql.memory.backend import InMemoryBackend, RecordRow, json_copy, json_text
+from agboss_sql.memory.backend import RecordRow, json_copy, json_text
 
 TERMINAL_STATUSES = frozenset(
     {
@@ -47,24 +44,12 @@ def _record_out(record: ExecutionRecord) -> ExecutionRecord:
     return dataclasses.replace(record, outcome=json_copy(record.outcome))
 
 
-class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
+class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRepository):
     """Execution records in an `InMemoryBackend`; status moves are compare-and-set.
 
     A run that reached a terminal status (succeeded, failed, cancelled) never moves again,
     so two outcomes for one run are impossible.
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     async def save(self, record: ExecutionRecord) -> None:
         checked_identifier("tenant_id", record.tenant_id)
@@ -168,20 +153,8 @@ class InMemoryExecutionRecordRepository(ExecutionRecordRepository):
         return self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True)
 
 
-class InMemoryExecutionTreeRepository(ExecutionTreeRepository):
+class InMemoryExecutionTreeRepository(ApplicationClockStore, ExecutionTreeRepository):
     """Request-scoped keys of a tree in an `InMemoryBackend`; the first write of a key wins."""
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     async def save_if_absent(
         self, tenant_id: str, root_execution_id: str, key: str, value: JsonValue
@@ -218,24 +191,12 @@ class InMemoryExecutionTreeRepository(ExecutionTreeRepository):
         return len(tree)
 
 
-class InMemoryMeshRequestRepository(MeshRequestRepository):
+class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository):
     """Incoming requests in an `InMemoryBackend`, one run per idempotency key.
 
     The key is global: the same key from another tenant, or with another fingerprint, is
     `IdempotencyKeyConflictError` (never another tenant's request or response).
     """
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     @staticmethod
     def _out(request: MeshRequest) -> MeshRequest:
@@ -283,20 +244,8 @@ def _snapshot_out(snapshot: ExecutionSnapshot) -> ExecutionSnapshot:
     return dataclasses.replace(snapshot, record=json_copy(snapshot.record))
 
 
-class InMemoryExecutionHistoryRepository(ExecutionHistoryRepository):
+class InMemoryExecutionHistoryRepository(ApplicationClockStore, ExecutionHistoryRepository):
     """Finished runs in an `InMemoryBackend`, listed newest first with keyset pages."""
-
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.clock = checked_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     async def save(self, snapshot: ExecutionSnapshot) -> None:
         checked_identifier("tenant_id", snapshot.tenant_id)
