@@ -38,6 +38,7 @@ from agboss_sql.sql import (
     SqlOutboundCallRepository,
     SqlPausedExecutionRepository,
     SqlRateLimitRepository,
+    Timeouts,
     sql_store_classes,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "SqlOutboundCallRepository",
     "SqlPausedExecutionRepository",
     "SqlRateLimitRepository",
+    "Timeouts",
     "sql_store_classes",
     *_contracts_all,
     *_memory_all,

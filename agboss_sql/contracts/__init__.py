@@ -29,7 +29,9 @@ from agboss_sql.contracts.errors import (
     InvalidFencedEffectNameError,
     InvalidIdentifierError,
     NotPausedError,
+    StoreTimeoutError,
     StoreUnavailableError,
+    CommitOutcomeUnknownError,
 )
 from agboss_sql.contracts.keys import (
     EFFECT_NAME_RULE,
@@ -183,6 +185,8 @@ __all__ = [
     "Store",
     "StoreClock",
     "StoreUnavailableError",
+    "StoreTimeoutError",
+    "CommitOutcomeUnknownError",
     "StoredKeyFacts",
     "SystemClock",
     "UNWINDING_KEY",

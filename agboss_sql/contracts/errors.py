@@ -111,9 +111,44 @@ class CorruptStoredRowError(AgbossError):
 
 
 class StoreUnavailableError(AgbossError):
-    """The store's database could not be reached or kept failing."""
+    """The store's database could not be reached or kept failing.
+
+    Nothing of the failed call was applied: it is safe to call again.
+    """
 
     code = "store.unavailable"
+
+
+class StoreTimeoutError(StoreUnavailableError):
+    """A bounded wait ended: connecting, a statement, a lock or a pooled connection.
+
+    `what` names the wait (`connect`, `statement`, `lock`, `pool`, `busy`) and `bound_ms`
+    its configured bound (`Timeouts`). Unless it is a `CommitOutcomeUnknownError`, nothing
+    of the call was applied: it is safe to call again.
+    """
+
+    code = "store.timeout"
+
+    def __init__(self, what: str, bound_ms: int, message: str | None = None) -> None:
+        self.what = what
+        self.bound_ms = bound_ms
+        AgbossError.__init__(
+            self,
+            message or f"the {what} wait passed its bound of {bound_ms} ms",
+            what=what,
+            bound_ms=bound_ms,
+        )
+
+
+class CommitOutcomeUnknownError(StoreUnavailableError):
+    """The write was sent and its answer never came: it may or may not have committed.
+
+    The store does not retry it blindly. Call the same operation again once the database
+    answers: a fenced effect replays its stored result if the first commit landed and runs
+    the work once if it did not; a compare-and-set answers from the row as it now is.
+    """
+
+    code = "store.commit-outcome-unknown"
 
 
 class AssemblyError(AgbossError):

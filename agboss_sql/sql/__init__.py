@@ -21,6 +21,7 @@ from agboss_sql.sql.pauses import SqlPausedExecutionRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
 from agboss_sql.sql.rate_limits import SqlRateLimitRepository
 from agboss_sql.sql.records import SqlExecutionRecordRepository
+from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.sql.trees import SqlExecutionTreeRepository
 
 
@@ -74,5 +75,6 @@ __all__ = [
     "SqlOutboundCallRepository",
     "SqlPausedExecutionRepository",
     "SqlRateLimitRepository",
+    "Timeouts",
     "sql_store_classes",
 ]

@@ -59,6 +59,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from agboss_sql._dialects import dialect_module
 from agboss_sql.contracts.errors import StoreUnavailableError
+from agboss_sql.sql.timeouts import Timeouts
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -161,8 +162,10 @@ class SqlConnection:
         *,
         database: str | None = None,
         pool_size: int = 8,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        self.timeouts = timeouts if timeouts is not None else Timeouts()
         self.ops = dialect_module(self.url.get_backend_name())
         self.dialect_name: str = self.ops.NAME
         self.backend = self.dialect_name if database is None else f"{self.dialect_name}:{database}"
