@@ -78,6 +78,8 @@ class ChildRow:
     claimed_by: str | None = None
     outcome: JsonValue = None
     finished_order: int | None = None
+    finished_attempt: int | None = None
+    """The attempt whose finish finished the child (`None`: finished without one)."""
     finish_remaining: int | None = None
     """What the finish answered; 0 when it owes the parent's wake."""
     wake_claimed_by: str | None = None

@@ -120,7 +120,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
         if (
             row.status is ChildStatus.FINISHED
             and attempt is not None
-            and row.attempt == attempt
+            and row.finished_attempt == attempt
             and row.finish_remaining is not None
         ):
             # This attempt's finish already happened: answer what it answered.
@@ -130,6 +130,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             row.status = ChildStatus.FINISHED
             row.outcome = outcome
             row.finished_order = self.memory.next_sequence()
+            row.finished_attempt = attempt
         remaining = sum(
             1
             for other in self.memory.children.values()

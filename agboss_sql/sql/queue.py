@@ -184,7 +184,12 @@ class QueueStatements:
         of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
         self.lock_siblings = ops.for_update(
             sa.select(
-                C.c.id, C.c.child_execution_id, C.c.status, C.c.attempt, C.c.finish_remaining
+                C.c.id,
+                C.c.child_execution_id,
+                C.c.status,
+                C.c.finished_attempt,
+                C.c.finish_remaining,
+                C.c.attempt,
             ).where(
                 C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
                 C.c.parent_execution_id
@@ -200,6 +205,7 @@ class QueueStatements:
                 status=sa.bindparam("finished"),
                 outcome=sa.bindparam("outcome"),
                 finished_at=now,
+                finished_attempt=sa.bindparam("attempt", type_=sa.Integer),
                 finish_remaining=sa.bindparam("remaining", type_=sa.Integer),
             )
         )
@@ -418,18 +424,20 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         unfinished = sum(1 for row in siblings if row[2] != FINISHED)
         if me is None:
             return FinishResult(False, 0)
-        _, _, status, current_attempt, answered = me
+        _, _, status, finished_attempt, answered, current_attempt = me
         if (
             status == FINISHED
             and attempt is not None
-            and int(current_attempt) == attempt
+            and finished_attempt is not None
+            and int(finished_attempt) == attempt
             and answered is not None
         ):
             # This attempt's finish already committed (its reply was lost): answer the same.
             return FinishResult(True, int(answered))
         if status != RUNNING or (attempt is not None and int(current_attempt) != attempt):
             return FinishResult(False, unfinished)
-        yield Exec(self._sql.finish_locked, {**params, "id": me[0], "remaining": unfinished - 1})
+        finish = {**params, "id": me[0], "attempt": attempt, "remaining": unfinished - 1}
+        yield Exec(self._sql.finish_locked, finish)
         return FinishResult(True, unfinished - 1)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:

@@ -162,8 +162,10 @@ child_executions = sa.Table(
     sa.Column("claimed_at", Millis(), nullable=True),
     sa.Column("finished_at", Millis(), nullable=True),
     sa.Column("outcome", Json(), nullable=True),
-    # What the finish answered as `remaining`: a retry of that attempt's finish answers it
+    # The attempt whose finish finished the child (NULL: finished without an attempt), and
+    # what that finish answered as `remaining`: a retry of that attempt's finish answers it
     # again. 0 means this child's finish owes the parent its wake.
+    sa.Column("finished_attempt", sa.Integer(), nullable=True),
     sa.Column("finish_remaining", sa.Integer(), nullable=True),
     # The parent's wake, owed by the finish that saw none left: claimed by compare-and-set
     # (by whom, until when on the application clock), then marked done.

@@ -33,6 +33,7 @@ def _ident() -> sa.types.TypeEngine[str]:
 
 def upgrade() -> None:
     with op.batch_alter_table("agboss_child_executions", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("finished_attempt", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("finish_remaining", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("wake_claimed_by", _ident(), nullable=True))
         batch_op.add_column(sa.Column("wake_claimed_until", sa.BigInteger(), nullable=True))
@@ -57,3 +58,4 @@ def downgrade() -> None:
         batch_op.drop_column("wake_claimed_until")
         batch_op.drop_column("wake_claimed_by")
         batch_op.drop_column("finish_remaining")
+        batch_op.drop_column("finished_attempt")
