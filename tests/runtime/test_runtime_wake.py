@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
-from runtime_support import START, TENANT, RecordingLeases, World
+from runtime_support import START, TENANT, RecordingLeases, World, settle
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -452,3 +452,32 @@ async def test_a_finish_that_cannot_reach_the_store_leaves_the_child_to_the_resc
     assert await rescuer.wake_once() == 0
     [child] = await w1.queue.children(PARENT)
     assert child.status is ChildStatus.FINISHED and child.attempt == 2
+
+
+async def test_the_worker_loop_runs_the_wake_sweep(world: World) -> None:
+    """`start()` sweeps wakes with the rescue: an owed wake left by a dead finisher is done
+    at the loop's first pass, once."""
+    node = world.instance("w1")
+    await node.queue.enqueue(QueuedChild(TENANT, "root", PARENT, "child-0", 1))
+    claimed = await node.queue.claim("w1")
+    assert claimed is not None
+    await node.queue.finish("child-0", "done", attempt=claimed.attempt)
+    wakes = Wakes()
+    w = ChildWorker(
+        node.queue,
+        node.leases,
+        node.events,
+        world.clock,
+        run_child=_done,
+        wake_parent=wakes.wake,
+    )
+
+    w.start(poll_ms=1_000, rescue_every_ms=30_000)
+    try:
+        await settle()
+        assert wakes.woken == [PARENT]
+        await world.clock.advance(30_000)
+        await settle()
+        assert wakes.woken == [PARENT]
+    finally:
+        await w.stop()
