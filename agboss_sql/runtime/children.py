@@ -259,13 +259,22 @@ class ChildWorker:
     async def wake_once(self, limit: int = 100) -> int:
         """The wake sweep: wake the parent of each finished child whose finish saw none left
         and whose wake is not done (its worker died or lost the store between the finish and
-        the wake, or its wake claim ran out). How many parents this call woke."""
+        the wake, or its wake claim ran out). How many parents this call woke. A wake that
+        fails is reported and left for a later sweep (its claim runs out); the others go on."""
         woken = 0
         for child in await self.queue.unwoken(limit):
-            if await self._wake(
-                child.tenant_id, child.parent_execution_id, child.child_execution_id
-            ):
-                woken += 1
+            try:
+                if await self._wake(
+                    child.tenant_id, child.parent_execution_id, child.child_execution_id
+                ):
+                    woken += 1
+            except Exception:
+                logger.warning(
+                    "could not wake parent %s (child %s); a later sweep tries again",
+                    child.parent_execution_id,
+                    child.child_execution_id,
+                    exc_info=True,
+                )
         return woken
 
     async def _wake(self, tenant_id: str, parent_execution_id: str, child_id: str) -> bool:

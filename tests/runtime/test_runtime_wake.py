@@ -376,8 +376,11 @@ async def test_a_failed_wake_is_retried_by_the_sweep_and_counted_once(cluster: C
     assert wakes.woken == [] and await all_finished(node)
     assert await w.wake_once() == 0  # its claim is still live
     await cluster.clock.advance(CLAIM_MS)
+    wakes.fail = 1
+    assert await w.wake_once() == 0  # the sweep's wake fails too: reported, left for later
+    await cluster.clock.advance(CLAIM_MS)
     assert await w.wake_once() == 1
-    assert wakes.woken == [PARENT] and wakes.calls == 2
+    assert wakes.woken == [PARENT] and wakes.calls == 3
 
 
 async def test_a_finish_that_never_answers_stops_the_keeper_and_the_sweep_wakes(
