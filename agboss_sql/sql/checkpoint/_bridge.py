@@ -4,7 +4,8 @@ LangGraph calls `put`, `get_tuple`, `list`, ... from synchronous graphs, on any 
 with or without a running loop. The bridge runs the async method on a loop it owns, on a
 daemon thread started on first use; that loop has its own `SqlConnection` to the same
 database (`for_another_loop`: connections belong to the loop that opened them), closed by
-`close()`.
+`close()`. After `close(final=True)` (the saver closed with the connection it owns) a
+synchronous call is refused, as an async one is by the closed connection.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from agboss_sql.contracts.errors import StoreUnavailableError
 from agboss_sql.sql.connection import SqlConnection
 
 T = TypeVar("T")
@@ -30,10 +32,13 @@ class SyncBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._own: SqlConnection | None = None
+        self._final = False
 
     def run(self, work: Callable[[SqlConnection], Coroutine[Any, Any, T]]) -> T:
         """`await work(connection)` on the bridge's loop, from any thread but that loop's."""
         with self._guard:
+            if self._final:
+                raise StoreUnavailableError("the checkpoint saver is closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
@@ -56,9 +61,11 @@ class SyncBridge:
         asyncio.set_event_loop(loop)
         loop.run_forever()
 
-    def close(self) -> None:
-        """Close the loop's own connection and stop the loop (a later call starts anew)."""
+    def close(self, *, final: bool = False) -> None:
+        """Close the loop's own connection and stop the loop: a later call starts anew, or
+        (`final`) is refused with `StoreUnavailableError`."""
         with self._guard:
+            self._final = self._final or final
             loop, thread, own = self._loop, self._thread, self._own
             self._loop = self._thread = self._own = None
         if loop is None or thread is None:

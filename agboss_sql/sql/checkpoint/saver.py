@@ -9,10 +9,12 @@ the fenced-effect store (`agboss_sql.sql._fence`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -29,6 +31,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from sqlalchemy.engine import URL
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import InvalidIdentifierError
@@ -55,6 +58,7 @@ from agboss_sql.sql.checkpoint._statements import (
     keyed_params,
 )
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.timeouts import Timeouts
 
 T = TypeVar("T")
 
@@ -97,12 +101,18 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpoints on SQLite, PostgreSQL or MySQL/MariaDB, on this instance's
     `SqlConnection` (the tables come from the project's schema and migrations).
 
+    Built on a connection the caller owns (`SqlCheckpointSaver(connection)`, which stays
+    open after the saver is closed), or on one of its own, as LangGraph's savers are:
+
+        async with SqlCheckpointSaver.from_conn_string("postgresql://…") as saver:
+            graph = builder.compile(checkpointer=saver)
+
     The async methods run on the caller's event loop. The sync methods (`put`,
     `get_tuple`, `list`, ...) run the async ones on an event loop the saver owns, on a
     daemon thread started on first use, so a synchronous graph works from any thread,
     with or without a running loop; that loop has a connection of its own to the same
     database (a second pool on a server, a second SQLite connection), closed by
-    `close()`/`aclose()`.
+    `close()`/`aclose()` or on leaving `async with`.
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held (checked in the write's transaction, by
@@ -134,6 +144,42 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         self.application = application
         self._sql = self._statements(connection)
         self._sync = SyncBridge(connection)
+        self._owns_connection = False
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str | URL,
+        *,
+        serde: SerializerProtocol | None = None,
+        fenced: bool = False,
+        store_clock: StoreClock | None = None,
+        application: ApplicationContext | None = None,
+        pool_size: int = 8,
+        timeouts: Timeouts | None = None,
+    ) -> AsyncIterator[SqlCheckpointSaver]:
+        """A saver on a `SqlConnection` of its own to `conn_string` (a database URL:
+        `sqlite:///path`, `postgresql://…`, `mysql://…`; `pool_size` and `timeouts` are the
+        connection's), closed with the saver when the block exits, however it exits. The
+        other options are the constructor's. The tables come from the project's migrations
+        (`agboss-sql upgrade`), which this does not run. Opening it sends nothing: the
+        first call connects."""
+        connection = SqlConnection(conn_string, pool_size=pool_size, timeouts=timeouts)
+        try:
+            saver = cls(
+                connection,
+                serde=serde,
+                fenced=fenced,
+                store_clock=store_clock,
+                application=application,
+            )
+        except BaseException:
+            await connection.close()
+            raise
+        saver._owns_connection = True
+        async with saver:
+            yield saver
 
     def _statements(self, connection: SqlConnection) -> CheckpointStatements:
         return connection.prepared(
@@ -799,10 +845,27 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def close(self) -> None:
         """Stop the event loop of the sync methods and close its connection (a later sync
-        call starts them anew). The connection given to the saver stays open: its owner
-        closes it."""
+        call starts them anew). The saver's own connection is not closed here: one given to
+        the constructor stays its owner's, one from `from_conn_string` is closed by
+        `aclose()` (on leaving the block)."""
         self._sync.close()
 
     async def aclose(self) -> None:
-        """`close()`, from async code (without blocking the caller's loop)."""
-        await asyncio.to_thread(self._sync.close)
+        """`close()` without blocking the caller's loop; then, for a saver from
+        `from_conn_string`, its own connection too: later calls, sync or async, fail with
+        `StoreUnavailableError`. A connection given to the constructor stays open."""
+        await asyncio.to_thread(functools.partial(self._sync.close, final=self._owns_connection))
+        if self._owns_connection:
+            await self.connection.close()
+
+    async def __aenter__(self) -> SqlCheckpointSaver:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """`aclose()` on leaving `async with saver:`."""
+        await self.aclose()
