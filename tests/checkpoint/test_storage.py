@@ -219,7 +219,7 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         delete_thread = list(sent)
     finally:
         stop()
-    folds = sql.dialect_name == "postgresql"
+    folds = sql.capabilities.dml_in_with
     assert len(put_with_values) == (1 if folds else 4), put_with_values
     if not folds:
         assert put_with_values[0].startswith("BEGIN") and put_with_values[-1] == "COMMIT"
