@@ -20,10 +20,6 @@ from agboss_sql.sql.schema import execution_leases as L
 
 T = TypeVar("T")
 
-C = checkpoints
-B = checkpoint_blobs
-W = checkpoint_writes
-
 MAX_ROWS = 32
 """Rows per multi-row statement (inserts and keyed look-ups); more take several."""
 
@@ -99,23 +95,23 @@ class CheckpointStatements:
             self._fenced: Any = sa.exists(sa.select(fence.c.lease_epoch))
 
         # The checkpoint with its pending writes, in one statement.
-        thread = _bind("thread_id", C.c.thread_id)
-        ns_hash = _bind("ns_hash", C.c.ns_hash)
+        thread = _bind("thread_id", checkpoints.c.thread_id)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
         latest = (
-            sa.select(sa.func.max(C.c.checkpoint_id))
-            .where(C.c.thread_id == thread, C.c.ns_hash == ns_hash)
+            sa.select(sa.func.max(checkpoints.c.checkpoint_id))
+            .where(checkpoints.c.thread_id == thread, checkpoints.c.ns_hash == ns_hash)
             .scalar_subquery()
         )
         self.read_latest = self._with_writes(latest)
-        self.read_by_id = self._with_writes(_bind("checkpoint_id", C.c.checkpoint_id))
+        self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
-        self.select_blob_keys = sa.select(B.c.ns_hash, B.c.channel, B.c.version).where(
-            B.c.thread_id == _bind("thread_id", B.c.thread_id)
-        )
+        self.select_blob_keys = sa.select(
+            checkpoint_blobs.c.ns_hash, checkpoint_blobs.c.channel, checkpoint_blobs.c.version
+        ).where(checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id))
         self.lock_thread = ops.for_update(
-            sa.select(C.c.ns_hash, C.c.checkpoint_id)
-            .where(C.c.thread_id == thread)
-            .order_by(C.c.ns_hash, C.c.checkpoint_id.desc())
+            sa.select(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id)
+            .where(checkpoints.c.thread_id == thread)
+            .order_by(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id.desc())
         )
 
         # Whole-thread deletes and copies: one statement where writes fold into `WITH`.
@@ -126,22 +122,23 @@ class CheckpointStatements:
         )
         self.copy_thread = self._thread_statements(self._copy)
 
-        self.prune_checkpoints = sa.delete(C).where(
-            C.c.thread_id == thread,
-            C.c.ns_hash == ns_hash,
-            C.c.checkpoint_id < _bind("checkpoint_id", C.c.checkpoint_id),
+        self.prune_checkpoints = sa.delete(checkpoints).where(
+            checkpoints.c.thread_id == thread,
+            checkpoints.c.ns_hash == ns_hash,
+            checkpoints.c.checkpoint_id < _bind("checkpoint_id", checkpoints.c.checkpoint_id),
         )
-        self.prune_writes = sa.delete(W).where(
-            W.c.thread_id == _bind("thread_id", W.c.thread_id),
-            W.c.ns_hash == _bind("ns_hash", W.c.ns_hash),
-            W.c.checkpoint_id < _bind("checkpoint_id", W.c.checkpoint_id),
+        self.prune_writes = sa.delete(checkpoint_writes).where(
+            checkpoint_writes.c.thread_id == _bind("thread_id", checkpoint_writes.c.thread_id),
+            checkpoint_writes.c.ns_hash == _bind("ns_hash", checkpoint_writes.c.ns_hash),
+            checkpoint_writes.c.checkpoint_id
+            < _bind("checkpoint_id", checkpoint_writes.c.checkpoint_id),
         )
         self.orphan_head = (
-            sa.update(C)
+            sa.update(checkpoints)
             .where(
-                C.c.thread_id == thread,
-                C.c.ns_hash == ns_hash,
-                C.c.checkpoint_id == _bind("checkpoint_id", C.c.checkpoint_id),
+                checkpoints.c.thread_id == thread,
+                checkpoints.c.ns_hash == ns_hash,
+                checkpoints.c.checkpoint_id == _bind("checkpoint_id", checkpoints.c.checkpoint_id),
             )
             .values(parent_checkpoint_id=None)
         )
@@ -149,32 +146,40 @@ class CheckpointStatements:
     # --- statement builders ------------------------------------------------------------
 
     def _with_writes(self, checkpoint_id: Any) -> Any:
-        thread = _bind("thread_id", C.c.thread_id)
-        ns_hash = _bind("ns_hash", C.c.ns_hash)
+        thread = _bind("thread_id", checkpoints.c.thread_id)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
         checkpoint = sa.select(
             sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
-            C.c.checkpoint_id.label("a"),
-            C.c.parent_checkpoint_id.label("b"),
-            C.c.metadata.label("c"),
+            checkpoints.c.checkpoint_id.label("a"),
+            checkpoints.c.parent_checkpoint_id.label("b"),
+            checkpoints.c.metadata.label("c"),
             sa.cast(sa.null(), sa.Integer).label("n"),
-            C.c.checkpoint_type.label("t"),
-            C.c.checkpoint.label("data"),
-        ).where(C.c.thread_id == thread, C.c.ns_hash == ns_hash, C.c.checkpoint_id == checkpoint_id)
+            checkpoints.c.checkpoint_type.label("t"),
+            checkpoints.c.checkpoint.label("data"),
+        ).where(
+            checkpoints.c.thread_id == thread,
+            checkpoints.c.ns_hash == ns_hash,
+            checkpoints.c.checkpoint_id == checkpoint_id,
+        )
         writes = sa.select(
             sa.literal_column(str(WRITE_ROW), sa.Integer),
-            W.c.task_id,
-            W.c.channel,
-            W.c.task_path,
-            W.c.idx,
-            W.c.value_type,
-            W.c.value,
-        ).where(W.c.thread_id == thread, W.c.ns_hash == ns_hash, W.c.checkpoint_id == checkpoint_id)
+            checkpoint_writes.c.task_id,
+            checkpoint_writes.c.channel,
+            checkpoint_writes.c.task_path,
+            checkpoint_writes.c.idx,
+            checkpoint_writes.c.value_type,
+            checkpoint_writes.c.value,
+        ).where(
+            checkpoint_writes.c.thread_id == thread,
+            checkpoint_writes.c.ns_hash == ns_hash,
+            checkpoint_writes.c.checkpoint_id == checkpoint_id,
+        )
         return sa.union_all(checkpoint, writes)
 
     def _thread_statements(self, build: Any) -> list[Any]:
         """The statements of a whole-thread change, in the order a `put` takes its locks
         (values before checkpoints); on a dialect that folds writes into `WITH`, one."""
-        writes, blobs, rows = build(W), build(B), build(C)
+        writes, blobs, rows = build(checkpoint_writes), build(checkpoint_blobs), build(checkpoints)
         if self.fold:
             return [rows.add_cte(writes.cte("agboss_writes"), blobs.cte("agboss_blobs"))]
         return [writes, blobs, rows]
@@ -202,11 +207,13 @@ class CheckpointStatements:
         return self.cached(("blobs", count, fenced), lambda: self._blob_insert(count, fenced))
 
     def _blob_insert(self, count: int, fenced: bool) -> Any:
-        shared = _bound(B, ("thread_id", "ns_hash"), "p_")
-        rows = [{**shared, **_bound(B, BLOB_VALUES, f"b{i}_")} for i in range(count)]
-        statement = self.ops.insert(B)
+        shared = _bound(checkpoint_blobs, ("thread_id", "ns_hash"), "p_")
+        rows = [{**shared, **_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_")} for i in range(count)]
+        statement = self.ops.insert(checkpoint_blobs)
         if fenced:
-            table = sa.values(*(sa.column(c, B.c[c].type) for c in BLOB_VALUES), name="rows")
+            table = sa.values(
+                *(sa.column(c, checkpoint_blobs.c[c].type) for c in BLOB_VALUES), name="rows"
+            )
             table = table.data([tuple(row[c] for c in BLOB_VALUES) for row in rows])
             selected = sa.select(
                 shared["thread_id"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
@@ -223,8 +230,8 @@ class CheckpointStatements:
         return self.cached(("checkpoint", fenced), lambda: self._checkpoint_upsert(fenced))
 
     def _checkpoint_upsert(self, fenced: bool) -> Any:
-        row = _bound(C, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
-        statement = self.ops.insert(C)
+        row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
+        statement = self.ops.insert(checkpoints)
         if fenced:
             statement = statement.from_select(
                 list(row), sa.select(*row.values()).where(self._fenced)
@@ -234,7 +241,7 @@ class CheckpointStatements:
         statement = self.ops.replace_duplicates(
             statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
         )
-        return statement.returning(C.c.checkpoint_id) if fenced else statement
+        return statement.returning(checkpoints.c.checkpoint_id) if fenced else statement
 
     def put(self, blob_count: int, *, fenced: bool) -> Any:
         """Folding dialects: the blobs (at most `MAX_ROWS`) and the checkpoint in one statement,
@@ -257,13 +264,19 @@ class CheckpointStatements:
         )
 
     def _writes(self, count: int, replace: bool, fenced: bool) -> Any:
-        shared = _bound(W, ("thread_id", "ns_hash", "checkpoint_id", "task_id", "task_path"), "p_")
+        shared = _bound(
+            checkpoint_writes,
+            ("thread_id", "ns_hash", "checkpoint_id", "task_id", "task_path"),
+            "p_",
+        )
         per_row = ("idx", "channel", "value_type", "value")
-        rows = [{**shared, **_bound(W, per_row, f"w{i}_")} for i in range(count)]
+        rows = [{**shared, **_bound(checkpoint_writes, per_row, f"w{i}_")} for i in range(count)]
         columns = list(rows[0])
-        statement = self.ops.insert(W)
+        statement = self.ops.insert(checkpoint_writes)
         if fenced:
-            table = sa.values(*(sa.column(c, W.c[c].type) for c in per_row), name="rows")
+            table = sa.values(
+                *(sa.column(c, checkpoint_writes.c[c].type) for c in per_row), name="rows"
+            )
             table = table.data([tuple(row[c] for c in per_row) for row in rows])
             selected = sa.select(
                 *(table.c[c] if c in per_row else shared[c] for c in columns)
@@ -277,7 +290,7 @@ class CheckpointStatements:
             )
         else:
             statement = self.ops.skip_duplicates(statement, WRITE_KEY)
-        return statement.returning(W.c.idx) if fenced else statement
+        return statement.returning(checkpoint_writes.c.idx) if fenced else statement
 
     def keyed(self, table: sa.Table, columns: Sequence[str], key: Sequence[str], count: int) -> Any:
         """Select `columns` of the rows with any of `count` keys (`k<i>_<column>`): a
@@ -319,20 +332,26 @@ class CheckpointStatements:
         return self.cached(("list", shape), lambda: self._listing(shape))
 
     def _listing(self, shape: ListShape) -> Any:
-        statement = sa.select(*(C.c[c] for c in LISTED))
+        statement = sa.select(*(checkpoints.c[c] for c in LISTED))
         if shape.thread:
-            statement = statement.where(C.c.thread_id == _bind("thread_id", C.c.thread_id))
+            statement = statement.where(
+                checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id)
+            )
         if shape.namespace:
-            statement = statement.where(C.c.ns_hash == _bind("ns_hash", C.c.ns_hash))
+            statement = statement.where(
+                checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash)
+            )
         if shape.checkpoint_id:
             statement = statement.where(
-                C.c.checkpoint_id == _bind("checkpoint_id", C.c.checkpoint_id)
+                checkpoints.c.checkpoint_id == _bind("checkpoint_id", checkpoints.c.checkpoint_id)
             )
         if shape.before:
-            statement = statement.where(C.c.checkpoint_id < _bind("before", C.c.checkpoint_id))
+            statement = statement.where(
+                checkpoints.c.checkpoint_id < _bind("before", checkpoints.c.checkpoint_id)
+            )
         for index in range(shape.filters):
-            statement = statement.where(self.ops.json_key_equals(C.c.metadata, index))
-        statement = statement.order_by(C.c.checkpoint_id.desc())
+            statement = statement.where(self.ops.json_key_equals(checkpoints.c.metadata, index))
+        statement = statement.order_by(checkpoints.c.checkpoint_id.desc())
         if shape.limit:
             statement = statement.limit(sa.bindparam("limit", type_=sa.Integer))
         return statement
@@ -342,8 +361,12 @@ class CheckpointStatements:
         return self.cached(
             ("runs", count),
             lambda: self.ops.for_update(
-                sa.select(C.c.thread_id, C.c.ns_hash, C.c.checkpoint_id).where(
-                    C.c.run_hash.in_([_bind(f"k{i}_run_hash", C.c.run_hash) for i in range(count)])
+                sa.select(
+                    checkpoints.c.thread_id, checkpoints.c.ns_hash, checkpoints.c.checkpoint_id
+                ).where(
+                    checkpoints.c.run_hash.in_(
+                        [_bind(f"k{i}_run_hash", checkpoints.c.run_hash) for i in range(count)]
+                    )
                 )
             ),
         )
@@ -354,9 +377,9 @@ class CheckpointStatements:
         return self.cached(
             ("bodies",),
             lambda: self.ops.for_share(
-                sa.select(C.c.checkpoint_type, C.c.checkpoint).where(
-                    C.c.thread_id == _bind("thread_id", C.c.thread_id),
-                    C.c.ns_hash == _bind("ns_hash", C.c.ns_hash),
+                sa.select(checkpoints.c.checkpoint_type, checkpoints.c.checkpoint).where(
+                    checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id),
+                    checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash),
                 )
             ),
         )
@@ -365,9 +388,9 @@ class CheckpointStatements:
         """The blob versions stored for one thread namespace."""
         return self.cached(
             ("blob-keys",),
-            lambda: sa.select(B.c.channel, B.c.version).where(
-                B.c.thread_id == _bind("thread_id", B.c.thread_id),
-                B.c.ns_hash == _bind("ns_hash", B.c.ns_hash),
+            lambda: sa.select(checkpoint_blobs.c.channel, checkpoint_blobs.c.version).where(
+                checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id),
+                checkpoint_blobs.c.ns_hash == _bind("ns_hash", checkpoint_blobs.c.ns_hash),
             ),
         )
 

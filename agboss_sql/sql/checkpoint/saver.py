@@ -49,15 +49,13 @@ from agboss_sql.sql.checkpoint._statements import (
     LIST_PAGE,
     MAX_CHECKPOINT_ID,
     MAX_VERSION,
-    B,
-    C,
     CheckpointStatements,
     ListShape,
-    W,
     chunks,
     keyed_params,
 )
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.sql.timeouts import Timeouts
 
 T = TypeVar("T")
@@ -461,7 +459,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         found: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         columns = (*BLOB_KEY, "value_type", "value")
         for chunk in chunks(list(dict.fromkeys(keys))):
-            statement = sql.keyed(B, columns, BLOB_KEY, len(chunk))
+            statement = sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, BLOB_KEY))
             for thread_id, ns_hash, channel, version, kind, value in result.rows:
                 found[(thread_id, ns_hash, channel, version)] = (kind, value)
@@ -621,7 +619,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             "value",
         )
         for chunk in chunks(list(dict.fromkeys(checkpoint_keys))):
-            statement = sql.keyed(W, columns, CHECKPOINT_KEY, len(chunk))
+            statement = sql.keyed(checkpoint_writes, columns, CHECKPOINT_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, CHECKPOINT_KEY))
             for thread_id, ns_hash, checkpoint_id, *write in result.rows:
                 writes.setdefault((thread_id, ns_hash, checkpoint_id), []).append(write)
@@ -676,8 +674,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 doomed += (yield Exec(sql.run_checkpoints(len(runs)), found)).rows
             for keys in chunks(doomed):
                 params = keyed_params(keys, CHECKPOINT_KEY)
-                yield Exec(sql.keyed_delete(C, CHECKPOINT_KEY, len(keys)), params)
-                yield Exec(sql.keyed_delete(W, CHECKPOINT_KEY, len(keys)), params)
+                yield Exec(sql.keyed_delete(checkpoints, CHECKPOINT_KEY, len(keys)), params)
+                yield Exec(sql.keyed_delete(checkpoint_writes, CHECKPOINT_KEY, len(keys)), params)
             for thread_id, ns_hash in dict.fromkeys((row[0], row[1]) for row in doomed):
                 yield from self._collect_blobs(sql, thread_id, ns_hash)
 
@@ -697,7 +695,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             if (channel, version) not in read
         ]
         for chunk in chunks(garbage):
-            yield Exec(sql.keyed_delete(B, BLOB_KEY, len(chunk)), keyed_params(chunk, BLOB_KEY))
+            yield Exec(
+                sql.keyed_delete(checkpoint_blobs, BLOB_KEY, len(chunk)),
+                keyed_params(chunk, BLOB_KEY),
+            )
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`"keep_latest"`: keep each namespace's latest checkpoint of each thread (its pending
@@ -739,7 +740,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         read: set[tuple[Any, str, str]] = set()
         for heads_chunk in chunks(keys):
             statement = sql.keyed(
-                C,
+                checkpoints,
                 ("ns_hash", "checkpoint_type", "checkpoint", "metadata"),
                 CHECKPOINT_KEY,
                 len(heads_chunk),
@@ -766,7 +767,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             if (ns_hash, channel, version) not in read
         ]
         for chunk in chunks(garbage):
-            yield Exec(sql.keyed_delete(B, BLOB_KEY, len(chunk)), keyed_params(chunk, BLOB_KEY))
+            yield Exec(
+                sql.keyed_delete(checkpoint_blobs, BLOB_KEY, len(chunk)),
+                keyed_params(chunk, BLOB_KEY),
+            )
 
     # --- synchronous methods: the async ones on the saver's own event loop -----------------
 
