@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,13 @@ async def test_async_with_on_a_saver_stops_its_loop_and_leaves_the_given_connect
     # The sync methods start again on a new loop of their own.
     assert await asyncio.to_thread(saver.get_tuple, _config(thread_id)) is not None
     await saver.aclose()
+
+
+@pytest.mark.parametrize("server", ["postgresql", "mysql"])
+async def test_opening_and_closing_sends_nothing(server: str, tmp_path: Path) -> None:
+    # No server answers on port 1, and the SQLite file must not appear: entering and leaving
+    # the block connects to neither.
+    for url in (f"{server}://nobody@127.0.0.1:1/none", f"sqlite:///{tmp_path / 'none.db'}"):
+        async with SqlCheckpointSaver.from_conn_string(url) as saver:
+            assert isinstance(saver, SqlCheckpointSaver)
+    assert not (tmp_path / "none.db").exists()
