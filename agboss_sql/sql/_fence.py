@@ -40,6 +40,21 @@ MAX_CLAIM_ATTEMPTS = 12
 """How often a step that lost a race for a unique key is run again before giving up."""
 
 
+class FenceKey(Protocol):
+    """What the fence reads of a write's key (a `FencedEffectKey`, or the lease a fenced
+    checkpoint write carries): the lease's tenant and execution, the token, and the scope
+    a refusal names."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def lease_execution_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def scope_key(self) -> str: ...
+
+
 class FenceStatements:
     """The fence (check and mark raise in one statement) and its diagnosis, per dialect."""
 
@@ -98,21 +113,6 @@ def refusal_of(row: Any | None, token: int) -> str:
     # the one condition a later read can see otherwise is the time, when the database
     # clock stepped back between the two statements.
     return "expired"
-
-
-class FenceKey(Protocol):
-    """What the fence reads of a write's key (a `FencedEffectKey`, or the lease a fenced
-    checkpoint write carries): the lease's tenant and execution, the token, and the scope
-    a refusal names."""
-
-    @property
-    def tenant_id(self) -> str: ...
-    @property
-    def lease_execution_id(self) -> str: ...
-    @property
-    def token(self) -> int: ...
-    @property
-    def scope_key(self) -> str: ...
 
 
 def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
