@@ -14,7 +14,7 @@ diagnosing read names the reason and the write is refused with
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -38,6 +38,21 @@ SUPERSEDED = "superseded"
 
 MAX_CLAIM_ATTEMPTS = 12
 """How often a step that lost a race for a unique key is run again before giving up."""
+
+
+class FenceKey(Protocol):
+    """What the fence reads of a write's key (a `FencedEffectKey`, or the lease a fenced
+    checkpoint write carries): the lease's tenant and execution, the token, and the scope
+    a refusal names."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def lease_execution_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def scope_key(self) -> str: ...
 
 
 class FenceStatements:
@@ -100,7 +115,7 @@ def refusal_of(row: Any | None, token: int) -> str:
     return "expired"
 
 
-def fence_params(key: FencedEffectKey, clock: StoreClock) -> dict[str, Any]:
+def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
     """The fence's parameters for `key`, with the store's time when a test clock is injected
     (read once per operation, so every statement of it sees the same time)."""
     params: dict[str, Any] = {
@@ -113,7 +128,7 @@ def fence_params(key: FencedEffectKey, clock: StoreClock) -> dict[str, Any]:
     return params
 
 
-def fenced(sql: FenceStatements, key: FencedEffectKey, params: dict[str, Any]) -> Step[None]:
+def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[None]:
     """The lease and mark check of a write under `key`: the first statement of its step."""
     if (yield Exec(sql.fence, params)).rowcount == 1:
         return None

@@ -246,3 +246,58 @@ async def test_a_graph_on_a_fenced_saver_runs_while_held_and_stops_after_a_takeo
     done = await graph_b.ainvoke(Command(resume="yes"), _config(thread, lease_b))
     assert done["steps"] == ["draft", "approve", "send"]
     assert done["decision"] == "yes"
+
+
+async def test_what_a_fenced_write_and_its_refusal_send(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """The fence is the first statement of the write's transaction (or folded into the write's
+    one statement); a refusal reads its reason inside a transaction that takes the fence
+    first, and rolls it back."""
+    a = Instance(sql, clock, "instance-a")
+    thread = f"thread-{uuid.uuid4()}"
+    lease = await a.leases.acquire(TENANT, f"run-{uuid.uuid4()}", LEASE_MS)
+    assert lease is not None
+    fence_sql = sql.compiled(a.saver._sql.fences.fence).sql
+    diagnose_sql = sql.compiled(a.saver._sql.fences.diagnose).sql
+    sent: list[str] = []
+    stop = sql.add_statement_listener(lambda text, _params: sent.append(text))
+    try:
+        first = await _put(a.saver, _config(thread, lease), {"n": 1})
+        put = list(sent)
+        sent.clear()
+        await a.saver.aput_writes(_config(thread, lease, first), [("n", 2)], "task-1")
+        put_writes = list(sent)
+        sent.clear()
+        # The same writes again (a retried task): they add nothing, and are not refused.
+        await a.saver.aput_writes(_config(thread, lease, first), [("n", 2)], "task-1")
+        put_writes_again = list(sent)
+        sent.clear()
+        await clock.advance(LEASE_MS)
+        with pytest.raises(ExecutionFencedError) as refused:
+            await _put(a.saver, _config(thread, lease, first), {"n": 3})
+        refusal = list(sent)
+    finally:
+        stop()
+    assert refused.value.reason == "expired"
+
+    def in_transaction(statements: list[str], end: str) -> None:
+        assert statements[0].startswith("BEGIN") and statements[-1] == end, statements
+        assert statements[1] == fence_sql, statements
+
+    if sql.capabilities.dml_in_with:
+        assert len(put) == 1 and "agboss_fence" in put[0], put
+        assert len(put_writes) == 1 and "agboss_fence" in put_writes[0], put_writes
+        assert put_writes_again[0] == put_writes[0], put_writes_again
+        in_transaction(put_writes_again[1:], "COMMIT")
+        assert len(put_writes_again) == 5, put_writes_again
+        assert "agboss_fence" in refusal[0], refusal
+        refusal = refusal[1:]
+    else:
+        in_transaction(put, "COMMIT")
+        assert len(put) == 5, put  # BEGIN, fence, values, checkpoint, COMMIT
+        in_transaction(put_writes, "COMMIT")
+        assert len(put_writes) == 4, put_writes  # BEGIN, fence, writes, COMMIT
+        assert put_writes_again == put_writes
+    in_transaction(refusal, "ROLLBACK")
+    assert refusal[2:] == [diagnose_sql, "ROLLBACK"], refusal

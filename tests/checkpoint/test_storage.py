@@ -17,13 +17,8 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
-from agboss_sql.sql.checkpoint import (
-    _BLOB_KEY,
-    LIST_PAGE,
-    MAX_ROWS,
-    SqlCheckpointSaver,
-    _keyed_params,
-)
+from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver
+from agboss_sql.sql.checkpoint._statements import BLOB_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
@@ -224,7 +219,7 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         delete_thread = list(sent)
     finally:
         stop()
-    folds = sql.dialect_name == "postgresql"
+    folds = sql.capabilities.dml_in_with
     assert len(put_with_values) == (1 if folds else 4), put_with_values
     if not folds:
         assert put_with_values[0].startswith("BEGIN") and put_with_values[-1] == "COMMIT"
@@ -274,11 +269,11 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
         for ch, v in latest.checkpoint["channel_versions"].items()
     ]
     assert len(keys) == 3
-    columns = (*_BLOB_KEY, "value_type", "value")
+    columns = (*BLOB_KEY, "value_type", "value")
     values = await _plan(
         sql,
-        saver._sql.keyed(checkpoint_blobs, columns, _BLOB_KEY, len(keys)),
-        _keyed_params(keys, _BLOB_KEY),
+        saver._sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(keys)),
+        keyed_params(keys, BLOB_KEY),
     )
     read_text = "\n".join(" | ".join(row) for row in read)
     values_text = "\n".join(" | ".join(row) for row in values)

@@ -1,0 +1,56 @@
+"""`SqlCheckpointSaver`: LangGraph's checkpoint saver on the project's SQL connection.
+
+A real `langgraph.checkpoint.base.BaseCheckpointSaver`: a graph compiled with it
+persists and resumes on SQLite, PostgreSQL and MySQL/MariaDB, and any instance
+sharing the database can resume another's thread.
+
+Storage (`agboss_checkpoints`, `agboss_checkpoint_blobs`, `agboss_checkpoint_writes`):
+a checkpoint row holds the checkpoint without its channel values; each channel value is
+stored once per channel version, written by the `put` that introduced the version and
+shared by every later checkpoint that still reads it. Values, bodies and pending writes
+are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default);
+metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
+(checkpoint, task, index): a retried task does not duplicate it.
+
+Statements per operation, by what the database can do (n: more than `MAX_ROWS` new
+versions or writes take more). "Folding" databases run data-modifying statements inside
+`WITH` (`Capabilities.dml_in_with`: PostgreSQL); the others (MySQL/MariaDB, SQLite) run a
+write of several statements as one transaction. SQLite runs every step inline on the
+event loop, inside `BEGIN IMMEDIATE` when it writes.
+
+| operation | folding | not folding |
+|---|---|---|
+| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`) | 1 alone, or BEGIN + 2 + COMMIT with new blobs |
+| `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
+| `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
+| `aget_tuple` | 2: the checkpoint with its writes, then its values (1 without values) | 2 |
+| `alist`, per page | 3: checkpoints, their values, their writes | 3 |
+| `adelete_thread`, `acopy_thread` | 1 | BEGIN + 3 + COMMIT |
+
+A refused fenced write reads why in its transaction (the fence's diagnosis) and rolls
+back; where writes fold, that transaction follows the refused statement, as it does for a
+fenced `aput_writes` whose writes were all stored already (the fence then holds and the
+writes add nothing).
+
+The latest checkpoint of a thread is read off the primary key (the greatest
+`checkpoint_id` of `(thread_id, ns_hash)`), never by scanning its history.
+
+Fencing (`fenced=True`): every `aput` and `aput_writes` raises the lease's fence
+token in the same transaction as (where writes fold: the same statement as) the write,
+with the statement the fenced-effect store uses on `agboss_execution_leases` (`_fence`).
+The write happens only while the lease in the run's config (`configurable["agboss_lease"]`)
+is held at its epoch and live by the store's time; otherwise nothing is written and
+`ExecutionFencedError` is raised, so an instance that wakes after a takeover cannot
+overwrite the new holder's checkpoint.
+
+Modules: `saver` (the saver), `_statements` (its statements), `_lease` (the writer's lease
+in a config), `_bridge` (the event loop the synchronous methods run on).
+"""
+
+from __future__ import annotations
+
+from agboss_sql.sql.checkpoint._lease import LEASE_KEY
+from agboss_sql.sql.checkpoint._statements import LIST_PAGE, MAX_ROWS
+from agboss_sql.sql.checkpoint.saver import SqlCheckpointSaver
+
+__all__ = ["LEASE_KEY", "LIST_PAGE", "MAX_ROWS", "SqlCheckpointSaver"]

@@ -1,0 +1,416 @@
+"""The saver's statements, built once per dialect and kind of store time.
+
+What differs per database comes from the dialect (`connection.dialect`) and its
+`Capabilities`: where data-modifying statements fold into `WITH` (`dml_in_with`), a
+write is one statement; elsewhere it is one transaction of several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from agboss_sql.sql._fence import FenceStatements
+from agboss_sql.sql.connection import SqlBuilder
+from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
+from agboss_sql.sql.schema import execution_leases as L
+
+T = TypeVar("T")
+
+MAX_ROWS = 32
+"""Rows per multi-row statement (inserts and keyed look-ups); more take several."""
+
+LIST_PAGE = 100
+"""Checkpoints read per statement while listing one namespace of a thread."""
+
+MAX_CHECKPOINT_ID = 64
+"""Characters of a checkpoint id (the width of its columns)."""
+MAX_VERSION = 128
+"""Characters of a channel version (the width of its column)."""
+
+CHECKPOINT_KEY = ("thread_id", "ns_hash", "checkpoint_id")
+BLOB_KEY = ("thread_id", "ns_hash", "channel", "version")
+WRITE_KEY = ("thread_id", "ns_hash", "checkpoint_id", "task_id", "idx")
+BLOB_VALUES = ("channel", "version", "value_type", "value")
+CHECKPOINT_VALUES = (
+    "checkpoint_ns",
+    "parent_checkpoint_id",
+    "run_hash",
+    "checkpoint_type",
+    "checkpoint",
+    "metadata",
+)
+LISTED = (
+    "thread_id",
+    "checkpoint_ns",
+    "ns_hash",
+    "checkpoint_id",
+    "parent_checkpoint_id",
+    "checkpoint_type",
+    "checkpoint",
+    "metadata",
+)
+
+# Rows of the checkpoint-with-writes read: the checkpoint, then its pending writes.
+CHECKPOINT_ROW = 0
+WRITE_ROW = 1
+
+
+def _bind(name: str, column: sa.Column[Any]) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, type_=column.type)
+
+
+def _bound(table: sa.Table, columns: Sequence[str], prefix: str) -> dict[str, Any]:
+    return {column: _bind(f"{prefix}{column}", table.c[column]) for column in columns}
+
+
+def chunks(items: Sequence[T], size: int = MAX_ROWS) -> Iterator[Sequence[T]]:
+    """`items` in runs of at most `size`, one per multi-row statement."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class CheckpointStatements:
+    """The saver's statements for one dialect and one kind of store time. Statements whose
+    shape depends on a count (rows of a multi-row insert or look-up, metadata filters) are
+    built on first use and kept, one per count."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        self.ops = ops = b.ops
+        self.fold: bool = b.capabilities.dml_in_with
+        self.json_exact: bool = b.capabilities.json_key_exact
+        self._cache: dict[tuple[Any, ...], Any] = {}
+
+        # The fence the fenced-effect store makes first (`_fence`): it raises the scope's
+        # high-water mark to the token while the lease is held at that token and live by the
+        # store's time; one row matched means held. It is the first statement of a fenced
+        # write, so the lease row is locked before anything else is written.
+        self.fences = FenceStatements(b)
+        self.fence = self.fences.fence
+        if self.fold:
+            fence = self.fence.returning(L.c.lease_epoch).cte("agboss_fence")
+            self._fenced: Any = sa.exists(sa.select(fence.c.lease_epoch))
+
+        # The checkpoint with its pending writes, in one statement.
+        thread = _bind("thread_id", checkpoints.c.thread_id)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        latest = (
+            sa.select(sa.func.max(checkpoints.c.checkpoint_id))
+            .where(checkpoints.c.thread_id == thread, checkpoints.c.ns_hash == ns_hash)
+            .scalar_subquery()
+        )
+        self.read_latest = self._with_writes(latest)
+        self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
+
+        self.select_blob_keys = sa.select(
+            checkpoint_blobs.c.ns_hash, checkpoint_blobs.c.channel, checkpoint_blobs.c.version
+        ).where(checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id))
+        self.lock_thread = ops.for_update(
+            sa.select(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id)
+            .where(checkpoints.c.thread_id == thread)
+            .order_by(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id.desc())
+        )
+
+        # Whole-thread deletes and copies: one statement where writes fold into `WITH`.
+        self.delete_thread = self._thread_statements(
+            lambda table: sa.delete(table).where(
+                table.c.thread_id == _bind("thread_id", table.c.thread_id)
+            )
+        )
+        self.copy_thread = self._thread_statements(self._copy)
+
+        self.prune_checkpoints = sa.delete(checkpoints).where(
+            checkpoints.c.thread_id == thread,
+            checkpoints.c.ns_hash == ns_hash,
+            checkpoints.c.checkpoint_id < _bind("checkpoint_id", checkpoints.c.checkpoint_id),
+        )
+        self.prune_writes = sa.delete(checkpoint_writes).where(
+            checkpoint_writes.c.thread_id == _bind("thread_id", checkpoint_writes.c.thread_id),
+            checkpoint_writes.c.ns_hash == _bind("ns_hash", checkpoint_writes.c.ns_hash),
+            checkpoint_writes.c.checkpoint_id
+            < _bind("checkpoint_id", checkpoint_writes.c.checkpoint_id),
+        )
+        self.orphan_head = (
+            sa.update(checkpoints)
+            .where(
+                checkpoints.c.thread_id == thread,
+                checkpoints.c.ns_hash == ns_hash,
+                checkpoints.c.checkpoint_id == _bind("checkpoint_id", checkpoints.c.checkpoint_id),
+            )
+            .values(parent_checkpoint_id=None)
+        )
+
+    # --- statement builders ------------------------------------------------------------
+
+    def _with_writes(self, checkpoint_id: Any) -> Any:
+        thread = _bind("thread_id", checkpoints.c.thread_id)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        checkpoint = sa.select(
+            sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
+            checkpoints.c.checkpoint_id.label("a"),
+            checkpoints.c.parent_checkpoint_id.label("b"),
+            checkpoints.c.metadata.label("c"),
+            sa.cast(sa.null(), sa.Integer).label("n"),
+            checkpoints.c.checkpoint_type.label("t"),
+            checkpoints.c.checkpoint.label("data"),
+        ).where(
+            checkpoints.c.thread_id == thread,
+            checkpoints.c.ns_hash == ns_hash,
+            checkpoints.c.checkpoint_id == checkpoint_id,
+        )
+        writes = sa.select(
+            sa.literal_column(str(WRITE_ROW), sa.Integer),
+            checkpoint_writes.c.task_id,
+            checkpoint_writes.c.channel,
+            checkpoint_writes.c.task_path,
+            checkpoint_writes.c.idx,
+            checkpoint_writes.c.value_type,
+            checkpoint_writes.c.value,
+        ).where(
+            checkpoint_writes.c.thread_id == thread,
+            checkpoint_writes.c.ns_hash == ns_hash,
+            checkpoint_writes.c.checkpoint_id == checkpoint_id,
+        )
+        return sa.union_all(checkpoint, writes)
+
+    def _thread_statements(self, build: Any) -> list[Any]:
+        """The statements of a whole-thread change, in the order a `put` takes its locks
+        (values before checkpoints); on a dialect that folds writes into `WITH`, one."""
+        writes, blobs, rows = build(checkpoint_writes), build(checkpoint_blobs), build(checkpoints)
+        if self.fold:
+            return [rows.add_cte(writes.cte("agboss_writes"), blobs.cte("agboss_blobs"))]
+        return [writes, blobs, rows]
+
+    def _copy(self, table: sa.Table) -> Any:
+        columns = [column.name for column in table.c]
+        source = sa.select(
+            *(
+                _bind("target", table.c.thread_id) if name == "thread_id" else table.c[name]
+                for name in columns
+            )
+        ).where(table.c.thread_id == _bind("source", table.c.thread_id))
+        keys = [column.name for column in table.primary_key.columns]
+        return self.ops.skip_duplicates(self.ops.insert(table).from_select(columns, source), keys)
+
+    def cached(self, key: tuple[Any, ...], build: Any) -> Any:
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = build()
+        return found
+
+    def blob_insert(self, count: int, *, fenced: bool) -> Any:
+        """Insert `count` blobs of one thread namespace, skipping versions already stored;
+        `fenced` (folding dialects only): a `WITH` part written only when the fence held."""
+        return self.cached(("blobs", count, fenced), lambda: self._blob_insert(count, fenced))
+
+    def _blob_insert(self, count: int, fenced: bool) -> Any:
+        shared = _bound(checkpoint_blobs, ("thread_id", "ns_hash"), "p_")
+        rows = [{**shared, **_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_")} for i in range(count)]
+        statement = self.ops.insert(checkpoint_blobs)
+        if fenced:
+            table = sa.values(
+                *(sa.column(c, checkpoint_blobs.c[c].type) for c in BLOB_VALUES), name="rows"
+            )
+            table = table.data([tuple(row[c] for c in BLOB_VALUES) for row in rows])
+            selected = sa.select(
+                shared["thread_id"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
+            ).where(self._fenced)
+            statement = statement.from_select(["thread_id", "ns_hash", *BLOB_VALUES], selected)
+        else:
+            statement = statement.values(rows)
+        return self.ops.skip_duplicates(statement, BLOB_KEY)
+
+    def checkpoint_upsert(self, *, fenced: bool) -> Any:
+        """Insert a checkpoint or replace its body and metadata (LangGraph may save one id
+        again); `fenced` (folding dialects only): written only when the fence held, and
+        returning the key then."""
+        return self.cached(("checkpoint", fenced), lambda: self._checkpoint_upsert(fenced))
+
+    def _checkpoint_upsert(self, fenced: bool) -> Any:
+        row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
+        statement = self.ops.insert(checkpoints)
+        if fenced:
+            statement = statement.from_select(
+                list(row), sa.select(*row.values()).where(self._fenced)
+            )
+        else:
+            statement = statement.values(row)
+        statement = self.ops.replace_duplicates(
+            statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
+        )
+        return statement.returning(checkpoints.c.checkpoint_id) if fenced else statement
+
+    def put(self, blob_count: int, *, fenced: bool) -> Any:
+        """Folding dialects: the blobs (at most `MAX_ROWS`) and the checkpoint in one statement,
+        fenced or not."""
+        return self.cached(("put", blob_count, fenced), lambda: self._put(blob_count, fenced))
+
+    def _put(self, blob_count: int, fenced: bool) -> Any:
+        statement = self.checkpoint_upsert(fenced=fenced)
+        if blob_count:
+            blobs = self._blob_insert(blob_count, fenced).cte("agboss_new_blobs")
+            statement = statement.add_cte(blobs)
+        return statement
+
+    def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
+        """Insert `count` pending writes of one checkpoint and task: skipping keys already
+        written, or (`replace`) overwriting them; `fenced` (folding dialects only): written
+        only when the fence held, returning a row per write then."""
+        return self.cached(
+            ("writes", count, replace, fenced), lambda: self._writes(count, replace, fenced)
+        )
+
+    def _writes(self, count: int, replace: bool, fenced: bool) -> Any:
+        shared = _bound(
+            checkpoint_writes,
+            ("thread_id", "ns_hash", "checkpoint_id", "task_id", "task_path"),
+            "p_",
+        )
+        per_row = ("idx", "channel", "value_type", "value")
+        rows = [{**shared, **_bound(checkpoint_writes, per_row, f"w{i}_")} for i in range(count)]
+        columns = list(rows[0])
+        statement = self.ops.insert(checkpoint_writes)
+        if fenced:
+            table = sa.values(
+                *(sa.column(c, checkpoint_writes.c[c].type) for c in per_row), name="rows"
+            )
+            table = table.data([tuple(row[c] for c in per_row) for row in rows])
+            selected = sa.select(
+                *(table.c[c] if c in per_row else shared[c] for c in columns)
+            ).where(self._fenced)
+            statement = statement.from_select(columns, selected)
+        else:
+            statement = statement.values(rows)
+        if replace:
+            statement = self.ops.replace_duplicates(
+                statement, WRITE_KEY, ("channel", "value_type", "value")
+            )
+        else:
+            statement = self.ops.skip_duplicates(statement, WRITE_KEY)
+        return statement.returning(checkpoint_writes.c.idx) if fenced else statement
+
+    def keyed(self, table: sa.Table, columns: Sequence[str], key: Sequence[str], count: int) -> Any:
+        """Select `columns` of the rows with any of `count` keys (`k<i>_<column>`): a
+        `UNION ALL` of one look-up per key, so every dialect probes the primary key once per
+        key whatever its statistics say (an `OR` of keys let PostgreSQL scan a thread's
+        whole history and filter it)."""
+        return self.cached(
+            ("keyed", table.name, tuple(columns), tuple(key), count),
+            lambda: self._keyed(table, columns, key, count),
+        )
+
+    def _keyed(
+        self, table: sa.Table, columns: Sequence[str], key: Sequence[str], count: int
+    ) -> Any:
+        lookups = [
+            sa.select(*(table.c[c] for c in columns)).where(
+                *(table.c[c] == _bind(f"k{i}_{c}", table.c[c]) for c in key)
+            )
+            for i in range(count)
+        ]
+        return lookups[0] if count == 1 else sa.union_all(*lookups)
+
+    def keyed_delete(self, table: sa.Table, key: Sequence[str], count: int) -> Any:
+        """Delete the rows with any of `count` keys (`k<i>_<column>`)."""
+        return self.cached(
+            ("delete", table.name, tuple(key), count),
+            lambda: sa.delete(table).where(
+                sa.or_(
+                    *(
+                        sa.and_(*(table.c[c] == _bind(f"k{i}_{c}", table.c[c]) for c in key))
+                        for i in range(count)
+                    )
+                )
+            ),
+        )
+
+    def listing(self, shape: ListShape) -> Any:
+        """The checkpoints `list` reads for one combination of criteria, newest first."""
+        return self.cached(("list", shape), lambda: self._listing(shape))
+
+    def _listing(self, shape: ListShape) -> Any:
+        statement = sa.select(*(checkpoints.c[c] for c in LISTED))
+        if shape.thread:
+            statement = statement.where(
+                checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id)
+            )
+        if shape.namespace:
+            statement = statement.where(
+                checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash)
+            )
+        if shape.checkpoint_id:
+            statement = statement.where(
+                checkpoints.c.checkpoint_id == _bind("checkpoint_id", checkpoints.c.checkpoint_id)
+            )
+        if shape.before:
+            statement = statement.where(
+                checkpoints.c.checkpoint_id < _bind("before", checkpoints.c.checkpoint_id)
+            )
+        for index in range(shape.filters):
+            statement = statement.where(self.ops.json_key_equals(checkpoints.c.metadata, index))
+        statement = statement.order_by(checkpoints.c.checkpoint_id.desc())
+        if shape.limit:
+            statement = statement.limit(sa.bindparam("limit", type_=sa.Integer))
+        return statement
+
+    def run_checkpoints(self, count: int) -> Any:
+        """Lock the checkpoints of any of `count` runs (`k<i>_run_hash`)."""
+        return self.cached(
+            ("runs", count),
+            lambda: self.ops.for_update(
+                sa.select(
+                    checkpoints.c.thread_id, checkpoints.c.ns_hash, checkpoints.c.checkpoint_id
+                ).where(
+                    checkpoints.c.run_hash.in_(
+                        [_bind(f"k{i}_run_hash", checkpoints.c.run_hash) for i in range(count)]
+                    )
+                )
+            ),
+        )
+
+    def namespace_bodies(self) -> Any:
+        """The bodies of every checkpoint of one thread namespace (which versions they read),
+        read with a shared lock: what is decided from them holds until the commit."""
+        return self.cached(
+            ("bodies",),
+            lambda: self.ops.for_share(
+                sa.select(checkpoints.c.checkpoint_type, checkpoints.c.checkpoint).where(
+                    checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id),
+                    checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash),
+                )
+            ),
+        )
+
+    def namespace_blob_keys(self) -> Any:
+        """The blob versions stored for one thread namespace."""
+        return self.cached(
+            ("blob-keys",),
+            lambda: sa.select(checkpoint_blobs.c.channel, checkpoint_blobs.c.version).where(
+                checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id),
+                checkpoint_blobs.c.ns_hash == _bind("ns_hash", checkpoint_blobs.c.ns_hash),
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ListShape:
+    """Which criteria a `list` page has: one statement per combination (`listing`)."""
+
+    thread: bool
+    namespace: bool
+    checkpoint_id: bool
+    before: bool
+    limit: bool
+    filters: int
+
+
+def keyed_params(keys: Sequence[Sequence[Any]], columns: Sequence[str]) -> dict[str, Any]:
+    """The parameters of a keyed statement (`keyed`, `keyed_delete`) for `keys`."""
+    params: dict[str, Any] = {}
+    for i, key in enumerate(keys):
+        for column, value in zip(columns, key, strict=True):
+            params[f"k{i}_{column}"] = value
+    return params
