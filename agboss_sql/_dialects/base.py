@@ -173,9 +173,10 @@ class Dialect(Protocol):
 class ServerDriver(Protocol):
     """A pooled async driver (psycopg 3, aiomysql)."""
 
-    async def connect(self, url: URL, timeouts: Timeouts) -> Any:
-        """A new autocommit connection whose session bounds statements and lock waits by
-        `timeouts` (no extra round trip where the driver allows)."""
+    async def connect(self, url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
+        """A new connection (in autocommit for the pool; not for SQLAlchemy's engine) whose
+        session bounds statements and lock waits by `timeouts`, and which a cancelled call
+        drops rather than waiting on the network to cancel its statement."""
         ...
 
     def capabilities_of(self, raw: Any) -> Capabilities:

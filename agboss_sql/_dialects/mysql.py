@@ -192,10 +192,13 @@ def session_options(timeouts: Timeouts) -> dict[str, Any]:
 
 
 def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
-    return {"connect_args": session_options(timeouts), "pool_timeout": timeouts.pool_ms / 1000}
+    async def create() -> Any:
+        return await connect(url, timeouts, autocommit=False)
+
+    return {"async_creator": create, "pool_timeout": timeouts.pool_ms / 1000}
 
 
-async def connect(url: URL, timeouts: Timeouts) -> Any:
+async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
     import aiomysql
     from pymysql.constants import CLIENT
 
@@ -205,7 +208,7 @@ async def connect(url: URL, timeouts: Timeouts) -> Any:
         user=url.username or "root",
         password=url.password or "",
         db=url.database,
-        autocommit=True,
+        autocommit=autocommit,
         charset="utf8mb4",
         client_flag=CLIENT.FOUND_ROWS,
         **session_options(timeouts),

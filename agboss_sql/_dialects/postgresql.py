@@ -165,13 +165,39 @@ def conninfo(url: URL, timeouts: Timeouts) -> dict[str, Any]:
 
 
 def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
-    return {"connect_args": session_options(timeouts), "pool_timeout": timeouts.pool_ms / 1000}
+    async def create() -> Any:
+        return await connect(url, timeouts, autocommit=False)
+
+    return {"async_creator": create, "pool_timeout": timeouts.pool_ms / 1000}
 
 
-async def connect(url: URL, timeouts: Timeouts) -> Any:
-    import psycopg
+_dropping_connection: Any = None
 
-    return await psycopg.AsyncConnection.connect(**conninfo(url, timeouts), autocommit=True)
+
+def _connection_class() -> Any:
+    """psycopg's connection, except that a cancelled call drops the connection at once.
+
+    On a cancellation psycopg asks the server to cancel the statement, over a new
+    connection, and waits for it: up to 10 s when the server does not answer (a network
+    cut), holding up the caller's own timeout. Ours refuses to ask, so psycopg closes the
+    connection instead; the server's statement and lock timeouts bound what it still runs.
+    """
+    global _dropping_connection
+    if _dropping_connection is None:
+        import psycopg
+
+        class DroppingConnection(psycopg.AsyncConnection):
+            async def _try_cancel(self, *, timeout: float = 5.0) -> None:
+                raise psycopg.OperationalError(
+                    "a cancelled call drops its connection instead of cancelling its statement"
+                )
+
+        _dropping_connection = DroppingConnection
+    return _dropping_connection
+
+
+async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
+    return await _connection_class().connect(**conninfo(url, timeouts), autocommit=autocommit)
 
 
 def capabilities_of(raw: Any) -> Capabilities:

@@ -7,7 +7,7 @@ Each step gets one pooled connection; each statement is one await on it, inside
 - a pooled connection: `pool_ms`, then `StoreTimeoutError(what="pool")`;
 - connecting: `connect_ms` (the driver's own timeout too), then `what="connect"`;
 - a statement: the server ends it at `statement_ms` and a lock wait at `lock_ms` (set in
-  the session at connect); the client also gives up `_GRACE_S` past `statement_ms`, for a
+  the session at connect); the client also gives up `GRACE_S` past `statement_ms`, for a
   server that stopped answering (a black-holed connection). The connection is then
   dropped, never reused: its protocol state is unknown. A driver that answers a
   cancellation by talking to the server (psycopg asks it to cancel the query) is
@@ -34,7 +34,7 @@ from agboss_sql.sql.statements import StatementCache, Step
 
 T = TypeVar("T")
 
-_GRACE_S = 0.5
+GRACE_S = 0.5
 PRIORITY_LANE_SIZE = 2
 
 
@@ -78,7 +78,7 @@ class PoolRunner:
         self.pinned = False
         self.closed = False
         self._lanes = {False: _Lane(pool_size), True: _Lane(PRIORITY_LANE_SIZE)}
-        self._statement_s = timeouts.statement_ms / 1000 + _GRACE_S
+        self._statement_s = timeouts.statement_ms / 1000 + GRACE_S
 
     @property
     def open_connections(self) -> int:
@@ -195,7 +195,7 @@ class PoolRunner:
     async def _discard(self, lane: _Lane, raw: Any) -> None:
         await self._release_slot(lane)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.dialect.close(raw), _GRACE_S)
+            await asyncio.wait_for(self.dialect.close(raw), GRACE_S)
 
     async def _checkin(self, lane: _Lane, raw: Any, reusable: bool) -> None:
         if reusable and not self.closed:
@@ -211,7 +211,7 @@ class PoolRunner:
     async def bounded_execute(
         self, raw: Any, sql: str, params: Mapping[str, Any] | None
     ) -> tuple[list[Any] | None, int]:
-        """`dialect.execute` given up `_GRACE_S` past the statement bound."""
+        """`dialect.execute` given up `GRACE_S` past the statement bound."""
         answer: tuple[list[Any] | None, int] = await self.bounded(
             self.dialect.execute(raw, sql, params), raw
         )
@@ -299,4 +299,4 @@ class PoolRunner:
                     lane.available.notify_all()  # waiters for a connection fail now
             for raw in idle:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.dialect.close(raw), _GRACE_S)
+                    await asyncio.wait_for(self.dialect.close(raw), GRACE_S)

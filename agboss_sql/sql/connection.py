@@ -76,7 +76,7 @@ from agboss_sql.contracts.errors import (
     StoreUnavailableError,
 )
 from agboss_sql.sql._inline_runner import InlineRunner
-from agboss_sql.sql._pool_runner import DeadlinePassed, PoolRunner
+from agboss_sql.sql._pool_runner import GRACE_S, DeadlinePassed, PoolRunner
 from agboss_sql.sql._progress import Progress, feed
 from agboss_sql.sql.statements import (
     Compiled,
@@ -349,13 +349,37 @@ class SqlConnection:
                 "pool_pre_ping": False,
                 "pool_reset_on_return": None,
                 "pool_size": self._pool_size,
+                "max_overflow": 0,  # `pool_size` caps the work's connections too
                 **self.ops.engine_options(self.url, self.timeouts),
             }
+            if not self.capabilities.inline:
+                options["async_creator"] = self._bounded_creator(options["async_creator"])
             self._engine = create_async_engine(self.url, **options)
             begin = self.ops.BEGIN
             if begin != "BEGIN":
                 _begin_with(self._engine, begin)
+            if not self.capabilities.inline:
+                _statement_deadlines(self._engine, self.timeouts)
         return self._engine
+
+    def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
+        """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
+        bound_ms = self.timeouts.connect_ms
+        where = self._safe_url()
+
+        async def bounded() -> Any:
+            try:
+                async with asyncio.timeout(bound_ms / 1000):
+                    return await create()
+            except TimeoutError:
+                raise StoreTimeoutError(
+                    "connect",
+                    bound_ms,
+                    f"no connection to {where} within {bound_ms} ms (Timeouts.connect_ms); "
+                    "nothing was sent",
+                ) from None
+
+        return bounded
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -366,17 +390,35 @@ class SqlConnection:
         through for the caller's retry (`is_transient`)."""
         progress = Progress()
         progress.sent_write = True
+        deadline = _Deadline()
         try:
             async with self.engine.connect() as connection:
-                await connection.begin()
+                # The info dict lives with the driver connection, across checkouts: the
+                # deadline is this transaction's only while it runs.
+                info = connection.sync_connection.info  # type: ignore[union-attr]
+                info[_DEADLINE] = deadline
                 try:
-                    yield connection
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        await self._bounded_on(connection, connection.rollback())
-                    raise
-                progress.committing = True
-                await self._bounded_on(connection, connection.commit())
+                    await connection.begin()
+                    try:
+                        yield connection
+                    except BaseException:
+                        with contextlib.suppress(Exception):
+                            await self._bounded_on(connection, connection.rollback())
+                        raise
+                    progress.committing = True
+                    await self._bounded_on(connection, connection.commit())
+                finally:
+                    info.pop(_DEADLINE, None)
+                    if deadline.timer is not None:
+                        deadline.timer.cancel()
+        except asyncio.CancelledError as exc:
+            if not deadline.expired:
+                raise
+            # Our own statement deadline cancelled the task, not its caller: a typed error.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise self.translate(DeadlinePassed(str(exc)), True, progress) from None
         except Exception as exc:
             if self.ops.is_retryable(exc):
                 raise
@@ -452,6 +494,52 @@ async def _aiosqlite_execute(
         return rows, cursor.rowcount
     finally:
         await cursor.close()
+
+
+_DEADLINE = "agboss.deadline"
+
+
+class _Deadline:
+    """The statement deadline of one engine transaction: the timer of the statement in
+    flight, and whether it went off."""
+
+    __slots__ = ("expired", "timer")
+
+    def __init__(self) -> None:
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _statement_deadlines(engine: AsyncEngine, timeouts: Timeouts) -> None:
+    """Bound every statement the work sends on the engine's connections, as the runners
+    bound their own: a statement still unanswered `statement_ms` (and a grace) after it
+    was sent cancels the transaction's task; the driver drops the connection (see the
+    dialects' `connect`), and `transaction()` turns the cancellation into a typed error. A
+    statement the server ends at its own timeout answers first."""
+    seconds = timeouts.statement_ms / 1000 + GRACE_S
+
+    def expire(deadline: _Deadline, task: asyncio.Task[Any]) -> None:
+        deadline.expired = True
+        task.cancel()
+
+    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _arm(connection: Any, *_args: Any) -> None:
+        deadline = connection.info.get(_DEADLINE)
+        task = asyncio.current_task()
+        if deadline is None or task is None:
+            return
+        deadline.timer = asyncio.get_running_loop().call_later(seconds, expire, deadline, task)
+
+    def _disarm(connection: Any, *_args: Any) -> None:
+        if connection is None:
+            return
+        deadline = connection.info.get(_DEADLINE)
+        if deadline is not None and deadline.timer is not None:
+            deadline.timer.cancel()
+            deadline.timer = None
+
+    sa.event.listen(engine.sync_engine, "after_cursor_execute", _disarm)
+    sa.event.listen(engine.sync_engine, "handle_error", lambda context: _disarm(context.connection))
 
 
 def _begin_with(engine: AsyncEngine, begin: str) -> None:
