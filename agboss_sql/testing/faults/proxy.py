@@ -77,8 +77,12 @@ def _checked_loopback(host: str, what: str) -> str:
     return host
 
 
-def _is_commit_text(body: bytes) -> bool:
-    text = body.split(b"\0", 1)[0].strip().rstrip(b";").strip().upper()
+def _is_commit_text(body: bytes, *, nul_terminated: bool = True) -> bool:
+    if nul_terminated:
+        body = body.split(b"\0", 1)[0]
+    elif b"\0" in body:
+        return False
+    text = body.strip().rstrip(b";").strip().upper()
     return text == b"COMMIT" or text.startswith((b"COMMIT ", b"COMMIT\n", b"COMMIT\t"))
 
 
@@ -152,7 +156,7 @@ class _Framer:
     def _is_commit(self, header: bytes, body: bytes, size: int) -> bool:
         whole = size <= _PEEK
         if self.protocol == "mysql":
-            return whole and body[:1] == b"\x03" and _is_commit_text(body[1:])
+            return whole and body[:1] == b"\x03" and _is_commit_text(body[1:], nul_terminated=False)
         if self._startup:
             code = int.from_bytes(body[:4], "big") if len(body) >= 4 else 0
             if code not in (_PG_SSL_REQUEST, _PG_GSSENC_REQUEST):
