@@ -33,7 +33,6 @@ lines, and they are printed at the end of the module (`-s` shows them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -86,6 +85,7 @@ SLACK_MS = 3_000
 TIMEOUTS = Timeouts(connect_ms=800, statement_ms=800, lock_ms=1_000, pool_ms=600, retry_ms=2_000)
 
 FIGURES: list[dict[str, Any]] = []
+ABANDONED: list[asyncio.Future[Any]] = []  # hung calls, cancelled and left behind
 
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -164,9 +164,14 @@ async def pods(server_url: str, proxy: TcpProxy, direct: SqlConnection) -> Async
 
 
 async def _closed(connection: SqlConnection) -> None:
-    # A close that fails or hangs must not hide the test's own outcome.
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(connection.close(), 10)
+    # A close that fails or hangs must not hide the test's own outcome (nor hang it).
+    task = asyncio.ensure_future(connection.close())
+    done, _ = await asyncio.wait({task}, timeout=10)
+    if done:
+        task.exception()
+    else:
+        task.cancel()
+        ABANDONED.append(task)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -216,20 +221,22 @@ class Hung(Exception):
 
 
 async def timed(call: Awaitable[Any], cap_s: float = 30) -> tuple[Any, BaseException | None, float]:
-    """`(answer, error, elapsed ms)` of awaiting `call`; a call still waiting after `cap_s`
-    is abandoned with `Hung` (so an unbounded wait fails the test instead of hanging it)."""
+    """`(answer, error, elapsed ms)` of awaiting `call`. A call still waiting after `cap_s`
+    is cancelled and abandoned (not awaited: a driver may hang in its own cancellation)
+    with `Hung`, so an unbounded wait fails the test instead of hanging it."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    scope = asyncio.timeout(cap_s)
-    try:
-        async with scope:
-            answer = await call
-    except Exception as exc:  # TimeoutError of a caller's wait_for and the store's errors
-        elapsed = (loop.time() - started) * 1000
-        if scope.expired():
-            return None, Hung(f"no answer within {cap_s} s"), elapsed
-        return None, exc, elapsed
-    return answer, None, (loop.time() - started) * 1000
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=cap_s)
+    elapsed = (loop.time() - started) * 1000
+    if not done:
+        task.cancel()
+        ABANDONED.append(task)
+        return None, Hung(f"no answer within {cap_s} s"), elapsed
+    error = task.exception()
+    if error is not None:
+        return None, error, elapsed
+    return task.result(), None, elapsed
 
 
 def record(url: str, scenario: str, bound_ms: float, elapsed_ms: float, outcome: Any) -> None:

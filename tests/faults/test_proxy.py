@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import struct
 import subprocess
 import sys
@@ -233,3 +234,66 @@ def test_only_loopback() -> None:
         TcpProxy("10.0.0.1", 5432)
     with pytest.raises(ValueError):
         TcpProxy("127.0.0.1", 5432, host="0.0.0.0")
+
+
+# --- the fleet: proxies per pod behind a blocking API ----------------------------------------
+
+
+def test_fleet_drives_each_pod_from_a_plain_thread() -> None:
+    """`ProxyFleet` answers a synchronous harness: one proxy per pod, each fault in place
+    when the call returns."""
+    import socketserver
+    import threading
+
+    from sqlalchemy.engine import make_url
+
+    from agboss_sql.testing.faults.network import ProxyFleet
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            with contextlib.suppress(OSError):
+                while data := self.request.recv(65_536):
+                    self.request.sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    target = f"postgresql://user@127.0.0.1:{server.server_address[1]}/db"
+    hello = pg_startup()
+
+    def recv_exactly(sock: socket.socket, size: int) -> bytes:
+        data = b""
+        while len(data) < size and (more := sock.recv(size - len(data))):
+            data += more
+        return data
+
+    def connect(url: str) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", make_url(url).port), timeout=5)
+
+    try:
+        with ProxyFleet() as fleet:
+            first, second = fleet.url_for_pod(0, target), fleet.url_for_pod(1, target)
+            assert first != second and fleet.url_for_pod(0, target) == first
+            with connect(first) as sock:
+                sock.sendall(hello)
+                assert recv_exactly(sock, len(hello)) == hello
+                fleet.blackhole(0)
+                sock.sendall(hello)
+                sock.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    sock.recv(1)
+            with connect(second) as sock:  # pod 2 untouched
+                sock.sendall(hello)
+                assert recv_exactly(sock, len(hello)) == hello
+                fleet.drop(1)
+                with pytest.raises(ConnectionError):
+                    if not sock.recv(1):
+                        raise ConnectionResetError("closed")
+            assert fleet.stats(0)["mode"] == "blackhole" and fleet.stats(1)["mode"] == "drop"
+            fleet.pass_through()
+            with connect(first) as sock:
+                sock.sendall(hello)
+                assert recv_exactly(sock, len(hello)) == hello
+    finally:
+        server.shutdown()
+        server.server_close()
