@@ -37,7 +37,7 @@ import json
 import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -72,6 +72,8 @@ from agboss_sql.testing.database import (
 from agboss_sql.testing.faults.proxy import TcpProxy
 
 pytestmark = [pytest.mark.database, pytest.mark.faults]
+
+T = TypeVar("T")
 
 START = 1_700_000_000_000
 LEASE_MS = 30_000
@@ -239,6 +241,15 @@ async def timed(call: Awaitable[Any], cap_s: float = 30) -> tuple[Any, BaseExcep
     return task.result(), None, elapsed
 
 
+async def must(call: Awaitable[T], what: str, cap_s: float = 30) -> T:
+    """The answer of `call`, which must come within `cap_s` (a test step after a fault
+    healed: a hang here is a connection or lock the fault left behind)."""
+    answer, error, elapsed = await timed(call, cap_s)
+    if error is not None:
+        raise AssertionError(f"{what} failed after {elapsed:.0f} ms: {error!r}") from error
+    return answer  # type: ignore[no-any-return]
+
+
 def record(url: str, scenario: str, bound_ms: float, elapsed_ms: float, outcome: Any) -> None:
     if isinstance(outcome, BaseException):
         what = getattr(outcome, "what", None)
@@ -284,7 +295,7 @@ def assert_typed(error: BaseException | None) -> None:
 
 
 async def acquired(leases: SqlExecutionLeaseRepository, execution: str) -> ExecutionLease:
-    lease = await leases.acquire(TENANT, execution, LEASE_MS)
+    lease = await must(leases.acquire(TENANT, execution, LEASE_MS), f"taking {execution}")
     assert lease is not None
     return lease
 
@@ -333,9 +344,9 @@ async def _lease_and_effect(
     leases: SqlExecutionLeaseRepository, effects: SqlFencedEffectRepository, work: Charge
 ) -> None:
     lease = await acquired(leases, "tree-latency")
-    answer = await effects.save_result_if_absent(key_of(lease), work)
+    answer = await must(effects.save_result_if_absent(key_of(lease), work), "the effect")
     assert answer.value == {"receipt": "charged"} and not answer.replayed
-    remaining = await leases.renew(lease, LEASE_MS)
+    remaining = await must(leases.renew(lease, LEASE_MS), "a renewal")
     assert remaining is not None and remaining > 0
 
 
@@ -367,7 +378,9 @@ async def test_blackhole_inside_fenced_effect(pods: Pods, direct: SqlConnection)
     pods.proxy.pass_through()
     # The timed-out connection was closed by the pod: its server session rolled back (the
     # lease row's lock with it), so the retry goes through.
-    answer = await effects.save_result_if_absent(key_of(lease), work)
+    answer = await must(
+        effects.save_result_if_absent(key_of(lease), work), "the effect again, healed"
+    )
     assert not answer.replayed
     assert work.runs == 2
     assert await committed_business_rows(direct) == ["charged"]
@@ -389,7 +402,7 @@ async def test_blackhole_during_lease_renew(pods: Pods, direct: SqlConnection) -
     assert_within(elapsed, TIMEOUTS.statement_ms, "a black-holed renewal")
 
     pods.proxy.pass_through()
-    remaining = await leases.renew(lease, LEASE_MS)
+    remaining = await must(leases.renew(lease, LEASE_MS), "a renewal")
     assert remaining is not None and remaining > 0
 
 
@@ -430,7 +443,9 @@ async def test_wait_for_around_a_stuck_call_returns_promptly(
     assert_within(elapsed, 500, "cancelling a stuck call")
 
     pods.proxy.pass_through()
-    answer = await effects.save_result_if_absent(key_of(lease), work)
+    answer = await must(
+        effects.save_result_if_absent(key_of(lease), work), "the effect again, healed"
+    )
     assert not answer.replayed
     assert await committed_business_rows(direct) == ["charged"]
 
@@ -461,7 +476,9 @@ async def test_dropped_inside_fenced_effect_is_store_unavailable(
     assert_within(elapsed, bound, "a dropped effect")
 
     pods.proxy.pass_through()
-    answer = await effects.save_result_if_absent(key_of(lease), work)
+    answer = await must(
+        effects.save_result_if_absent(key_of(lease), work), "the effect again, healed"
+    )
     assert not answer.replayed
     assert await committed_business_rows(direct) == ["charged"]
 
@@ -496,10 +513,12 @@ async def test_idle_connections_reset_cost_nothing(pods: Pods, direct: SqlConnec
     leases, effects = pods.leases(pod), pods.effects(pod)
     lease = await acquired(leases, "tree-reset-idle")
     await pods.proxy.reset_connections()
-    remaining = await leases.renew(lease, LEASE_MS)
+    remaining = await must(leases.renew(lease, LEASE_MS), "a renewal")
     assert remaining is not None and remaining > 0
     await pods.proxy.reset_connections()
-    answer = await effects.save_result_if_absent(key_of(lease), Charge())
+    answer = await must(
+        effects.save_result_if_absent(key_of(lease), Charge()), "the effect again, healed"
+    )
     assert not answer.replayed
     assert await committed_business_rows(direct) == ["charged"]
 
@@ -532,7 +551,9 @@ async def test_ambiguous_commit(
     assert work.runs == 1, "the transaction was run again after its COMMIT was sent"
 
     pods.proxy.pass_through()
-    answer = await effects.save_result_if_absent(key_of(lease), work)
+    answer = await must(
+        effects.save_result_if_absent(key_of(lease), work), "the effect again, healed"
+    )
     assert answer.value == {"receipt": "charged"}
     if deliver:
         assert answer.replayed, "the first commit landed: the retry must replay it"
@@ -584,7 +605,7 @@ async def test_takeover_blocked_by_partitioned_lock_times_out(
     thaw.set()
     _, late_error, _ = await timed(asyncio.wait_for(frozen, 30))
     assert_typed(late_error)
-    taken = await leases2.acquire(TENANT, "tree-partition", LEASE_MS)
+    taken = await must(leases2.acquire(TENANT, "tree-partition", LEASE_MS), "the takeover")
     assert taken is not None and taken.lease_epoch == lease.lease_epoch + 1
     assert await committed_business_rows(direct) == []
 

@@ -363,7 +363,9 @@ class _Link:
         if proxy._cut_deliver:
             self.swallowing = True
             await self.to_server.send(data)
-            asyncio.get_running_loop().create_task(self._after_delivered_commit())
+            self.tasks.append(
+                asyncio.get_running_loop().create_task(self._after_delivered_commit())
+            )
         else:
             before = max(0, starts[0] - chunk_start)
             if before:
