@@ -68,7 +68,7 @@ class PauseStatements:
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
         columns = [P.c[c] for c in _COLUMNS]
-        self.returning = ops.UPDATE_RETURNING
+        self.returning = b.capabilities.update_returning
         self.save = ops.insert_if_absent(P, ["tenant_id", "pause_id"]).values(
             {c: sa.bindparam(c, type_=P.c[c].type) for c in (*_COLUMNS, "updated_at")}
         )
@@ -80,7 +80,7 @@ class PauseStatements:
             decision=sa.bindparam("decision"),
             resolved_at=now,
         )
-        self.resolve = resolve.returning(*columns) if ops.UPDATE_RETURNING else resolve
+        self.resolve = resolve.returning(*columns) if self.returning else resolve
         self.take = _move(PauseStatus.RESOLVED, PauseStatus.TAKEN)
         self.cancel = _move(PauseStatus.PENDING, PauseStatus.CANCELLED, resolved_at=now)
         self.resolved = (

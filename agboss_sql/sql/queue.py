@@ -92,7 +92,7 @@ class QueueStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.update_returning: bool = ops.UPDATE_RETURNING
+        self.update_returning: bool = b.capabilities.update_returning
         now = sa.bindparam("now", type_=sa.BigInteger)
 
         self.enqueue = ops.insert_if_absent(C, ["child_execution_id"]).values(

@@ -145,7 +145,7 @@ async def test_a_claim_in_flight_hides_only_the_child_it_holds(
     queued children invisible: the next claimer skips the locked row and takes the next.
     (Without an index that serves the claim's order, InnoDB sorts and locks every queued
     row it read, and the next claimer finds nothing.)"""
-    if not sql.ops.SKIP_LOCKED:
+    if not sql.capabilities.skip_locked:
         pytest.skip("no row locks: SQLite serialises writers, nothing is in flight")
     queue = store(sql, clock)
     for i in range(50):
@@ -362,7 +362,7 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     queue = store(sql, clock)
-    one_statement_claim = sql.ops.UPDATE_RETURNING
+    one_statement_claim = sql.capabilities.update_returning
     with statements(sql) as sent:
         await queue.enqueue(child("c-1"))
     assert len(sent) == 1
@@ -381,7 +381,7 @@ async def test_each_operation_sends_the_fewest_statements(
     with statements(sql) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
     assert len(sent) == 2
-    assert "FOR UPDATE" in sent[0].upper() or not sql.ops.ROW_LOCKS
+    assert "FOR UPDATE" in sent[0].upper() or not sql.capabilities.row_locks
     with statements(sql) as sent:
         assert await queue.finish("c-1", None) == FinishResult(False, 0)
     assert len(sent) == 1
