@@ -192,17 +192,18 @@ def key_of(lease: ExecutionLease, step_key: str = "step-1") -> FencedEffectKey:
 
 class Charge:
     """Work writing one business row in the effect's transaction; counts its runs. A
-    `before` hook runs first (a fault switched on at that very point)."""
+    `before` hook runs first, once (a fault switched on at that very point)."""
 
     def __init__(self, row: str = "charged", before: Callable[[], Awaitable[None]] | None = None):
         self.row = row
         self.runs = 0
-        self.before = before
+        self.before = before  # on the first run only
 
     async def __call__(self, tx: AsyncConnection) -> dict[str, str]:
         self.runs += 1
-        if self.before is not None:
-            await self.before()
+        before, self.before = self.before, None
+        if before is not None:
+            await before()
         await insert_business_row(tx, self.row)
         return {"receipt": self.row}
 
@@ -301,18 +302,20 @@ async def acquired(leases: SqlExecutionLeaseRepository, execution: str) -> Execu
 
 
 async def wait_for_lock_waiters(direct: SqlConnection, count: int, timeout_s: float) -> int:
-    """Poll the server until `count` sessions of this database wait on a row lock (or
-    `timeout_s` passes); the number seen last."""
+    """Poll the server until `count` sessions of this database wait on a row lock of the
+    lease table (or `timeout_s` passes); the number seen last."""
     if direct.dialect_name == "postgresql":
         query = (
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
     else:
+        # MariaDB lists a waiting autocommit statement in no transaction table: count the
+        # sessions still running an UPDATE of the lease table (its one row is locked).
         query = (
-            "SELECT count(*) FROM information_schema.innodb_trx t "
-            "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
-            "WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
+            "SELECT count(*) FROM information_schema.processlist "
+            "WHERE db = DATABASE() AND command = 'Query' "
+            "AND info LIKE 'UPDATE agboss_execution_leases%%'"
         )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -539,7 +542,13 @@ async def test_ambiguous_commit(
     leases, effects = pods.leases(pod), pods.effects(pod)
     lease = await acquired(leases, f"tree-commit-{deliver}-{after}")
     work = Charge()
-    pods.proxy.cut_at_commit(deliver=deliver, after=after)  # type: ignore[arg-type]
+    # The effect's own COMMIT (not a new connection's set-up one): its transaction wrote
+    # the effect's result row.
+    pods.proxy.cut_at_commit(
+        deliver=deliver,
+        after=after,  # type: ignore[arg-type]
+        marker="agboss_fenced_effect_results",
+    )
     _, error, elapsed = await timed(effects.save_result_if_absent(key_of(lease), work))
     bound = TIMEOUTS.statement_ms if after == "hang" else 0
     scenario = f"cut after COMMIT ({'reply lost' if deliver else 'COMMIT lost'}, {after})"
@@ -574,7 +583,9 @@ async def test_takeover_blocked_by_partitioned_lock_times_out(
     off; its lease runs out. Pod 2's takeover waits on that lock no longer than `lock_ms`:
     `StoreTimeoutError(what="lock")`. Once pod 1's session is gone, the takeover goes
     through and pod 1's late effect is refused or fails typed, never applied."""
-    frozen_pod = pods.connection()
+    # Pod 1's own bounds are long: a server that ends an idle transaction after them
+    # (PostgreSQL's idle_in_transaction_session_timeout) must not end this one first.
+    frozen_pod = pods.connection(Timeouts(connect_ms=800, statement_ms=30_000, lock_ms=5_000))
     leases1, effects1 = pods.leases(frozen_pod, "pod-1"), pods.effects(frozen_pod, "pod-1")
     lease = await acquired(leases1, "tree-partition")
     inside, thaw = asyncio.Event(), asyncio.Event()
@@ -590,7 +601,10 @@ async def test_takeover_blocked_by_partitioned_lock_times_out(
     pods.proxy.blackhole()
     await pods.clock.advance(LEASE_MS + 1)  # pod 1's lease is over by the store's time
 
-    taker = pods.connection(proxied=False)
+    # The statement bound is longer than the lock bound: the lock wait is what must end.
+    taker = pods.connection(
+        Timeouts(connect_ms=800, statement_ms=10_000, lock_ms=1_000), proxied=False
+    )
     leases2 = pods.leases(taker, "pod-2")
     _, error, elapsed = await timed(leases2.acquire(TENANT, "tree-partition", LEASE_MS))
     bound = lock_bound_ms(pods.server_url, TIMEOUTS.lock_ms)
@@ -614,71 +628,86 @@ async def test_takeover_blocked_by_partitioned_lock_times_out(
 
 
 async def test_pool_exhaustion_spares_lease_renewals(pods: Pods, direct: SqlConnection) -> None:
-    """Eight effects of the pod wait on one tree's lease row, locked by a frozen session
-    elsewhere: its whole pool of 8. The pod's renewal of another tree's lease, and a take
-    of a third, still answer while the eight wait (lease calls have their own lane); a
-    business call of the pod waits for a pooled connection no longer than `pool_ms`:
-    `StoreTimeoutError(what="pool")`. Unlocked, the eight all finish."""
+    """A session elsewhere froze holding one tree's lease row lock. Eight fenced effects of
+    the pod wait on it, and eight plain statements of the pod too (its pool of 8). The
+    pod's renewal of another tree's lease, and a take of a third, still answer while all
+    of them wait (lease calls have their own lane). A business call that needs a pooled
+    connection waits for one no longer than `pool_ms` (`StoreTimeoutError(what="pool")`),
+    and an unrelated fenced effect answers or ends just as fast, never behind the lock.
+    Unlocked, every waiter finishes."""
     timeouts = Timeouts(connect_ms=2_000, statement_ms=30_000, lock_ms=20_000, pool_ms=600)
     pod = pods.connection(timeouts, proxied=False, pool_size=8)
     leases, effects = pods.leases(pod), pods.effects(pod)
     busy = await acquired(leases, "tree-busy")
     other = await acquired(leases, "tree-other")
-
+    busy_row = sa.and_(
+        execution_leases.c.tenant_id == TENANT, execution_leases.c.execution_id == "tree-busy"
+    )
     locked, unlock = asyncio.Event(), asyncio.Event()
 
     async def frozen_session() -> None:
         async with direct.transaction() as tx:
             await tx.execute(
-                sa.select(execution_leases.c.lease_epoch)
-                .where(
-                    execution_leases.c.tenant_id == TENANT,
-                    execution_leases.c.execution_id == "tree-busy",
-                )
-                .with_for_update()
+                sa.select(execution_leases.c.lease_epoch).where(busy_row).with_for_update()
             )
             locked.set()
             await unlock.wait()
 
     holder = asyncio.create_task(frozen_session())
     await asyncio.wait_for(locked.wait(), 10)
-    waiting = [
+    waiting: list[asyncio.Task[Any]] = [
         asyncio.create_task(
             effects.save_result_if_absent(key_of(busy, f"step-{i}"), Charge(f"row-{i}"))
         )
         for i in range(8)
     ]
+    touch = (
+        sa.update(execution_leases).where(busy_row).values(updated_at=execution_leases.c.updated_at)
+    )
+    waiting += [asyncio.create_task(pod.execute(touch)) for _ in range(8)]
     try:
-        seen = await wait_for_lock_waiters(direct, 8, 10)
-        assert seen >= 8, f"only {seen} of the 8 effects reached the lock"
+        seen = await wait_for_lock_waiters(direct, 16, 10)
+        ended = [t.exception() or t.result() for t in waiting if t.done()]
+        assert seen >= 16, f"only {seen} of the 16 calls reached the lock; ended: {ended}"
 
         remaining, error, elapsed = await timed(leases.renew(other, LEASE_MS))
         record(pods.server_url, "renewal while the pool waits on a lock", 0, elapsed, error or "ok")
         assert error is None, f"the renewal queued behind business work: {error!r}"
         assert remaining is not None and remaining > 0
-        # The eight cannot have finished: their lock is held until `unlock` (and their lock
+        # The waiters cannot have finished: their lock is held until `unlock` (and their lock
         # bound is 20 s, far beyond the renewal's answer).
-        assert not any(task.done() for task in waiting), "the eight stopped waiting early"
+        assert not any(task.done() for task in waiting), "the waiters stopped waiting early"
 
         third, error, elapsed = await timed(leases.acquire(TENANT, "tree-third", LEASE_MS))
         record(pods.server_url, "take while the pool waits on a lock", 0, elapsed, error or "ok")
         assert error is None, f"the take queued behind business work: {error!r}"
         assert third is not None
 
-        _, error, elapsed = await timed(
-            effects.save_result_if_absent(key_of(other), Charge("unrelated"))
-        )
-        record(
-            pods.server_url, "business call on an exhausted pool", timeouts.pool_ms, elapsed, error
-        )
+        _, error, elapsed = await timed(pod.execute("SELECT 1"))
+        record(pods.server_url, "statement on an exhausted pool", timeouts.pool_ms, elapsed, error)
         assert_typed(error)
         assert isinstance(error, StoreTimeoutError), error
         assert error.what == "pool"
         assert_within(elapsed, timeouts.pool_ms, "a wait for a pooled connection")
+
+        _, error, elapsed = await timed(
+            effects.save_result_if_absent(key_of(other), Charge("unrelated"))
+        )
+        record(
+            pods.server_url,
+            "unrelated effect while 8 effects wait",
+            timeouts.pool_ms,
+            elapsed,
+            error or "ok",
+        )
+        if error is not None:
+            assert isinstance(error, StoreTimeoutError) and error.what == "pool", error
+        assert_within(elapsed, timeouts.pool_ms, "an unrelated effect")
         assert not any(task.done() for task in waiting)
     finally:
         unlock.set()
         await asyncio.wait_for(holder, 30)
         results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 60)
     assert all(not isinstance(r, BaseException) for r in results), results
-    assert sorted(await committed_business_rows(direct)) == sorted(f"row-{i}" for i in range(8))
+    rows = set(await committed_business_rows(direct))
+    assert {f"row-{i}" for i in range(8)} <= rows

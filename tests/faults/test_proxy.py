@@ -72,7 +72,7 @@ def test_framer_finds_postgresql_commits_in_every_form() -> None:
     )
     expected.append(position)  # the prepared COMMIT bound again
     # Byte by byte: a message split across any chunks is still found, at its start.
-    found = [start for i in range(len(stream)) for start in framer.feed(stream[i : i + 1])]
+    found = [start for i in range(len(stream)) for start, _ in framer.feed(stream[i : i + 1])]
     assert found == expected
 
 
@@ -81,7 +81,7 @@ def test_framer_skips_long_messages_and_the_ssl_request() -> None:
     ssl_request = struct.pack("!ii", 8, 80_877_103)
     long_query = pg_query("SELECT " + "x" * 100_000)
     stream = ssl_request + pg_startup() + long_query + pg_query("COMMIT")
-    assert framer.feed(stream) == [len(stream) - len(pg_query("COMMIT"))]
+    assert framer.feed(stream) == [(len(stream) - len(pg_query("COMMIT")), False)]
 
 
 def test_framer_finds_mysql_commits() -> None:
@@ -90,7 +90,7 @@ def test_framer_finds_mysql_commits() -> None:
     stream = handshake + mysql_query("SELECT 1") + mysql_query(" COMMIT ") + mysql_query("ROLLBACK")
     # The handshake response is not a command: only whole COM_QUERY payloads count, and
     # this one's payload runs past "COMMIT" (a NUL is no end of a MySQL query).
-    assert framer.feed(stream) == [len(handshake) + len(mysql_query("SELECT 1"))]
+    assert framer.feed(stream) == [(len(handshake) + len(mysql_query("SELECT 1")), False)]
 
 
 # --- the proxy before an echo server ------------------------------------------------------------
@@ -297,3 +297,31 @@ def test_fleet_drives_each_pod_from_a_plain_thread() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_framer_marks_commits_of_transactions_that_sent_the_marker() -> None:
+    """With a marker, a COMMIT counts only after a statement holding it (a connection's
+    set-up COMMIT, or one after a ROLLBACK, does not), prepared statements included."""
+    framer = _Framer("postgresql")
+    framer.feed(pg_startup())
+    marker = b"agboss_results"
+    stream = [
+        pg_query("SET x = 1"),
+        pg_query("COMMIT"),
+        pg_message(b"P", b"_s1\0INSERT INTO agboss_results VALUES (1)\0\0\0"),
+        pg_query("COMMIT"),
+        pg_message(b"B", b"\0_s1\0\0\0\0\0\0\0"),
+        pg_query("ROLLBACK"),
+        pg_query("COMMIT"),
+        pg_message(b"B", b"\0_s1\0\0\0\0\0\0\0"),
+        pg_query("commit"),
+    ]
+    marks = [marked for message in stream for _, marked in framer.feed(message, marker)]
+    assert marks == [False, True, False, True]
+    mysql = _Framer("mysql")
+    found = [
+        marked
+        for text in ("COMMIT", "UPDATE agboss_results SET a = 1", "COMMIT")
+        for _, marked in mysql.feed(mysql_query(text), marker)
+    ]
+    assert found == [False, True]

@@ -25,6 +25,7 @@ from agboss_sql.testing.faults.proxy import After, TcpProxy
 T = TypeVar("T")
 
 _CALL_BOUND_S = 30.0  # every blocking call into the fleet's loop ends within this
+EFFECT_MARKER = "agboss_fenced_effect_results"  # a statement only fenced effects send
 
 
 class ProxyFleet:
@@ -97,12 +98,22 @@ class ProxyFleet:
         self._each(index, lambda proxy: proxy.set_latency(ms))
 
     def cut_at_commit(
-        self, index: int, *, deliver: bool, after: After = "reset", count: int = 1
+        self,
+        index: int,
+        *,
+        deliver: bool,
+        after: After = "reset",
+        count: int = 1,
+        marker: str | None = None,
     ) -> None:
         """Cut the connection of pod `index`'s next `count` COMMITs (`deliver`: the COMMIT
-        reaches the server and commits; else it never does)."""
+        reaches the server and commits; else it never does), of transactions that sent a
+        statement holding `marker` when given."""
         self._each(
-            index, lambda proxy: proxy.cut_at_commit(deliver=deliver, after=after, count=count)
+            index,
+            lambda proxy: proxy.cut_at_commit(
+                deliver=deliver, after=after, count=count, marker=marker
+            ),
         )
 
     def wait_cut(self, index: int, timeout_s: float) -> bool:
@@ -193,7 +204,8 @@ def _commit_cut(deliver: bool) -> Callable[[Any], None]:
     def act(run: Any) -> None:
         fleet = fleet_of(run)
         _first_effect(run)
-        fleet.cut_at_commit(0, deliver=deliver, after="reset")
+        # A fenced effect's COMMIT, not a new connection's set-up one.
+        fleet.cut_at_commit(0, deliver=deliver, after="reset", marker=EFFECT_MARKER)
         if not fleet.wait_cut(0, 25):
             raise AssertionError("pod-1 sent no COMMIT through its proxy within 25 s")
         fleet.pass_through(0)

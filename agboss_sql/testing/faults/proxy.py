@@ -13,9 +13,10 @@ port (`url_for` rewrites its URL) and every byte goes through it. Faults:
   The server's side of an open connection stays open, like a session behind a partition
   (its locks stay held until the proxy closes it).
 - `set_latency(ms)`: each chunk, both ways, is delivered `ms` after it arrived.
-- `cut_at_commit(deliver=..., after=...)`: the next COMMIT a client sends (found in the
-  wire protocol: a PostgreSQL simple query, or a Parse or Bind of a `COMMIT` statement; a
-  MySQL `COM_QUERY`) cuts its connection. `deliver=False`: the COMMIT never reaches the
+- `cut_at_commit(deliver=..., after=..., marker=...)`: the next COMMIT a client sends
+  (found in the wire protocol: a PostgreSQL simple query, or a Parse or Bind of a `COMMIT`
+  statement; a MySQL `COM_QUERY`), of a transaction that sent a statement holding
+  `marker` when one is given, cuts its connection. `deliver=False`: the COMMIT never reaches the
   server, whose side is closed (the server rolls the transaction back). `deliver=True`:
   the COMMIT reaches the server, its reply is read and dropped (the transaction committed)
   and only then is the server's side closed. `after="reset"` then resets the client's
@@ -77,13 +78,17 @@ def _checked_loopback(host: str, what: str) -> str:
     return host
 
 
-def _is_commit_text(body: bytes, *, nul_terminated: bool = True) -> bool:
-    if nul_terminated:
-        body = body.split(b"\0", 1)[0]
-    elif b"\0" in body:
-        return False
-    text = body.strip().rstrip(b";").strip().upper()
-    return text == b"COMMIT" or text.startswith((b"COMMIT ", b"COMMIT\n", b"COMMIT\t"))
+def _is_commit_text(text: bytes) -> bool:
+    return _first_word(text) in (b"COMMIT", b"END")
+
+
+def _is_rollback_text(text: bytes) -> bool:
+    return _first_word(text) == b"ROLLBACK"
+
+
+def _first_word(text: bytes) -> bytes:
+    words = text.strip().rstrip(b";").upper().split()
+    return words[0] if len(words) == 1 or (words and words[1] in (b"WORK", b"TRANSACTION")) else b""
 
 
 class _Framer:
@@ -99,7 +104,8 @@ class _Framer:
         self._skip = 0
         self._start = 0
         self._pos = 0
-        self._commit_statements: set[bytes] = set()
+        self._prepared: dict[bytes, tuple[bytes, bool]] = {}  # name -> (query head, whole)
+        self._marked = False  # a statement with the marker was sent since the last end
 
     @property
     def position(self) -> int:
@@ -117,10 +123,11 @@ class _Framer:
             return int.from_bytes(self._head[0:3], "little")
         return max(0, int.from_bytes(self._head[size - 4 : size], "big") - 4)
 
-    def feed(self, data: bytes) -> list[int]:
-        """Absolute positions (in the whole stream) where the COMMITs in `data` start; a
-        COMMIT is reported once its first bytes are known (maybe in a later chunk)."""
-        found: list[int] = []
+    def feed(self, data: bytes, marker: bytes | None = None) -> list[tuple[int, bool]]:
+        """The COMMITs in `data`: each one's absolute position in the whole stream (reported
+        once its first bytes are known, maybe in a later chunk), and whether its
+        transaction sent a statement whose first bytes hold `marker`."""
+        found: list[tuple[int, bool]] = []
         i, n = 0, len(data)
         while i < n:
             if self._skip:
@@ -146,37 +153,49 @@ class _Framer:
                 i += take
                 if len(self._head) - size < peek:
                     break
-            if self._is_commit(bytes(self._head[:size]), bytes(self._head[size:]), body):
-                found.append(self._start)
+            statement = self._statement(bytes(self._head[:size]), bytes(self._head[size:]), body)
+            if statement is not None:
+                text, whole = statement
+                if whole and _is_commit_text(text):
+                    found.append((self._start, self._marked))
+                    self._marked = False
+                elif whole and _is_rollback_text(text):
+                    self._marked = False
+                elif marker is not None and marker in text:
+                    self._marked = True
             self._skip = body - peek
             self._head = bytearray()
         self._pos += n
         return found
 
-    def _is_commit(self, header: bytes, body: bytes, size: int) -> bool:
+    def _statement(self, header: bytes, body: bytes, size: int) -> tuple[bytes, bool] | None:
+        """The head of the statement a message sends, and whether it is whole; `None` for
+        a message that sends none."""
         whole = size <= _PEEK
         if self.protocol == "mysql":
-            return whole and body[:1] == b"\x03" and _is_commit_text(body[1:], nul_terminated=False)
+            if body[:1] != b"\x03" or b"\0" in body:  # COM_QUERY text holds no NUL
+                return None
+            return body[1:], whole
         if self._startup:
             code = int.from_bytes(body[:4], "big") if len(body) >= 4 else 0
             if code not in (_PG_SSL_REQUEST, _PG_GSSENC_REQUEST):
                 self._startup = False
-            return False
+            return None
         kind = header[:1]
         if kind == b"Q":
-            return whole and _is_commit_text(body)
+            return body.split(b"\0", 1)[0], whole
         if kind == b"P":  # Parse: statement name, query
             name, _, rest = body.partition(b"\0")
-            commit = whole and _is_commit_text(rest)
-            if commit and name:
-                self._commit_statements.add(name)
-            elif name:
-                self._commit_statements.discard(name)
-            return commit
-        if kind == b"B":  # Bind: portal name, statement name (a prepared COMMIT)
+            query = rest.split(b"\0", 1)[0]
+            whole = whole or b"\0" in rest
+            if name:
+                self._prepared[name] = (query, whole)
+            return query, whole
+        if kind == b"B":  # Bind: portal name, statement name (a prepared statement run again)
             parts = body.split(b"\0", 2)
-            return len(parts) >= 2 and bool(parts[1]) and parts[1] in self._commit_statements
-        return False
+            if len(parts) >= 2 and parts[1]:
+                return self._prepared.get(parts[1])
+        return None
 
 
 class _Pipe:
@@ -352,8 +371,11 @@ class _Link:
         assert self.to_server is not None
         framer = self.framer
         chunk_start = framer.position if framer is not None else 0
-        starts = framer.feed(data) if framer is not None else []
         proxy = self.proxy
+        marker = proxy._cut_marker
+        found = framer.feed(data, marker) if framer is not None else []
+        starts = [start for start, marked in found if marker is None or marked]
+
         if not starts or proxy._cuts_armed <= 0:
             await self.to_server.send(data)
             return
@@ -441,6 +463,7 @@ class TcpProxy:
         self.cuts = 0
         self._cuts_armed = 0
         self._cut_deliver = False
+        self._cut_marker: bytes | None = None
         self._cut_after: After = "reset"
         self._cut_made: asyncio.Event | None = None
         self._links: set[_Link] = set()
@@ -556,9 +579,18 @@ class TcpProxy:
             raise ValueError("latency must not be negative")
         self.latency_ms = float(ms)
 
-    def cut_at_commit(self, *, deliver: bool, after: After = "reset", count: int = 1) -> None:
+    def cut_at_commit(
+        self,
+        *,
+        deliver: bool,
+        after: After = "reset",
+        count: int = 1,
+        marker: str | None = None,
+    ) -> None:
         """Cut the connection of each of the next `count` COMMITs (see the module):
-        `deliver` says whether the COMMIT reaches the server (and commits)."""
+        `deliver` says whether the COMMIT reaches the server (and commits). With `marker`,
+        only the COMMIT of a transaction that sent a statement holding `marker` in its first
+        40 bytes or so (e.g. a table name) counts: a connection's set-up COMMIT does not."""
         if self.protocol is None:
             raise ValueError("cut_at_commit needs the wire protocol: give protocol=")
         if after not in ("reset", "hang"):
@@ -566,6 +598,7 @@ class TcpProxy:
         self._cut_deliver = bool(deliver)
         self._cut_after = after
         self._cuts_armed = int(count)
+        self._cut_marker = marker.encode() if marker else None
         if self._cut_made is not None:
             self._cut_made.clear()
 
@@ -622,6 +655,7 @@ class TcpProxy:
                 deliver=bool(request["deliver"]),
                 after=request.get("after", "reset"),
                 count=int(request.get("count", 1)),
+                marker=request.get("marker"),
             )
         elif op != "stats":
             raise ValueError(f"unknown op {op!r}")
@@ -685,8 +719,17 @@ class ProxyControl:
     def set_latency(self, ms: float) -> dict[str, Any]:
         return self.command("latency", ms=ms)
 
-    def cut_at_commit(self, *, deliver: bool, after: After = "reset", count: int = 1) -> Any:
-        return self.command("cut_at_commit", deliver=deliver, after=after, count=count)
+    def cut_at_commit(
+        self,
+        *,
+        deliver: bool,
+        after: After = "reset",
+        count: int = 1,
+        marker: str | None = None,
+    ) -> Any:
+        return self.command(
+            "cut_at_commit", deliver=deliver, after=after, count=count, marker=marker
+        )
 
     def stats(self) -> dict[str, Any]:
         return self.command("stats")
