@@ -33,6 +33,7 @@ lines, and they are printed at the end of the module (`-s` shows them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -141,18 +142,28 @@ class Pods:
         self.made: list[SqlConnection] = []
 
     def connection(
-        self, timeouts: Timeouts = TIMEOUTS, *, proxied: bool = True, pool_size: int = 8
+        self,
+        timeouts: Timeouts = TIMEOUTS,
+        *,
+        proxied: bool = True,
+        pool_size: int = 8,
+        kind: type[SqlConnection] = SqlConnection,
     ) -> SqlConnection:
         url = self.proxy.url_for(self.server_url) if proxied else self.server_url
-        made = SqlConnection(url, timeouts=timeouts, pool_size=pool_size)
+        made = kind(url, timeouts=timeouts, pool_size=pool_size)
         self.made.append(made)
         return made
 
     def leases(self, connection: SqlConnection, pod: str = "pod-1") -> SqlExecutionLeaseRepository:
         return SqlExecutionLeaseRepository(connection, self.store_clock, ApplicationContext(pod))
 
-    def effects(self, connection: SqlConnection, pod: str = "pod-1") -> SqlFencedEffectRepository:
-        return SqlFencedEffectRepository(connection, self.store_clock, ApplicationContext(pod))
+    def effects(
+        self,
+        connection: SqlConnection,
+        pod: str = "pod-1",
+        kind: type[SqlFencedEffectRepository] = SqlFencedEffectRepository,
+    ) -> SqlFencedEffectRepository:
+        return kind(connection, self.store_clock, ApplicationContext(pod))
 
 
 @pytest.fixture
@@ -538,8 +549,35 @@ async def test_ambiguous_commit(
     `CommitOutcomeUnknownError`, not retried blindly. Calling the same effect again
     replays the stored result when the COMMIT landed (the work ran once), and runs the
     work once when it did not; either way exactly one business row."""
+    await _ambiguous_commit(pods, direct, deliver, after, SqlFencedEffectRepository)
+
+
+class BlindRetryEffects(SqlFencedEffectRepository):
+    """Broken on purpose: runs the effect again when its COMMIT got no answer, as if
+    nothing had been applied."""
+
+    async def save_result_if_absent(self, key: Any, work: Any) -> Any:
+        for _ in range(3):
+            with contextlib.suppress(CommitOutcomeUnknownError):
+                return await super().save_result_if_absent(key, work)
+        return await super().save_result_if_absent(key, work)
+
+
+async def test_ambiguous_commit_catches_a_blind_retry(pods: Pods, direct: SqlConnection) -> None:
+    """The check above fails for an effect store that retries an unanswered COMMIT."""
+    with pytest.raises(AssertionError, match=r"CommitOutcomeUnknownError|run again"):
+        await _ambiguous_commit(pods, direct, False, "reset", BlindRetryEffects)
+
+
+async def _ambiguous_commit(
+    pods: Pods,
+    direct: SqlConnection,
+    deliver: bool,
+    after: str,
+    kind: type[SqlFencedEffectRepository],
+) -> None:
     pod = pods.connection()
-    leases, effects = pods.leases(pod), pods.effects(pod)
+    leases, effects = pods.leases(pod), pods.effects(pod, kind=kind)
     lease = await acquired(leases, f"tree-commit-{deliver}-{after}")
     work = Charge()
     # The effect's own COMMIT (not a new connection's set-up one): its transaction wrote
@@ -554,10 +592,12 @@ async def test_ambiguous_commit(
     scenario = f"cut after COMMIT ({'reply lost' if deliver else 'COMMIT lost'}, {after})"
     record(pods.server_url, scenario, bound, elapsed, error)
     assert pods.proxy.cuts == 1, "the proxy never saw the COMMIT"
-    assert_typed(error)
-    assert isinstance(error, CommitOutcomeUnknownError), error
-    assert_within(elapsed, bound, "an unanswered COMMIT")
     assert work.runs == 1, "the transaction was run again after its COMMIT was sent"
+    assert_typed(error)
+    assert isinstance(error, CommitOutcomeUnknownError), (
+        f"not a CommitOutcomeUnknownError: {error!r}"
+    )
+    assert_within(elapsed, bound, "an unanswered COMMIT")
 
     pods.proxy.pass_through()
     answer = await must(
@@ -627,6 +667,21 @@ async def test_takeover_blocked_by_partitioned_lock_times_out(
 # --- pool exhaustion ------------------------------------------------------------------------
 
 
+class NoLaneConnection(SqlConnection):
+    """Broken on purpose: lease calls queue for the business pool like any other call."""
+
+    async def run(self, step: Any, *, transaction: bool = True, priority: bool = False) -> Any:
+        return await super().run(step, transaction=transaction, priority=False)
+
+
+async def test_pool_exhaustion_catches_renewals_without_a_lane(
+    pods: Pods, direct: SqlConnection
+) -> None:
+    """The check below fails for a connection whose lease calls have no lane of their own."""
+    with pytest.raises(AssertionError, match="queued behind business work"):
+        await _pool_exhaustion(pods, direct, NoLaneConnection)
+
+
 async def test_pool_exhaustion_spares_lease_renewals(pods: Pods, direct: SqlConnection) -> None:
     """A session elsewhere froze holding one tree's lease row lock. Eight fenced effects of
     the pod wait on it, and eight plain statements of the pod too (its pool of 8). The
@@ -635,8 +690,12 @@ async def test_pool_exhaustion_spares_lease_renewals(pods: Pods, direct: SqlConn
     connection waits for one no longer than `pool_ms` (`StoreTimeoutError(what="pool")`),
     and an unrelated fenced effect answers or ends just as fast, never behind the lock.
     Unlocked, every waiter finishes."""
+    await _pool_exhaustion(pods, direct, SqlConnection)
+
+
+async def _pool_exhaustion(pods: Pods, direct: SqlConnection, kind: type[SqlConnection]) -> None:
     timeouts = Timeouts(connect_ms=2_000, statement_ms=30_000, lock_ms=20_000, pool_ms=600)
-    pod = pods.connection(timeouts, proxied=False, pool_size=8)
+    pod = pods.connection(timeouts, proxied=False, pool_size=8, kind=kind)
     leases, effects = pods.leases(pod), pods.effects(pod)
     busy = await acquired(leases, "tree-busy")
     other = await acquired(leases, "tree-other")
@@ -671,7 +730,10 @@ async def test_pool_exhaustion_spares_lease_renewals(pods: Pods, direct: SqlConn
         assert seen >= 16, f"only {seen} of the 16 calls reached the lock; ended: {ended}"
 
         remaining, error, elapsed = await timed(leases.renew(other, LEASE_MS))
-        record(pods.server_url, "renewal while the pool waits on a lock", 0, elapsed, error or "ok")
+        if kind is SqlConnection:
+            record(
+                pods.server_url, "renewal while the pool waits on a lock", 0, elapsed, error or "ok"
+            )
         assert error is None, f"the renewal queued behind business work: {error!r}"
         assert remaining is not None and remaining > 0
         # The waiters cannot have finished: their lock is held until `unlock` (and their lock
