@@ -60,16 +60,22 @@ def now_ms() -> ColumnElement[int]:
     )
 
 
-def now_source(database_time: bool) -> tuple[sa.Subquery, ColumnElement[int]]:
-    """A one-row derived table holding the statement's time, read once (`LIMIT 1` keeps the
-    derived table from being merged into the outer statement and re-evaluated)."""
-    value = (
-        now_ms()
-        if database_time
-        else sa.cast(sa.bindparam("now", type_=sa.BigInteger), sa.BigInteger)
-    )
-    sub = sa.select(value.label("now")).limit(1).subquery("agboss_now")
-    return sub, sub.c.now
+def now_source(database_time: bool) -> tuple[None, ColumnElement[int]]:
+    """No FROM needed: `NOW(6)` is the statement's start, the same at every reference within
+    one statement (a derived one-row table would be materialised on every statement).
+
+    A statement that waits for a row lock decides with the time it started: earlier, never
+    later, than the truth. For a take that errs towards refusing; for a fence or a renewal
+    it may accept a lease that ran out during the wait, which is safe: whoever would take it
+    over must write the row, so waits for the lock this statement now holds, and reads the
+    row as it left it. `now_ms()` (`SYSDATE(6)`) reads the time again where an answer must
+    count from after the wait."""
+    if database_time:
+        return None, sa.cast(
+            sa.func.floor(sa.func.unix_timestamp(sa.literal_column("NOW(6)")) * 1000),
+            sa.BigInteger,
+        )
+    return None, sa.cast(sa.bindparam("now", type_=sa.BigInteger), sa.BigInteger)
 
 
 def greatest(*values: Any) -> ColumnElement[Any]:
