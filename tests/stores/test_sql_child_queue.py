@@ -306,7 +306,8 @@ async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
     sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
 ) -> None:
     """The sweep restarts a child claimed at attempt 1 (attempt 2); the first worker's late
-    `finish(attempt=1)` is refused and does not count; the attempt-2 finish counts once."""
+    `finish(attempt=1)` is refused and does not count; the attempt-2 finish counts once, and
+    its retry (a lost reply) answers what it answered and changes nothing."""
     first = store(sql, clock, "instance-1")
     await first.enqueue(child("c-1"))
     await first.enqueue(child("c-2"))
@@ -317,7 +318,8 @@ async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
     assert restarted is not None and restarted.attempt == 2
     assert await first.finish("c-1", "zombie", attempt=1) == FinishResult(False, 2)
     assert await sweeper.finish("c-1", "real", attempt=2) == FinishResult(True, 1)
-    assert await sweeper.finish("c-1", "again", attempt=2) == FinishResult(False, 1)
+    assert await sweeper.finish("c-1", "again", attempt=2) == FinishResult(True, 1)
+    assert await first.finish("c-1", "zombie", attempt=1) == FinishResult(False, 1)
     other = await first.claim("instance-1")
     assert other is not None
     assert await first.finish(other.child_execution_id, "last", attempt=1) == FinishResult(True, 0)

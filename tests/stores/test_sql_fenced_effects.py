@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agboss_sql.contracts import (
     ApplicationContext,
+    CommitOutcomeUnknownError,
     ExecutionContext,
     ExecutionFencedError,
     ExecutionLease,
@@ -35,6 +36,7 @@ from agboss_sql.contracts import (
     StepRef,
     StoreClock,
     StoreTimeoutError,
+    StoreUnavailableError,
     VirtualClock,
     fenced_effect_key_of,
     fenced_key_identity_of,
@@ -1023,3 +1025,43 @@ def _lock_timeout(dialect: str) -> Exception:
     import sqlite3
 
     return sqlite3.OperationalError("database is locked")
+
+
+async def test_a_full_sqlite_database_is_a_typed_error_and_nothing_is_half_written(
+    cluster: Cluster,
+) -> None:
+    """SQLite's "database or disk is full" (SQLITE_FULL, made here by capping the file's
+    pages for the work's connection) fails the effect with `StoreUnavailableError`, never a
+    raw driver error, and rolls the whole transaction back: no business row, no result; with
+    room again the same call runs the work once."""
+    if not cluster.sql.capabilities.inline:
+        pytest.skip("a server's full disk cannot be made here")
+    lease = await cluster.acquire()
+    runs = 0
+
+    async def work(tx: AsyncConnection) -> str:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            pages = (await tx.exec_driver_sql("PRAGMA page_count")).scalar()
+            free = (await tx.exec_driver_sql("PRAGMA freelist_count")).scalar()
+            page_size = (await tx.exec_driver_sql("PRAGMA page_size")).scalar()
+            await tx.exec_driver_sql(f"PRAGMA max_page_count = {int(pages)}")
+            try:
+                # More than the file's free pages can hold: it must grow, and cannot.
+                await insert_business_row(tx, "x" * ((int(free) + 16) * int(page_size)))
+            finally:
+                await tx.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+        await insert_business_row(tx, "charged")
+        return "paid"
+
+    with pytest.raises(StoreUnavailableError) as raised:
+        await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert not isinstance(raised.value, CommitOutcomeUnknownError)
+    assert "full" in str(raised.value)
+    assert await cluster.rows() == []
+    assert await cluster.results() == []
+    result = await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert result == FencedEffectResult("paid", False, None)
+    assert await cluster.rows() == ["charged"]
+    assert runs == 2
