@@ -1,0 +1,1 @@
+"""Fault injection for the fault suite: pods, faults, the network proxy (`proxy`)."""
