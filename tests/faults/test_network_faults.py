@@ -367,26 +367,6 @@ async def _lease_and_effect(
 # --- black holes ----------------------------------------------------------------------------
 
 
-# Known gaps of the connection, pinned as strict expected failures: each test turns into an
-# unexpected pass (a failure) once the gap is closed, and its mark must go then.
-WORK_STATEMENT_UNBOUNDED = pytest.mark.xfail(
-    strict=True,
-    reason="the work's own statements on the effect's SQLAlchemy connection have no client "
-    "deadline: a server that never answers one keeps the effect waiting",
-)
-
-
-def engine_cancel_is_slow(url: str) -> pytest.MarkDecorator | None:
-    if dialect_of(url) != "postgresql":
-        return None
-    return pytest.mark.xfail(
-        strict=True,
-        reason="cancelling a psycopg call on the effect's SQLAlchemy connection waits ~10 s "
-        "for psycopg's own cancel request (sent through the same black hole)",
-    )
-
-
-@WORK_STATEMENT_UNBOUNDED
 async def test_blackhole_inside_fenced_effect(pods: Pods, direct: SqlConnection) -> None:
     """The pod's statement inside the effect's transaction is never answered: a statement
     timeout within `statement_ms`; nothing applied, so the retry runs the work (once)."""
@@ -465,9 +445,6 @@ async def test_wait_for_around_a_stuck_call_returns_promptly(
     """With a long statement bound, the caller's own `asyncio.wait_for(…, 0.5)` around a
     black-holed effect returns in about half a second (the cancelled connection is closed,
     not cancelled through the same black hole), and the effect is not applied."""
-    known_gap = engine_cancel_is_slow(pods.server_url)
-    if known_gap is not None:
-        request.applymarker(known_gap)
     pod = pods.connection(Timeouts(statement_ms=30_000))
     leases, effects = pods.leases(pod), pods.effects(pod)
     lease = await acquired(leases, "tree-wait-for")
