@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -403,10 +403,10 @@ class SqlConnection:
                         yield connection
                     except BaseException:
                         with contextlib.suppress(Exception):
-                            await self._bounded_on(connection, connection.rollback())
+                            await self._bounded_on(connection, connection.rollback)
                         raise
                     progress.committing = True
-                    await self._bounded_on(connection, connection.commit())
+                    await self._bounded_on(connection, connection.commit)
                 finally:
                     info.pop(_DEADLINE, None)
                     if deadline.timer is not None:
@@ -424,17 +424,20 @@ class SqlConnection:
                 raise
             raise self.translate(exc, True, progress) from exc
 
-    async def _bounded_on(self, connection: AsyncConnection, awaitable: Any) -> None:
+    async def _bounded_on(
+        self, connection: AsyncConnection, call: Callable[[], Awaitable[None]]
+    ) -> None:
+        """`await call()` (a COMMIT or ROLLBACK on `connection`), bounded like a statement."""
         runner = self._runner
         if isinstance(runner, PoolRunner):
             raw = (await connection.get_raw_connection()).driver_connection
             try:
-                await runner.bounded(awaitable, raw)
+                await runner.bounded(call(), raw)
             except DeadlinePassed:
                 await connection.invalidate()
                 raise
         else:
-            await awaitable
+            await call()
 
     def is_transient(self, exc: BaseException) -> bool:
         """A conflict that undid the whole transaction: running it again is safe."""
