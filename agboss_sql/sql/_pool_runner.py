@@ -9,9 +9,9 @@ Each step gets one pooled connection; each statement is one await on it, inside
 - a statement: the server ends it at `statement_ms` and a lock wait at `lock_ms` (set in
   the session at connect); the client also gives up `GRACE_S` past `statement_ms`, for a
   server that stopped answering (a black-holed connection). The connection is then
-  dropped, never reused: its protocol state is unknown. A driver that answers a
-  cancellation by talking to the server (psycopg asks it to cancel the query) is
-  cancelled again, so giving up never waits on the network.
+  dropped, never reused: its protocol state is unknown. Giving up never waits on the
+  network: the dialects' connections drop themselves when a call is cancelled (psycopg
+  would otherwise ask the server to cancel the query, through the same dead link).
 
 Lease operations take their connections from a lane of their own (`priority=True`), so a
 holder's renewal never queues behind business work waiting on row locks.
@@ -218,34 +218,33 @@ class PoolRunner:
         return answer
 
     async def bounded(self, awaitable: Any, raw: Any) -> Any:
-        """Await `awaitable` (a call on `raw`) at most the statement bound; past it, stop the
-        call, drop `raw`'s socket and raise `DeadlinePassed`."""
-        task = asyncio.ensure_future(awaitable)
-        try:
-            done, _ = await asyncio.wait((task,), timeout=self._statement_s)
-        except asyncio.CancelledError:
-            await self._stop(task, raw)
-            raise
-        if done:
-            return task.result()
-        await self._stop(task, raw)
-        raise DeadlinePassed(
-            f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
-            "(Timeouts.statement_ms)"
-        )
+        """Await `awaitable` (a call on `raw`) at most the statement bound; past it, the call
+        is cancelled (the driver drops the connection: see the dialects' `connect`), `raw`'s
+        socket closed, and `DeadlinePassed` raised. A timer, not a task per statement: the
+        bound costs next to nothing while the server answers."""
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
 
-    async def _stop(self, task: asyncio.Future[Any], raw: Any) -> None:
-        """Cancel `task`, and cancel it again while the driver's clean-up waits on the network;
-        then close `raw`'s socket."""
-        for _ in range(4):
-            if task.done():
-                break
+        def expire() -> None:
+            nonlocal expired
+            expired = True
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait((task,), timeout=0.05)
-        self.dialect.abort(raw)
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: the call's own error is of no interest now
+
+        timer = asyncio.get_running_loop().call_later(self._statement_s, expire)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            self.dialect.abort(raw)
+            if not expired:
+                raise
+            task.uncancel()
+            raise DeadlinePassed(
+                f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
+                "(Timeouts.statement_ms)"
+            ) from None
+        finally:
+            timer.cancel()
 
     async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
         async with self.connection(priority) as raw:

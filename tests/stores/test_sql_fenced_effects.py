@@ -47,6 +47,7 @@ from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
 from agboss_sql.sql.schema import execution_leases, fenced_effect_results
+from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.testing.database import committed_business_rows, insert_business_row
 
 START = 1_700_000_000_000
@@ -1065,3 +1066,34 @@ async def test_a_full_sqlite_database_is_a_typed_error_and_nothing_is_half_writt
     assert result == FencedEffectResult("paid", False, None)
     assert await cluster.rows() == ["charged"]
     assert runs == 2
+
+
+async def test_a_nested_effect_on_its_own_lease_ends_in_a_lock_timeout(
+    cluster: Cluster, sql_url: str
+) -> None:
+    """Work that runs another fenced effect on the same lease waits for the lease row its
+    own transaction holds (PostgreSQL/MySQL: the row lock; SQLite: the write lock). That
+    wait ends at `lock_ms` in `StoreTimeoutError(what="lock")` instead of never; both
+    transactions roll back, nothing is written."""
+    connection = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
+    try:
+        effects = cluster.effects(1, connection)
+        lease = await cluster.acquire()
+
+        async def inner(tx: AsyncConnection) -> str:
+            await insert_business_row(tx, "inner")
+            return "inner"
+
+        async def outer(tx: AsyncConnection) -> str:
+            await insert_business_row(tx, "outer")
+            await effects.save_result_if_absent(key_of(lease, step_key="inner-step"), inner)
+            return "outer"
+
+        with pytest.raises(StoreTimeoutError) as raised:
+            # The outer bound only keeps a regression from hanging the suite.
+            await asyncio.wait_for(effects.save_result_if_absent(key_of(lease), outer), 60)
+        assert raised.value.what == "lock"
+        assert await cluster.rows() == []
+        assert await cluster.results() == []
+    finally:
+        await connection.close()
