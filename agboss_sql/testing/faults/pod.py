@@ -148,6 +148,7 @@ async def run(config: dict[str, Any]) -> int:
         lease_ms=int(config.get("lease_ms", 30_000)),
         poll_ms=int(config.get("poll_ms", 1_000)),
         compensate_on_handover=bool(pieces.get("compensate_on_handover", False)),
+        recovery=bool(pieces.get("recovery", True)),
     )
     workload = Workload(stores, pod, workload_config, log.emit, keeper_class)
     stop = asyncio.Event()

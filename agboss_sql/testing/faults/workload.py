@@ -77,6 +77,7 @@ class WorkloadConfig:
     lease_ms: int = 30_000
     poll_ms: int = 1_000
     compensate_on_handover: bool = False
+    recovery: bool = True
 
 
 class _FinishReporting:
@@ -159,7 +160,8 @@ class Workload:
             lease_ms=config.lease_ms,
             every_ms=max(1, config.lease_ms // 3),
         )
-        self._sweep.start()
+        if config.recovery:
+            self._sweep.start()
         self._worker = ChildWorker(
             _FinishReporting(stores.queue, self.emit),  # type: ignore[arg-type]
             stores.leases,
