@@ -65,6 +65,12 @@ BITES = [
         settings={"tree_bound_s": 15.0},
     ),
     Bite(
+        "a graceful stop that keeps its leases",
+        "sigterm",
+        "graceful-stop",
+        pieces={"release_on_stop": False},
+    ),
+    Bite(
         "a store call that never answers",
         "kill-during-pause",
         "no-hang",

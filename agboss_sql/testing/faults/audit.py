@@ -19,6 +19,8 @@ Rules (each violation names its rule):
 - `no-hang`: every pod operation ended (in a result or an error) within its bound (time
   a pod was frozen or held by the harness not counted), and every pod stopped within the
   shutdown bound when asked.
+- `graceful-stop`: a pod asked to stop (SIGTERM) released the lease of every tree it was
+  running before it exited.
 - `zombie-fenced`: a pod frozen past its lease fenced itself after it woke: its keeper
   logged the lease `lost`, and it stored nothing at its old epoch.
 """
@@ -42,6 +44,7 @@ RULES = (
     "no-undo-on-handover",
     "tree-ends",
     "no-hang",
+    "graceful-stop",
     "zombie-fenced",
 )
 GRANTS = ("acquired", "taken-over", "reclaimed")
@@ -131,6 +134,7 @@ class AuditFacts:
     zombies: Sequence[tuple[str, str]] = ()
     unfinished: Sequence[str] = ()
     slow_stops: Sequence[str] = ()
+    terminated: Sequence[str] = ()
     op_bound_ms: int = 15_000
 
 
@@ -147,7 +151,40 @@ def audit(
     found += _no_undo(history, events)
     found += _tree_ends(history, facts)
     found += _no_hang(events, facts)
+    found += _graceful_stop(history, events, facts)
     found += _zombie_fenced(history, events, facts)
+    return found
+
+
+def _graceful_stop(
+    history: StoreHistory, events: list[dict[str, Any]], facts: AuditFacts
+) -> list[Violation]:
+    found = []
+    for pod in facts.terminated:
+        running: dict[str, int] = {}
+        for event in events:
+            if event.get("pod") != pod:
+                continue
+            if event.get("kind") == "stopping":
+                break
+            if event.get("kind") == "tree-run":
+                running[event["tree"]] = int(event["epoch"])
+            elif event.get("kind") in ("tree-done", "handover"):
+                running.pop(event["tree"], None)
+        released = {
+            (e["execution_id"], int(e["lease_epoch"]))
+            for e in history.lease_events
+            if e["instance_id"] == pod and e["kind"] in ("released", "finished")
+        }
+        for tree, epoch in sorted(running.items()):
+            if (tree, epoch) not in released:
+                found.append(
+                    Violation(
+                        "graceful-stop",
+                        f"{pod} was stopped while running {tree} at epoch {epoch} and did not "
+                        "release its lease: the next holder waits for it to run out",
+                    )
+                )
     return found
 
 
@@ -342,7 +379,9 @@ def _no_hang(events: list[dict[str, Any]], facts: AuditFacts) -> list[Violation]
                 Violation("no-hang", f"{event['pod']}: hold {event['hold']} was never acted on")
             )
     for pod in facts.slow_stops:
-        found.append(Violation("no-hang", f"{pod} did not stop within the shutdown bound"))
+        found.append(
+            Violation("no-hang", f"{pod} did not stop cleanly (exit 0) within the shutdown bound")
+        )
     return found
 
 

@@ -149,6 +149,7 @@ async def run(config: dict[str, Any]) -> int:
         poll_ms=int(config.get("poll_ms", 1_000)),
         compensate_on_handover=bool(pieces.get("compensate_on_handover", False)),
         recovery=bool(pieces.get("recovery", True)),
+        release_on_stop=bool(pieces.get("release_on_stop", True)),
     )
     workload = Workload(stores, pod, workload_config, log.emit, keeper_class)
     stop = asyncio.Event()

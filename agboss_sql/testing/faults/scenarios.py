@@ -144,6 +144,7 @@ def _sigterm(run: ScenarioRun) -> None:
         "pod-1's first effect",
     )
     pod = run.cluster.pods[first["pod_index"]]
+    run.terminated.append(pod.instance_id)
     if not run.cluster.stop(pod, run.shutdown_s):
         run.slow_stops.append(pod.instance_id)
 

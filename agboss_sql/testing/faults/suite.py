@@ -68,6 +68,7 @@ class ScenarioRun:
         self.settings = settings
         self.zombies: list[tuple[str, str]] = []
         self.slow_stops: list[str] = []
+        self.terminated: list[str] = []
 
     @property
     def shutdown_s(self) -> float:
@@ -206,6 +207,7 @@ def run_scenario(
         zombies=run.zombies,
         unfinished=sorted(unfinished),
         slow_stops=run.slow_stops,
+        terminated=run.terminated,
         op_bound_ms=settings.op_bound_ms,
     )
     violations += audit(history, events, facts)

@@ -66,8 +66,10 @@ Emit = Callable[[dict[str, Any]], None]
 @dataclass(frozen=True)
 class WorkloadConfig:
     """What a pod runs: the trees it submits, every tree of the run (for the pause
-    resolver), the children per tree, the trees with a pause, the lease, and the broken
-    pieces (for the tests that prove the audit bites)."""
+    resolver), the children per tree, the trees with a pause, the lease, and the pieces
+    the tests that prove the audit bites break: `compensate_on_handover` (undo a tree
+    whose lease was lost), `recovery=False` (no recovery sweep), `release_on_stop=False`
+    (a graceful stop that lets the leases run out)."""
 
     tenant_id: str = "fault-tenant"
     trees: tuple[str, ...] = ()
@@ -78,6 +80,7 @@ class WorkloadConfig:
     poll_ms: int = 1_000
     compensate_on_handover: bool = False
     recovery: bool = True
+    release_on_stop: bool = True
 
 
 class _FinishReporting:
@@ -286,10 +289,11 @@ class Workload:
         except asyncio.CancelledError:
             # A graceful stop: hand the tree over now instead of letting the lease run out.
             await keeper.stop()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    if keeper.held:
-                        await keeper.release()
+            if config.release_on_stop:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        if keeper.held:
+                            await keeper.release()
             raise
         finally:
             self._keepers.discard(keeper)
