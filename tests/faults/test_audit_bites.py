@@ -4,7 +4,9 @@ the rules no workload piece can break alone are proven on hand-made histories.""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +40,7 @@ BITES = [
         "zombie",
         "zombie-fenced",
         pieces={"keeper": f"{BROKEN}:NeverFencingKeeper"},
+        settings={"wait_s": 10.0},
     ),
     Bite(
         "an effect store that writes its business row outside the transaction",
@@ -83,14 +86,25 @@ BITES = [
 @pytest.mark.faults
 @pytest.mark.database
 @pytest.mark.parametrize("bite", BITES, ids=[b.piece.replace(" ", "-") for b in BITES])
-def test_a_broken_piece_fails_its_rule(bite: Bite) -> None:
+def test_a_broken_piece_fails_its_rule(bite: Bite, tmp_path: Path) -> None:
     settings = FaultSettings(pieces=bite.pieces, **bite.settings)
-    result = run_scenario(fault_url(), bite.scenario, stores=bite.stores, settings=settings)
+    result = run_scenario(
+        fault_url(), bite.scenario, stores=bite.stores, settings=settings, dump_dir=tmp_path
+    )
     rules = {v.rule for v in result.violations}
     assert bite.rule in rules, (
         f"{bite.piece} in {bite.scenario} was not caught by [{bite.rule}]:\n"
         + format_report([result])
     )
+    # The failed run was dumped: each pod's events and output, and the store history.
+    assert result.run_dir is not None
+    dumped = {p.name for p in result.run_dir.iterdir()}
+    assert {"store-history.json", "violations.txt", "pod-1.events.jsonl", "pod-1.out"} <= dumped
+    # No pod outlived the run.
+    assert len(result.pids) == settings.pods
+    for pid in result.pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def _grant(execution: str, instance: str, epoch: int, kind: str = "acquired") -> dict[str, Any]:

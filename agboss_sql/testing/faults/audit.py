@@ -16,9 +16,10 @@ Rules (each violation names its rule):
   can only come from a hand-over mistaken for a failure.
 - `tree-ends`: every tree's record succeeded within the bound, and its outbound call is
   completed.
-- `no-hang`: every pod operation ended (in a result or an error) within its bound (time
-  a pod was frozen or held by the harness not counted), and every pod stopped within the
-  shutdown bound when asked.
+- `no-hang`: every pod operation ended, in a result or a typed error (an `AgbossError`:
+  a raw driver error says nothing of what was applied), within its bound (time a pod was
+  frozen or held by the harness not counted), and every pod stopped within the shutdown
+  bound when asked.
 - `graceful-stop`: a pod asked to stop (SIGTERM) released the lease of every tree it was
   running before it exited.
 - `zombie-fenced`: a pod frozen past its lease fenced itself after it woke: its keeper
@@ -360,8 +361,12 @@ def _frozen(facts: AuditFacts, pod: str, start: int, end: int) -> bool:
 
 def _no_hang(events: list[dict[str, Any]], facts: AuditFacts) -> list[Violation]:
     found = []
+    stopping: set[str] = set()
     for event in events:
         kind = event.get("kind")
+        if kind == "stopping":
+            # A call cancelled by the pod's own shutdown may end in the driver's error.
+            stopping.add(event["pod"])
         if kind in ("op-slow", "op-hung"):
             start = int(event.get("start", 0))
             end = int(event.get("end", event.get("t", start)))
@@ -372,6 +377,14 @@ def _no_hang(events: list[dict[str, Any]], facts: AuditFacts) -> list[Violation]
                     "no-hang",
                     f"{event['pod']}: {event['op']} {'took' if kind == 'op-slow' else 'was still open after'} "
                     f"{event['ms']:.0f} ms (bound {facts.op_bound_ms} ms)",
+                )
+            )
+        elif kind == "op-error" and not event.get("typed") and event["pod"] not in stopping:
+            found.append(
+                Violation(
+                    "no-hang",
+                    f"{event['pod']}: {event['op']} ended in an untyped error after "
+                    f"{event['ms']:.0f} ms: {event['error']}: {str(event.get('message'))[:160]}",
                 )
             )
         elif kind == "hold-timeout":
@@ -392,8 +405,8 @@ def _zombie_fenced(
     for pod, execution in facts.zombies:
         lost = [
             e
-            for e in history.lease_events
-            if e["instance_id"] == pod and e["execution_id"] == execution and e["kind"] == "lost"
+            for e in events
+            if e.get("pod") == pod and e.get("tree") == execution and e.get("kind") == "lease-lost"
         ]
         if not lost:
             found.append(

@@ -114,6 +114,9 @@ class HoldController:
     max_ms: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
     stopping: bool = False
+    _gate: asyncio.Event | None = None
+    _gate_id: str | None = None
+    _settled: asyncio.Event | None = None
 
     # -- commands from the harness ------------------------------------------------------
 
@@ -128,15 +131,43 @@ class HoldController:
         self._armed = [a for a in self._armed if a.hold_id != hold_id]
 
     def release(self, hold_id: str) -> None:
-        """Let the call held for `hold_id` go on."""
+        """Let the call held for `hold_id` go on (or, for a quiesce, every call it held)."""
         event = self._waiting.pop(hold_id, None)
         if event is not None:
             event.set()
+        if self._gate is not None and self._gate_id == hold_id:
+            self._gate.set()
+            self._gate = self._gate_id = None
+
+    async def quiesce(self, hold_id: str, timeout_s: float) -> None:
+        """Hold every call that starts from now at its `before` point, wait until every
+        call in flight has ended or is held, then report `quiet` (or `quiet-timeout` after
+        `timeout_s`). `release(hold_id)` lets them all go. A pod frozen when quiet holds no
+        transaction open: what blocks the others then is its lease alone."""
+        self._gate = asyncio.Event()
+        self._gate_id = hold_id
+        try:
+            async with asyncio.timeout(timeout_s):
+                while any(not o.holding for o in self._open.values()):
+                    self._settled = asyncio.Event()
+                    await self._settled.wait()
+        except TimeoutError:
+            busy = sorted(o.op for o in self._open.values() if not o.holding)
+            self.emit({"kind": "quiet-timeout", "hold": hold_id, "busy": busy})
+            return
+        self.emit({"kind": "quiet", "hold": hold_id})
+
+    def _settle(self) -> None:
+        if self._settled is not None:
+            self._settled.set()
 
     def release_all(self) -> None:
         """Disarm everything and let every held call go on (a stopping pod)."""
         self.stopping = True
         self._armed.clear()
+        if self._gate is not None:
+            self._gate.set()
+            self._gate = self._gate_id = None
         for event in self._waiting.values():
             event.set()
         self._waiting.clear()
@@ -145,6 +176,9 @@ class HoldController:
 
     async def reach(self, key: int, point: str, describe: str) -> None:
         """A call reached `point`: wait there if an armed hold matches it (bounded)."""
+        gate = self._gate
+        if gate is not None and point.endswith(":before") and not self.stopping:
+            await self._wait(key, gate)
         chosen = None
         for armed in self._armed:
             if (
@@ -162,16 +196,25 @@ class HoldController:
         event = asyncio.Event()
         self._waiting[chosen.hold_id] = event
         self.emit({"kind": "held", "hold": chosen.hold_id, "point": point, "call": describe})
+        if await self._wait(key, event):
+            self.emit({"kind": "hold-released", "hold": chosen.hold_id, "point": point})
+        else:
+            self._waiting.pop(chosen.hold_id, None)
+            self.emit({"kind": "hold-timeout", "hold": chosen.hold_id, "point": point})
+
+    async def _wait(self, key: int, event: asyncio.Event) -> bool:
+        """Wait (held, not timed as the call's own) until `event` is set; False when
+        `hold_timeout_s` ended first."""
         began = time.monotonic()
         found = self._open.get(key)
         if found is not None:
             found.holding = True
+            self._settle()
         try:
             await asyncio.wait_for(event.wait(), self.hold_timeout_s)
-            self.emit({"kind": "hold-released", "hold": chosen.hold_id, "point": point})
+            return True
         except TimeoutError:
-            self._waiting.pop(chosen.hold_id, None)
-            self.emit({"kind": "hold-timeout", "hold": chosen.hold_id, "point": point})
+            return False
         finally:
             if found is not None:
                 found.holding = False
@@ -184,6 +227,7 @@ class HoldController:
 
     def closed(self, key: int, error: BaseException | None) -> None:
         found = self._open.pop(key, None)
+        self._settle()
         if found is None:
             return
         ms = (time.monotonic() - found.started - found.held_s) * 1000

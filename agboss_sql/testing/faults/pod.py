@@ -71,6 +71,7 @@ async def _commands(
     control: holds.HoldController, stores: PodStores, stop: asyncio.Event, log: EventLog
 ) -> None:
     loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[None]] = set()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while True:
@@ -88,6 +89,12 @@ async def _commands(
                     command.get("contains"),
                     command.get("count", 1),
                 )
+            elif kind == "quiesce":
+                quiet = asyncio.get_running_loop().create_task(
+                    control.quiesce(command["hold"], float(command.get("timeout_s", 30)))
+                )
+                pending.add(quiet)
+                quiet.add_done_callback(pending.discard)
             elif kind == "release":
                 control.release(command["hold"])
             elif kind == "disarm":

@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -17,7 +18,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from agboss_sql.testing.faults.audit import AuditFacts, Violation, audit, read_sql_history
-from agboss_sql.testing.faults.harness import Cluster, Event, UrlForPod, WaitTimeout
+from agboss_sql.testing.faults.harness import (
+    Cluster,
+    Event,
+    NetworkFault,
+    Pod,
+    UrlForPod,
+    WaitTimeout,
+)
 from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Scenario
 
 DEFAULT_STORES = "agboss_sql.testing.faults.fixture:sql_store_set"
@@ -53,6 +61,8 @@ class ScenarioResult:
     time_to_error_ms: list[float]
     untyped_errors: list[str]
     run_dir: Path | None = None
+    pids: list[int] = field(default_factory=list)
+    """The pods' process ids (every one ended before the result was made)."""
 
     @property
     def passed(self) -> bool:
@@ -63,9 +73,12 @@ class ScenarioRun:
     """What a scenario's `act` works with: the cluster, bounded waits, the holds, and the
     facts it records for the audit."""
 
-    def __init__(self, cluster: Cluster, settings: FaultSettings) -> None:
+    def __init__(
+        self, cluster: Cluster, settings: FaultSettings, network: NetworkFault | None = None
+    ) -> None:
         self.cluster = cluster
         self.settings = settings
+        self.network = network
         self.zombies: list[tuple[str, str]] = []
         self.slow_stops: list[str] = []
         self.terminated: list[str] = []
@@ -90,6 +103,25 @@ class ScenarioRun:
         for pod in self.cluster.pods:
             self.cluster.send(pod, {"cmd": "disarm", "hold": hold_id})
             self.cluster.send(pod, {"cmd": "release", "hold": hold_id})
+
+    def freeze(self, pod: Pod) -> None:
+        """SIGSTOP `pod` at a quiet moment: every new call of it held, every call in flight
+        ended (so it holds no transaction open), then frozen. `thaw` undoes it."""
+        mark = self.cluster.mark()
+        self.cluster.send(
+            pod, {"cmd": "quiesce", "hold": "quiet", "timeout_s": self.settings.wait_s / 2}
+        )
+        self.wait(
+            lambda e: e.get("pod") == pod.instance_id and e.get("kind") == "quiet",
+            f"{pod.instance_id} to have no call in flight",
+            since=mark,
+        )
+        self.cluster.signal(pod, signal.SIGSTOP)
+
+    def thaw(self, pod: Pod) -> None:
+        """SIGCONT `pod` and let the calls held since `freeze` go on."""
+        self.cluster.signal(pod, signal.SIGCONT)
+        self.cluster.send(pod, {"cmd": "release", "hold": "quiet"})
 
     def expect_zombie(self, pod: str, execution: str) -> None:
         """`pod` was frozen past its lease of `execution`: the audit checks it fenced
@@ -174,8 +206,11 @@ def run_scenario(
     run_dir = Path(tempfile.mkdtemp(prefix=f"agboss-faults-{scenario.name}-"))
     configs = _configs(settings, stores, scenario)
     trees = [t for c in configs for t in c["trees"]]
+    network = scenario.network(url) if scenario.network is not None else None
+    if network is not None:
+        url_for_pod = network.url_for_pod
     cluster = Cluster(run_dir, url, configs, url_for_pod=url_for_pod)
-    run = ScenarioRun(cluster, settings)
+    run = ScenarioRun(cluster, settings, network)
     began = time.monotonic()
     violations: list[Violation] = []
     unfinished: set[str] = set()
@@ -198,6 +233,8 @@ def run_scenario(
                 run.slow_stops.append(pod.instance_id)
     finally:
         cluster.close()
+        if network is not None:
+            network.close()
     events = cluster.snapshot()
     history = read_sql_history(url)
     facts = AuditFacts(
@@ -218,6 +255,7 @@ def run_scenario(
         seconds=time.monotonic() - began,
         time_to_error_ms=[float(e["ms"]) for e in errors],
         untyped_errors=sorted({f"{e['op']}: {e['error']}" for e in errors if not e.get("typed")}),
+        pids=[p.process.pid for p in cluster.pods if p.process is not None],
     )
     if (violations or keep) and dump:
         target = Path(dump) / f"{scenario.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
@@ -291,6 +329,8 @@ def fault_suite(
     pod its own URL (a per-pod proxy for network faults)."""
     import pytest
 
+    if not 2 <= pods <= 8:
+        raise ValueError(f"pods must be 2..8 (a fault needs a pod to take over), got {pods}")
     chosen = list(scenarios) if scenarios is not None else list(SHORT_SET)
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:

@@ -242,6 +242,7 @@ class Workload:
             }
         )
         keeper.start()
+        self._spawn(self._report_loss(tree, keeper, lease))
         steps = [
             ("s1", self._effect),
             ("s2", self._outbound),
@@ -297,6 +298,19 @@ class Workload:
             raise
         finally:
             self._keepers.discard(keeper)
+
+    async def _report_loss(self, tree: str, keeper: LeaseKeeper, lease: ExecutionLease) -> None:
+        """Report the moment the keeper fences itself (its signal aborted, the lease lost)."""
+        await keeper.signal.wait()
+        if keeper.lost:
+            self.emit(
+                {
+                    "kind": "lease-lost",
+                    "tree": tree,
+                    "epoch": lease.lease_epoch,
+                    "reason": str(keeper.signal.reason)[:200],
+                }
+            )
 
     async def _step(
         self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease, run: Any
