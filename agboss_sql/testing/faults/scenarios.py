@@ -29,12 +29,13 @@ Act = Callable[["ScenarioRun"], None]
 
 @dataclass(frozen=True)
 class Hold:
-    """A hold armed in a pod before it starts (`pod` None: in every pod)."""
+    """A hold armed in a pod before it starts (`pod` None: in every pod; the first pod to
+    reach it is the one the scenario acts on)."""
 
     hold_id: str
     point: StoreHoldPoint
     contains: str | None = None
-    pod: int | None = 0
+    pod: int | None = None
     count: int = 1
 
     def command(self) -> dict[str, Any]:
@@ -121,7 +122,7 @@ def _tree_event(pod: str, kind: str, tree: str) -> Callable[[dict[str, Any]], bo
 
 def _zombie_child(run: ScenarioRun) -> None:
     child = f"{FIRST_TREE}.c0"
-    first = run.held("zombie-child")
+    first = run.held("zombie-child", exclusive=False)
     frozen = run.cluster.pods[first["pod_index"]]
     run.freeze(frozen)
     # Another pod rescues the child at the next attempt and reaches its own finish.
@@ -204,9 +205,7 @@ def _zombie_in_transaction(run: ScenarioRun) -> None:
 
 
 def _kill_in_pause(run: ScenarioRun) -> None:
-    paused = run.wait(
-        lambda e: e.get("kind") == "paused" and e.get("pod_index") == 0, "pod-1 to pause a tree"
-    )
+    paused = run.wait(lambda e: e.get("kind") == "paused", "a pod to pause a tree")
     run.cluster.kill(run.cluster.pods[paused["pod_index"]])
 
 

@@ -91,12 +91,20 @@ class ScenarioRun:
         """The first event matching (bounded by `wait_s`)."""
         return self.cluster.wait_for(match, self.settings.wait_s, what, since=since)
 
-    def held(self, hold_id: str) -> Event:
-        """Wait until a pod reports it holds a call at `hold_id`."""
-        return self.wait(
+    def held(self, hold_id: str, *, exclusive: bool = True) -> Event:
+        """Wait until a pod reports it holds a call at `hold_id`. With `exclusive`, the
+        first pod to hold wins: the hold is disarmed in every other pod (a pod that takes
+        the work over later must not stop there too)."""
+        event = self.wait(
             lambda e: e.get("kind") == "held" and e.get("hold") == hold_id,
             f"a pod to reach hold {hold_id}",
         )
+        if exclusive:
+            for pod in self.cluster.pods:
+                if pod.index != event["pod_index"]:
+                    self.cluster.send(pod, {"cmd": "disarm", "hold": hold_id})
+                    self.cluster.send(pod, {"cmd": "release", "hold": hold_id})
+        return event
 
     def release_everywhere(self, hold_id: str) -> None:
         """Disarm `hold_id` and release any call held for it, in every live pod."""

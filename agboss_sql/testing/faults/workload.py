@@ -193,24 +193,11 @@ class Workload:
     # -- trees ---------------------------------------------------------------------------
 
     async def _submit(self, tree: str) -> None:
-        stores, config, now = self.stores, self.config, self.pod.clock.now()
+        # The lease first, then the record: a recovery sweep finds the run only once its
+        # lease is held, so it never takes a tree from the pod that is starting it.
+        config = self.config
         while True:
             try:
-                with contextlib.suppress(DuplicateExecutionError):
-                    await stores.records.save(
-                        ExecutionRecord(
-                            tenant_id=config.tenant_id,
-                            execution_id=tree,
-                            root_execution_id=tree,
-                            parent_execution_id=None,
-                            thread_id=None,
-                            workflow="fault-tree",
-                            owner=self.me,
-                            status=ExecutionRecordStatus.RUNNING,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                    )
                 keeper = self._keeper(tree)
                 lease = await keeper.take(config.tenant_id, tree)
                 break
@@ -244,6 +231,7 @@ class Workload:
         keeper.start()
         self._spawn(self._report_loss(tree, keeper, lease))
         steps = [
+            ("s0", self._record),
             ("s1", self._effect),
             ("s2", self._outbound),
             ("s3", self._children),
@@ -359,6 +347,26 @@ class Workload:
                 "replayed": result.replayed,
             }
         )
+
+    async def _record(
+        self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
+    ) -> None:
+        now = self.pod.clock.now()
+        with contextlib.suppress(DuplicateExecutionError):
+            await self.stores.records.save(
+                ExecutionRecord(
+                    tenant_id=self.config.tenant_id,
+                    execution_id=tree,
+                    root_execution_id=tree,
+                    parent_execution_id=None,
+                    thread_id=None,
+                    workflow="fault-tree",
+                    owner=self.me,
+                    status=ExecutionRecordStatus.RUNNING,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
 
     async def _effect(
         self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
