@@ -163,16 +163,14 @@ def _sigterm(run: ScenarioRun) -> None:
 
 
 def _outage(run: ScenarioRun) -> None:
-    run.wait(
-        lambda e: e.get("kind") == "effect" and e.get("pod_index") == 0, "pod-1's first effect"
-    )
-    pod = run.cluster.pods[0]
+    first = run.wait(lambda e: e.get("kind") == "tree-run", "a pod to run a tree")
+    pod = run.cluster.pods[first["pod_index"]]
     mark = run.cluster.mark()
     run.cluster.send(pod, {"cmd": "outage", "on": True})
     # The pod learns of the outage from its own calls and gives its trees up.
     run.wait(
-        lambda e: e.get("pod_index") == 0 and e.get("kind") == "handover",
-        "pod-1 to give a tree up during the outage",
+        lambda e: e.get("pod_index") == pod.index and e.get("kind") == "handover",
+        f"{pod.instance_id} to give a tree up during the outage",
         since=mark,
     )
     run.cluster.send(pod, {"cmd": "outage", "on": False})

@@ -193,11 +193,12 @@ class Workload:
     # -- trees ---------------------------------------------------------------------------
 
     async def _submit(self, tree: str) -> None:
-        # The lease first, then the record: a recovery sweep finds the run only once its
-        # lease is held, so it never takes a tree from the pod that is starting it.
+        # The record first, then the lease: a run whose start failed half way is found by
+        # a recovery sweep (a sweep may also take it before this take; then it runs there).
         config = self.config
         while True:
             try:
+                await self._record(tree, "s0", None, None)
                 keeper = self._keeper(tree)
                 lease = await keeper.take(config.tenant_id, tree)
                 break
@@ -349,7 +350,7 @@ class Workload:
         )
 
     async def _record(
-        self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
+        self, tree: str, step: str, keeper: LeaseKeeper | None, lease: ExecutionLease | None
     ) -> None:
         now = self.pod.clock.now()
         with contextlib.suppress(DuplicateExecutionError):
