@@ -305,6 +305,86 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- faults ----------------------------------------------------------------------------
+
+
+def _faults_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="run only this scenario (repeatable; default: every scenario of the dialect)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per scenario")
+    parser.add_argument("--pods", type=int, default=3, help="pod processes (default: 3)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=10.0,
+        help="how much faster the pods' clocks run than the host's (default: 10)",
+    )
+    parser.add_argument(
+        "--stores",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="the store set factory each pod calls as factory(url, pod) "
+        "(default: the project's SQL stores)",
+    )
+    parser.add_argument(
+        "--dump-dir",
+        default=None,
+        help="where a failed run's events, store history and pod output go "
+        "(default: $AGBOSS_FAULT_DUMP_DIR)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+
+
+def _faults(args: argparse.Namespace) -> int:
+    from agboss_sql.testing.faults import SCENARIOS, FaultSettings, format_report, run_scenario
+    from agboss_sql.testing.faults.suite import DEFAULT_STORES, dialect_of
+
+    if args.list:
+        for scenario in SCENARIOS.values():
+            on = ", ".join(scenario.dialects) if scenario.dialects else "every database"
+            print(f"{scenario.name:<22} ({on}) {scenario.doc}")
+        return 0
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+    url = database_url(args)
+    dialect = dialect_of(url)
+    names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`")
+    settings = FaultSettings(pods=args.pods, time_scale=args.time_scale)
+    results = []
+    width = 20
+    print(f"fault suite on {shown(url)}: {len(names)} scenario(s) x {args.repeat} run(s)")
+    for name in names:
+        failed = 0
+        for run in range(1, args.repeat + 1):
+            result = run_scenario(
+                url,
+                name,
+                stores=args.stores or DEFAULT_STORES,
+                settings=settings,
+                dump_dir=args.dump_dir,
+            )
+            results.append(result)
+            failed += not result.passed
+            done = width * run // args.repeat
+            print(
+                f"{name:<22} [{'#' * done}{'.' * (width - done)}] {run}/{args.repeat} "
+                f"{'passed' if result.passed else 'FAILED'} in {result.seconds:.1f} s"
+                + (f" ({failed} failed so far)" if failed else ""),
+                flush=True,
+            )
+    print()
+    print(format_report(results, title=f"fault suite on {shown(url)} ({dialect})"))
+    return 0 if all(r.passed for r in results) else 1
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "upgrade": Subcommand(
         "create or upgrade the agboss tables (safe to run from several instances at once)",
@@ -332,6 +412,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "benchmark the hot operations beside the raw driver on the same database",
         _bench_arguments,
         _bench,
+    ),
+    "faults": Subcommand(
+        "run the fault scenarios (real pod processes killed, frozen, stopped, cut off) "
+        "and audit every promise after each",
+        _faults_arguments,
+        _faults,
     ),
 }
 """Every subcommand, by name, in the order `--help` lists them."""

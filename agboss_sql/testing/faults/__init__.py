@@ -1,1 +1,76 @@
-"""Fault injection for the fault suite: pods, faults, the network proxy (`proxy`)."""
+"""The fault suite (SPEC §8.3): a store set run by real pod processes under real faults
+(SIGKILL at hold points, SIGSTOP past the lease, SIGTERM, a store outage inside a pod),
+then every promise audited from the database and the pods' event logs.
+
+    TestMine = fault_suite(name="PostgreSQL", url=url, stores="mypkg.stores:store_set")
+
+pytest is imported only when a class is built.
+"""
+
+from __future__ import annotations
+
+from agboss_sql.testing.faults.audit import (
+    RULES,
+    AuditFacts,
+    StoreHistory,
+    Violation,
+    audit,
+    read_sql_history,
+)
+from agboss_sql.testing.faults.fixture import PodIdentity, PodStores, sql_store_set
+from agboss_sql.testing.faults.harness import Cluster, NetworkFault, UrlForPod, WaitTimeout
+from agboss_sql.testing.faults.holds import (
+    AFTER_COMMIT,
+    AFTER_WORK,
+    BEFORE_FENCE,
+    BEFORE_WORK,
+    HoldController,
+    StoreHoldPoint,
+    with_hold_points,
+)
+from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario
+from agboss_sql.testing.faults.suite import (
+    DEFAULT_STORES,
+    DUMP_ENV,
+    FaultSettings,
+    ScenarioResult,
+    ScenarioRun,
+    fault_suite,
+    format_report,
+    run_scenario,
+)
+
+__all__ = [
+    "AFTER_COMMIT",
+    "AFTER_WORK",
+    "BEFORE_FENCE",
+    "BEFORE_WORK",
+    "DEFAULT_STORES",
+    "DUMP_ENV",
+    "RULES",
+    "SCENARIOS",
+    "SHORT_SET",
+    "AuditFacts",
+    "Cluster",
+    "FaultSettings",
+    "Hold",
+    "HoldController",
+    "NetworkFault",
+    "PodIdentity",
+    "PodStores",
+    "Scenario",
+    "ScenarioResult",
+    "ScenarioRun",
+    "StoreHistory",
+    "StoreHoldPoint",
+    "UrlForPod",
+    "Violation",
+    "WaitTimeout",
+    "audit",
+    "fault_suite",
+    "format_report",
+    "read_sql_history",
+    "run_scenario",
+    "sql_store_set",
+    "with_hold_points",
+]
