@@ -11,8 +11,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import make_url
 
-pytest.importorskip("agboss_sql.testing.faults.suite")
-
 from agboss_sql.testing.faults.network import (
     NETWORK_SCENARIO_ACTS,
     run_network_scenario,
@@ -22,21 +20,9 @@ from agboss_sql.testing.faults.suite import format_report
 pytestmark = [pytest.mark.database, pytest.mark.faults, pytest.mark.slow]
 
 
-# The pods' connections keep the default Timeouts (statement_ms 30 s), past the audit's
-# operation bound (op_bound_ms 15 s): a black-holed pod's calls end typed, but too late.
-# The pods' store set must bound its connection below op_bound_ms for this one to pass.
-_SLOWER_THAN_THE_AUDIT = pytest.mark.xfail(
-    strict=False,
-    reason="pods' SqlConnection uses the default Timeouts, longer than the audit's op bound",
-)
-
-
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(name, marks=_SLOWER_THAN_THE_AUDIT) if name == "net-blackhole" else name
-        for name in NETWORK_SCENARIO_ACTS
-    ],
+    list(NETWORK_SCENARIO_ACTS),
 )
 def test_network_scenario(database_url: str, name: str) -> None:
     if make_url(database_url).get_backend_name() == "sqlite":

@@ -24,6 +24,7 @@ from agboss_sql.contracts.stores import (
     PausedExecutionRepository,
 )
 from agboss_sql.contracts.types import ApplicationContext
+from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.testing.faults.holds import with_hold_points
 
 
@@ -89,6 +90,13 @@ def sql_store_classes() -> dict[str, type[Any]]:
     }
 
 
+POD_TIMEOUTS = Timeouts(
+    connect_ms=3_000, statement_ms=4_000, lock_ms=3_000, pool_ms=3_000, retry_ms=4_000
+)
+"""The pods' bounds: every wait ends well inside the audit's operation bound (15 s), and a
+session frozen inside a transaction loses its locks after 4 s (idle in transaction)."""
+
+
 def build_sql_store_set(
     url: str, pod: PodIdentity, classes: dict[str, type[Any]] | None = None
 ) -> PodStores:
@@ -98,7 +106,7 @@ def build_sql_store_set(
 
     chosen = {**sql_store_classes(), **(classes or {})}
     held = {key: with_hold_points(cls) for key, cls in chosen.items()}
-    connection = SqlConnection(url)
+    connection = SqlConnection(url, timeouts=POD_TIMEOUTS)
     outage_on = [False]
 
     def refuse(sql: str, params: Any) -> None:
