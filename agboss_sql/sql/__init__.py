@@ -25,9 +25,9 @@ from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.sql.trees import SqlExecutionTreeRepository
 
 
-def sql_store_classes(*, checkpoint_saver: bool = True) -> list[type[Any]]:
-    """Every `Sql*` store class, one per contract; with the `langgraph` extra installed, the
-    checkpoint saver too."""
+def sql_stores(*, checkpoint_saver: bool = True) -> list[type[Any]]:
+    """Every `Sql*` store class, one per contract, for `Application(providers=...)`; with
+    the `langgraph` extra installed (and `checkpoint_saver`), the checkpoint saver too."""
     classes: list[type[Any]] = [
         SqlExecutionLeaseRepository,
         SqlExecutionLeaseEventRepository,
@@ -76,5 +76,5 @@ __all__ = [
     "SqlPausedExecutionRepository",
     "SqlRateLimitRepository",
     "Timeouts",
-    "sql_store_classes",
+    "sql_stores",
 ]
