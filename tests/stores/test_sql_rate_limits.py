@@ -8,12 +8,12 @@ inserts without the key's lock runs under the same race and is caught.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import require, row_locks, upsert_returning
+from support.sql import statements
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -50,22 +50,6 @@ def instances(
     return [store(sql, clock)] + [
         store(new_connection(), clock, f"instance-{i}") for i in range(2, count + 1)
     ]
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
-    sent: list[str] = []
-
-    def listen(sql: str, _params: Any) -> None:
-        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-            sent.append(sql)
-
-    remove = connection.add_statement_listener(listen)
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def slot_rows(sql: SqlConnection, key: str) -> dict[str, int]:
@@ -279,21 +263,21 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     limits = store(sql, clock)
-    lock = 1 if sql.ops.ROW_LOCKS else 0  # SQLite's BEGIN IMMEDIATE is the lock already
-    with statements(sql) as sent:
+    lock = 1 if row_locks(sql) else 0  # SQLite's BEGIN IMMEDIATE is the lock already
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-1", 1, TTL)
     assert len(sent) == lock + 2
     if lock:
         assert sent[0].upper().startswith("INSERT") and "FOR UPDATE" in sent[1].upper()
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-2", 1, TTL) is False
     assert len(sent) == lock + 1
     await clock.advance(TTL)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-2", 1, TTL)
     assert len(sent) == lock + 3  # the expired slot of h-1 is deleted on the way
-    one_statement_window = sql.ops.UPSERT_RETURNING or await sql.server_flavour() == "mariadb"
-    with statements(sql) as sent:
+    one_statement_window = upsert_returning(sql) or await sql.server_flavour() == "mariadb"
+    with statements(sql, transaction_control=False) as sent:
         await limits.add_to_window("calls", WINDOW, 1, 5)
     assert len(sent) == (1 if one_statement_window else 2)
     for call in (
@@ -302,7 +286,7 @@ async def test_each_operation_sends_the_fewest_statements(
         limits.pause_until("model", START),
         limits.paused_until("model"),
     ):
-        with statements(sql) as sent:
+        with statements(sql, transaction_control=False) as sent:
             await call
         assert len(sent) == 1
 
@@ -315,8 +299,7 @@ async def test_windows_without_returning_the_mysql_8_way(
 ) -> None:
     """MySQL 8 has no `RETURNING`: the upsert, then a read of the row it locked, in one
     transaction. Run here on MariaDB by having the connections answer "mysql"."""
-    if sql.dialect_name != "mysql":
-        pytest.skip("the MySQL-family path")
+    require(not upsert_returning(sql), "MySQL-family upsert without RETURNING")
     limits = instances(sql, new_connection, clock, 4)
 
     async def mysql_8() -> str:
@@ -324,7 +307,7 @@ async def test_windows_without_returning_the_mysql_8_way(
 
     for limit in limits:
         monkeypatch.setattr(limit.connection, "server_flavour", mysql_8)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         first = await limits[0].add_to_window("calls", WINDOW, 3, 5)
     assert [s.split()[0].upper() for s in sent] == ["INSERT", "SELECT"]
     assert "RETURNING" not in sent[0].upper()
@@ -342,7 +325,7 @@ async def test_arguments_are_checked_before_any_statement(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     limits = store(sql, clock)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await limits.acquire_slot("", "h-1", 1, TTL)
         with pytest.raises(InvalidIdentifierError):

@@ -51,6 +51,8 @@ class CheckThenWriteLeases(InMemoryExecutionLeaseRepository):
     ) -> ExecutionLease | None:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+            raise ValueError(f"lease_ms must be a positive int, got {lease_ms!r}")
         now = store_now(self.store_clock)
         key = (tenant_id, execution_id)
         row = self.memory.leases.get(key)

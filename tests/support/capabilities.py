@@ -1,0 +1,54 @@
+"""What the database under test can do, asked of its connection, never of its name.
+
+Tests skip by capability through these helpers, so the day the dialect interface names its
+capabilities differently, only this module changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agboss_sql.sql.connection import SqlConnection
+
+
+def row_locks(connection: SqlConnection) -> bool:
+    """Whether the database locks single rows (`SELECT ... FOR UPDATE`); SQLite locks the
+    whole database for each writer instead."""
+    return bool(connection.ops.ROW_LOCKS)
+
+
+def skip_locked(connection: SqlConnection) -> bool:
+    """Whether a locking read can pass over rows another transaction holds (`SKIP LOCKED`)."""
+    return bool(connection.ops.SKIP_LOCKED)
+
+
+def update_returning(connection: SqlConnection) -> bool:
+    """Whether an `UPDATE` can return the rows it changed (`UPDATE ... RETURNING`)."""
+    return bool(connection.ops.UPDATE_RETURNING)
+
+
+def database_write_lock(connection: SqlConnection) -> bool:
+    """Whether every writer takes one lock on the whole database (SQLite's `BEGIN
+    IMMEDIATE`), so concurrent writers queue behind each other instead of locking rows."""
+    return not row_locks(connection)
+
+
+def require(capable: bool, why: str) -> None:
+    """Skip the calling test unless `capable`; `why` says what the test needs."""
+    if not capable:
+        pytest.skip(f"the database under test has no {why}")
+
+
+def upsert_returning(connection: SqlConnection) -> bool:
+    """Whether an upsert can return its row on every server of the dialect (MariaDB can,
+    MySQL 8 cannot, so the MySQL family answers no)."""
+    return bool(connection.ops.UPSERT_RETURNING)
+
+
+def embedded(connection: SqlConnection) -> bool:
+    """Whether the database runs inside this process, its statements on the caller's
+    thread (SQLite's inline runner), rather than behind a server's pool.
+
+    The connection exposes no flag of its own for this yet; an embedded database is the
+    one without row locks."""
+    return not row_locks(connection)
