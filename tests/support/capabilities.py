@@ -27,12 +27,6 @@ def update_returning(connection: SqlConnection) -> bool:
     return bool(connection.ops.UPDATE_RETURNING)
 
 
-def database_write_lock(connection: SqlConnection) -> bool:
-    """Whether every writer takes one lock on the whole database (SQLite's `BEGIN
-    IMMEDIATE`), so concurrent writers queue behind each other instead of locking rows."""
-    return not row_locks(connection)
-
-
 def require(capable: bool, why: str) -> None:
     """Skip the calling test unless `capable`; `why` says what the test needs."""
     if not capable:
@@ -52,3 +46,17 @@ def embedded(connection: SqlConnection) -> bool:
     The connection exposes no flag of its own for this yet; an embedded database is the
     one without row locks."""
     return not row_locks(connection)
+
+
+# The connection has no flag for the two below: the dialect is asked here, in this one place.
+
+
+def counts_session_statements(connection: SqlConnection) -> bool:
+    """Whether the server counts each session's statements (MySQL/MariaDB's `Questions`)."""
+    return connection.dialect_name == "mysql"
+
+
+def repeatable_read_raises_serialization_failures(connection: SqlConnection) -> bool:
+    """Whether a write under REPEATABLE READ that conflicts with a concurrent commit fails
+    with a serialization failure (PostgreSQL) instead of waiting on a row lock."""
+    return connection.dialect_name == "postgresql"
