@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.testing.business import create_business_table, empty_business_table
 from agboss_sql.testing.database import create_schema, truncate_all
 
 DATABASE_URL_ENV = "AGBOSS_TEST_DATABASE_URL"
@@ -62,7 +61,6 @@ def sql_url(database_url: str) -> str:
     """The database under test, with a fresh schema and the suites' business table
     (created once per session)."""
     create_schema(database_url, drop_first=True)
-    create_business_table(database_url, drop_first=True)
     return database_url
 
 
@@ -71,7 +69,6 @@ async def sql(sql_url: str) -> AsyncIterator[SqlConnection]:
     """A connection to an empty schema (every table emptied before the test)."""
     connection = SqlConnection(sql_url)
     await truncate_all(connection)
-    await empty_business_table(connection)
     yield connection
     await connection.close()
 

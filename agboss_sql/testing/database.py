@@ -1,22 +1,36 @@
-"""The project's schema for tests of SQL store sets: create it, drop it, empty it.
+"""The database a test suite runs on: the project's schema and the suites' business table.
 
-Only the project's own tables (`agboss_sql.sql.schema.metadata`); the suites' business
-table is `agboss_sql.testing.business`.
+Two parts, composed here:
+
+- the project's own tables (`agboss_sql.sql.schema.metadata`): `create_project_schema`,
+  `drop_project_schema`, `empty_project_tables`, which know nothing of any test table;
+- the suites' business table (`agboss_sql.testing.business`), which is not part of the
+  project's schema.
+
+`create_schema`, `drop_schema` and `truncate_all` do both, as a suite needs them. The
+business table's names are importable from here too.
 """
 
 from __future__ import annotations
-
-import warnings
-from typing import Any
 
 import sqlalchemy as sa
 
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.migrate import VERSION_TABLE, sync_url
 from agboss_sql.sql.schema import metadata
+from agboss_sql.testing.business import (
+    _INSERT,
+    business_metadata,
+    business_rows,
+    committed_business_rows,
+    create_business_table,
+    drop_business_table,
+    empty_business_table,
+    insert_business_row,
+)
 
 
-def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
+def create_project_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
     """Create every table of the project's metadata on `url` (dropped first with
     `drop_first`)."""
     engine = sa.create_engine(sync_url(url))
@@ -28,9 +42,8 @@ def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
         engine.dispose()
 
 
-def drop_schema(url: str | sa.URL) -> None:
-    """Drop every table of the project's metadata, and its migration version table, from
-    `url`."""
+def drop_project_schema(url: str | sa.URL) -> None:
+    """Drop every table of the project's metadata, and its migration version table."""
     engine = sa.create_engine(sync_url(url))
     try:
         metadata.drop_all(engine)
@@ -43,24 +56,43 @@ def drop_schema(url: str | sa.URL) -> None:
 _DELETES = [sa.delete(table) for table in reversed(metadata.sorted_tables)]
 
 
-async def truncate_all(connection: SqlConnection) -> None:
+async def empty_project_tables(connection: SqlConnection) -> None:
     """Delete every row of every table of the project's metadata."""
     for delete in _DELETES:
         await connection.execute(delete)
 
 
-_MOVED = ("business_metadata", "business_rows", "insert_business_row", "committed_business_rows")
+def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
+    """Create the project's schema and the business table on `url`."""
+    if drop_first:
+        drop_business_table(url)
+    create_project_schema(url, drop_first=drop_first)
+    create_business_table(url)
 
 
-def __getattr__(name: str) -> Any:
-    # The business table moved to agboss_sql.testing.business; the old names still resolve.
-    if name in (*_MOVED, "_INSERT"):
-        from agboss_sql.testing import business
+def drop_schema(url: str | sa.URL) -> None:
+    """Drop the business table and the project's schema (with its version table)."""
+    drop_business_table(url)
+    drop_project_schema(url)
 
-        warnings.warn(
-            f"agboss_sql.testing.database.{name} moved to agboss_sql.testing.business",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(business, name)
-    raise AttributeError(name)
+
+async def truncate_all(connection: SqlConnection) -> None:
+    """Delete every row of every project table and of the business table."""
+    await empty_project_tables(connection)
+    await empty_business_table(connection)
+
+
+__all__ = [
+    "_INSERT",
+    "business_metadata",
+    "business_rows",
+    "committed_business_rows",
+    "create_project_schema",
+    "create_schema",
+    "drop_project_schema",
+    "drop_schema",
+    "empty_project_tables",
+    "insert_business_row",
+    "sync_url",
+    "truncate_all",
+]

@@ -22,7 +22,6 @@ from agboss_sql.sql import sql_stores
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.business import (
     committed_business_rows,
-    empty_business_table,
     insert_business_row,
 )
 from agboss_sql.testing.contracts import BusinessRows, Seam, StoreFactory, store_conformance
@@ -79,7 +78,6 @@ async def _database(sql_url: str) -> AsyncIterator[None]:
 
 async def reset() -> None:
     await truncate_all(INSTANCES.first)
-    await empty_business_table(INSTANCES.first)
 
 
 async def insert(tx: Any, row: str) -> None:
