@@ -7,6 +7,7 @@ Each store's `backend` is its connection's dialect (`"sqlite"`, `"postgresql"`,
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from agboss_sql.sql.connection import SqlConnection
@@ -50,6 +51,14 @@ def sql_stores(*, checkpoint_saver: bool = True) -> list[type[Any]]:
         else:
             classes.append(SqlCheckpointSaver)
     return classes
+
+
+def sql_store_classes(*, checkpoint_saver: bool = True) -> list[type[Any]]:
+    """Deprecated: the old name of `sql_stores`, which it returns."""
+    warnings.warn(
+        "sql_store_classes() is deprecated: use sql_stores()", DeprecationWarning, stacklevel=2
+    )
+    return sql_stores(checkpoint_saver=checkpoint_saver)
 
 
 def __getattr__(name: str) -> Any:

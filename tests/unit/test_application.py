@@ -213,3 +213,10 @@ async def test_unlisted_fencing_default_beside_sql_leases_fails_at_first_call(
     with pytest.raises(FencedEffectStoreMismatchError, match="SqlExecutionLeaseRepository"):
         await effects.save_result_if_absent(key, work)
     await app.close()
+
+
+def test_sql_store_classes_is_a_deprecated_alias_of_sql_stores() -> None:
+    from agboss_sql.sql import sql_store_classes, sql_stores
+
+    with pytest.deprecated_call():
+        assert sql_store_classes(checkpoint_saver=False) == sql_stores(checkpoint_saver=False)
