@@ -39,7 +39,6 @@ from agboss_sql.sql import (
     SqlPausedExecutionRepository,
     SqlRateLimitRepository,
     Timeouts,
-    sql_store_classes,
 )
 
 __version__ = "0.1.0"
@@ -77,7 +76,6 @@ __all__ = [
     "SqlPausedExecutionRepository",
     "SqlRateLimitRepository",
     "Timeouts",
-    "sql_store_classes",
     *_contracts_all,
     *_memory_all,
 ]

@@ -1,10 +1,11 @@
 """Assembly of an application's store providers, the backend-layout checks, and readiness.
 
-    app = Application(name="support", providers=[*sql_stores()],
-                      values={SqlConnection: SqlConnection(url)})
-    await app.start()
-    leases = app.store(ExecutionLeaseRepository)
-    report = await app.check_readiness()
+    async with Application(name="support", providers=[*sql_stores()],
+                           values={DatabaseUrl: DatabaseUrl(url)}) as app:
+        leases = app.store(ExecutionLeaseRepository)
+        report = await app.check_readiness()
+
+(or `await app.start()` ... `await app.close()`).
 
 A contract with no listed provider gets its `InMemory*` default. A provider's
 dependencies are resolved from its constructor's annotations: `SqlConnection`
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import time
 import typing
 import uuid
@@ -38,13 +38,14 @@ from agboss_sql.contracts.stores import (
 )
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.memory import InMemoryBackend, memory_stores
+from agboss_sql.sql import sql_stores
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.migrate import DEFAULT_DATABASE_URL, resolve_url
 
 S = TypeVar("S")
 
 logger = logging.getLogger("agboss_sql.application")
 
-DEFAULT_DATABASE_URL = "sqlite:///.agboss/agboss.sqlite"
-DATABASE_URL_ENV = "AGBOSS_DATABASE_URL"
 READINESS_TIMEOUT_S = 2.0
 
 
@@ -52,14 +53,6 @@ class DatabaseUrl(str):
     """A value type for `values=`: the URL of the application's SQL database."""
 
     __slots__ = ()
-
-
-def sql_stores() -> list[type[Any]]:
-    """Every `Sql*` store class, one per contract (and the checkpoint saver when LangGraph is
-    installed), for `providers=`."""
-    from agboss_sql.sql import sql_store_classes
-
-    return sql_store_classes()
 
 
 def _contract_of(provider: type[Any]) -> type[Any] | None:
@@ -142,7 +135,8 @@ class Application:
     """An application instance: its stores, built from `providers` (defaults in memory).
 
     Build one per instance; `start()` assembles and checks the layout, raising one
-    `AssemblyError` that lists every violation."""
+    `AssemblyError` that lists every violation; `close()` closes the connections it
+    created. `async with Application(...) as app:` does both around the block."""
 
     def __init__(
         self,
@@ -187,12 +181,7 @@ class Application:
         return value
 
     def _connection(self) -> Any:
-        from agboss_sql.sql.connection import SqlConnection
-
-        url = (
-            self.values.get(DatabaseUrl) or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
-        )
-        connection = SqlConnection(str(url))
+        connection = SqlConnection(resolve_url(self.values.get(DatabaseUrl)))
         self._owned_connections.append(connection)
         return connection
 
@@ -367,6 +356,17 @@ class Application:
         """Close the connections this application created."""
         await self._close_owned()
         self._started = False
+
+    async def __aenter__(self) -> Application:
+        """`async with Application(...) as app:` starts the application (as `start()`,
+        raising its `AssemblyError`) and hands it over started."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        """Leaving the block closes the connections the application created, whatever
+        ended it; an exception from the block propagates unchanged."""
+        await self.close()
 
 
 def _is_sql_connection(annotation: Any) -> bool:

@@ -1,13 +1,24 @@
-"""Shared pytest configuration: which database the run targets."""
+"""Shared pytest configuration: which database the run targets, the fixtures every SQL test
+module uses, and the `database` marker on every test that needs the database.
+
+A test needs the database exactly when its fixtures reach `database_url`, so the marker is
+set here from the fixture closure, never by hand: `pytest -m "not database"` runs the tier
+that needs no database once, and `pytest -m database` runs the rest on each database.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.testing.database import create_schema, truncate_all
+
 DATABASE_URL_ENV = "AGBOSS_TEST_DATABASE_URL"
+DATABASE_FIXTURE = "database_url"
 
 
 def _env_database_url() -> str | None:
@@ -25,6 +36,12 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"agboss database: {_hide_password(url)}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if DATABASE_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.database)
+
+
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """SQLAlchemy URL of the database under test.
@@ -37,3 +54,37 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
         return url
     path = tmp_path_factory.mktemp("sqlite") / "agboss_test.sqlite"
     return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def sql_url(database_url: str) -> str:
+    """The database under test, with a fresh schema and the suites' business table
+    (created once per session)."""
+    create_schema(database_url, drop_first=True)
+    return database_url
+
+
+@pytest.fixture
+async def sql(sql_url: str) -> AsyncIterator[SqlConnection]:
+    """A connection to an empty schema (every table emptied before the test)."""
+    connection = SqlConnection(sql_url)
+    await truncate_all(connection)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def new_connection(
+    sql: SqlConnection, sql_url: str
+) -> AsyncIterator[Callable[[], SqlConnection]]:
+    """More connections to the same emptied database (another instance each); closed after."""
+    made: list[SqlConnection] = []
+
+    def make() -> SqlConnection:
+        connection = SqlConnection(sql_url)
+        made.append(connection)
+        return connection
+
+    yield make
+    for connection in made:
+        await connection.close()

@@ -7,6 +7,7 @@ Each store's `backend` is its connection's dialect (`"sqlite"`, `"postgresql"`,
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from agboss_sql.sql.connection import SqlConnection
@@ -25,9 +26,9 @@ from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.sql.trees import SqlExecutionTreeRepository
 
 
-def sql_store_classes(*, checkpoint_saver: bool = True) -> list[type[Any]]:
-    """Every `Sql*` store class, one per contract; with the `langgraph` extra installed, the
-    checkpoint saver too."""
+def sql_stores(*, checkpoint_saver: bool = True) -> list[type[Any]]:
+    """Every `Sql*` store class, one per contract, for `Application(providers=...)`; with
+    the `langgraph` extra installed (and `checkpoint_saver`), the checkpoint saver too."""
     classes: list[type[Any]] = [
         SqlExecutionLeaseRepository,
         SqlExecutionLeaseEventRepository,
@@ -50,6 +51,14 @@ def sql_store_classes(*, checkpoint_saver: bool = True) -> list[type[Any]]:
         else:
             classes.append(SqlCheckpointSaver)
     return classes
+
+
+def sql_store_classes(*, checkpoint_saver: bool = True) -> list[type[Any]]:
+    """Deprecated: the old name of `sql_stores`, which it returns."""
+    warnings.warn(
+        "sql_store_classes() is deprecated: use sql_stores()", DeprecationWarning, stacklevel=2
+    )
+    return sql_stores(checkpoint_saver=checkpoint_saver)
 
 
 def __getattr__(name: str) -> Any:
@@ -76,5 +85,5 @@ __all__ = [
     "SqlPausedExecutionRepository",
     "SqlRateLimitRepository",
     "Timeouts",
-    "sql_store_classes",
+    "sql_stores",
 ]

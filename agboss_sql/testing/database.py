@@ -1,82 +1,98 @@
-"""Database helpers for tests of SQL store sets: schema, reset, a business table."""
+"""The database a test suite runs on: the project's schema and the suites' business table.
+
+Two parts, composed here:
+
+- the project's own tables (`agboss_sql.sql.schema.metadata`): `create_project_schema`,
+  `drop_project_schema`, `empty_project_tables`, which know nothing of any test table;
+- the suites' business table (`agboss_sql.testing.business`), which is not part of the
+  project's schema.
+
+`create_schema`, `drop_schema` and `truncate_all` do both, as a suite needs them. The
+business table's names are importable from here too.
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 import sqlalchemy as sa
 
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.sql.migrate import sync_url
+from agboss_sql.sql.migrate import VERSION_TABLE, sync_url
 from agboss_sql.sql.schema import metadata
-
-business_metadata = sa.MetaData()
-business_rows = sa.Table(
-    "conformance_business_rows",
+from agboss_sql.testing.business import (
+    _INSERT,
     business_metadata,
-    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-    sa.Column("row", sa.String(255), nullable=False),
+    business_rows,
+    committed_business_rows,
+    create_business_table,
+    drop_business_table,
+    empty_business_table,
+    insert_business_row,
 )
-"""The table the conformance and fault suites' fenced effects write their business rows to.
-It is not part of the project's schema (the migrations never create it)."""
 
 
-def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
-    """Create every table of the project's metadata (and the business table) on `url`."""
+def create_project_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
+    """Create every table of the project's metadata on `url` (dropped first with
+    `drop_first`)."""
     engine = sa.create_engine(sync_url(url))
     try:
         if drop_first:
-            business_metadata.drop_all(engine)
             metadata.drop_all(engine)
         metadata.create_all(engine)
-        business_metadata.create_all(engine)
     finally:
         engine.dispose()
+
+
+def drop_project_schema(url: str | sa.URL) -> None:
+    """Drop every table of the project's metadata, and its migration version table."""
+    engine = sa.create_engine(sync_url(url))
+    try:
+        metadata.drop_all(engine)
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP TABLE IF EXISTS {VERSION_TABLE}")
+    finally:
+        engine.dispose()
+
+
+_DELETES = [sa.delete(table) for table in reversed(metadata.sorted_tables)]
+
+
+async def empty_project_tables(connection: SqlConnection) -> None:
+    """Delete every row of every table of the project's metadata."""
+    for delete in _DELETES:
+        await connection.execute(delete)
+
+
+def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
+    """Create the project's schema and the business table on `url`."""
+    if drop_first:
+        drop_business_table(url)
+    create_project_schema(url, drop_first=drop_first)
+    create_business_table(url)
 
 
 def drop_schema(url: str | sa.URL) -> None:
-    """Drop every table of the project's metadata (and the business table) from `url`."""
-    engine = sa.create_engine(sync_url(url))
-    try:
-        business_metadata.drop_all(engine)
-        metadata.drop_all(engine)
-        with engine.begin() as connection:
-            connection.exec_driver_sql("DROP TABLE IF EXISTS agboss_alembic_version")
-    finally:
-        engine.dispose()
-
-
-_TABLES = [*metadata.sorted_tables, *business_metadata.sorted_tables]
+    """Drop the business table and the project's schema (with its version table)."""
+    drop_business_table(url)
+    drop_project_schema(url)
 
 
 async def truncate_all(connection: SqlConnection) -> None:
-    """Delete every row of every store table (and of the business table)."""
-    for table in reversed(_TABLES):
-        if table.name in metadata.tables or table.name in business_metadata.tables:
-            await connection.execute(_delete_all(table))
+    """Delete every row of every project table and of the business table."""
+    await empty_project_tables(connection)
+    await empty_business_table(connection)
 
 
-_DELETES: dict[str, Any] = {}
-
-
-def _delete_all(table: sa.Table) -> Any:
-    found = _DELETES.get(table.name)
-    if found is None:
-        found = _DELETES[table.name] = sa.delete(table)
-    return found
-
-
-_INSERT = sa.insert(business_rows).values(row=sa.bindparam("row"))
-_SELECT = sa.select(business_rows.c.row).order_by(business_rows.c.id)
-
-
-async def insert_business_row(tx: Any, row: str) -> None:
-    """Write one business row in a fenced effect's transaction (a SQLAlchemy
-    `AsyncConnection`), as an application's work would."""
-    await tx.execute(_INSERT, {"row": row})
-
-
-async def committed_business_rows(connection: SqlConnection) -> list[str]:
-    """The business rows that were committed, in insertion order."""
-    result = await connection.execute(_SELECT)
-    return [r[0] for r in result.rows]
+__all__ = [
+    "_INSERT",
+    "business_metadata",
+    "business_rows",
+    "committed_business_rows",
+    "create_project_schema",
+    "create_schema",
+    "drop_project_schema",
+    "drop_schema",
+    "empty_project_tables",
+    "insert_business_row",
+    "sync_url",
+    "truncate_all",
+]

@@ -23,13 +23,12 @@ from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
 from agboss_sql.sql.schema import execution_leases, fenced_effect_results, outbound_calls
-from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory
-from agboss_sql.testing.database import (
+from agboss_sql.testing.business import (
     business_rows,
     committed_business_rows,
-    create_schema,
     insert_business_row,
 )
+from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory
 from agboss_sql.testing.explorer import WORLDS, InterleavingFailure, explore
 
 pytestmark = [pytest.mark.database, pytest.mark.asyncio(loop_scope="session")]
@@ -112,9 +111,8 @@ SQL = SqlSet()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", autouse=True)
-async def _database(database_url: str) -> AsyncIterator[None]:
-    create_schema(database_url, drop_first=True)
-    SQL.url = database_url
+async def _database(sql_url: str) -> AsyncIterator[None]:
+    SQL.url = sql_url
     yield
     await SQL.close()
 

@@ -176,7 +176,8 @@ def test_the_installed_wheel_migrates_without_a_checkout(empty_url: str, tmp_pat
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = _env_without_database_url()
+    # Nor through PYTHONPATH: a checkout on it would be imported instead of the wheel.
+    env = {k: v for k, v in _env_without_database_url().items() if k != "PYTHONPATH"}
     located = _run(
         [str(python), "-c", "from agboss_sql.sql import migrate; print(migrate.script_location())"],
         env=env,

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import normalize_url
 from agboss_sql.sql.schema import metadata
-from agboss_sql.testing.database import business_metadata
+from agboss_sql.testing.business import business_metadata
 
 pytestmark = pytest.mark.database
 

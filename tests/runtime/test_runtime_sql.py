@@ -79,9 +79,9 @@ def record(execution_id: str) -> ExecutionRecord:
 
 
 async def test_a_frozen_holders_tree_is_taken_over_by_another_instances_sweep(
-    sql_connection: Callable[[], SqlConnection],
+    new_connection: Callable[[], SqlConnection],
 ) -> None:
-    a, b = Node(sql_connection(), "a"), Node(sql_connection(), "b")
+    a, b = Node(new_connection(), "a"), Node(new_connection(), "b")
     await a.records.save(record("tree-1"))
     a_keeper = a.keeper()
     assert await a_keeper.take(TENANT, "tree-1") is not None
@@ -130,10 +130,10 @@ async def test_a_frozen_holders_tree_is_taken_over_by_another_instances_sweep(
 
 
 async def test_a_holder_whose_renewals_stall_fences_itself_before_anyone_can_take_over(
-    sql_connection: Callable[[], SqlConnection],
+    new_connection: Callable[[], SqlConnection],
 ) -> None:
-    connection_a = sql_connection()
-    a, b = Node(connection_a, "a"), Node(sql_connection(), "b")
+    connection_a = new_connection()
+    a, b = Node(connection_a, "a"), Node(new_connection(), "b")
     stalled = HangingRenewals(connection_a, StoreClock(), ApplicationContext("a"))
     a_keeper = a.keeper(stalled)
     sent = CLOCK.monotonic()
@@ -174,9 +174,9 @@ async def test_a_holder_whose_renewals_stall_fences_itself_before_anyone_can_tak
 
 
 async def test_children_on_three_connections_run_once_each_and_wake_the_parent_once(
-    sql_connection: Callable[[], SqlConnection],
+    new_connection: Callable[[], SqlConnection],
 ) -> None:
-    nodes = [Node(sql_connection(), f"w{i}") for i in range(3)]
+    nodes = [Node(new_connection(), f"w{i}") for i in range(3)]
     ids = [f"child-{i}" for i in range(9)]
     for child_id in ids:
         await nodes[0].queue.enqueue(QueuedChild(TENANT, "root", "parent", child_id, 1, {}))

@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agboss_sql.application import Application, DatabaseUrl, HealthStatus, sql_stores
-from agboss_sql.contracts import ExecutionLeaseRepository, ExecutionRecordRepository
+from agboss_sql.contracts import (
+    ApplicationContext,
+    ExecutionLeaseRepository,
+    ExecutionRecordRepository,
+    StoreClock,
+    StoreUnavailableError,
+)
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.testing.instances import instances
@@ -45,6 +51,32 @@ async def test_backend_is_read_from_the_connection(sql_url: str) -> None:
     for contract in (ExecutionLeaseRepository, ExecutionRecordRepository):
         assert app.store(contract).backend == dialect
     await app.close()
+
+
+async def test_async_with_starts_on_entry_and_closes_its_connections_on_exit(
+    sql_url: str, sql: SqlConnection
+) -> None:
+    given = {DatabaseUrl: DatabaseUrl(sql_url)}
+    async with Application("support", providers=sql_stores(), values=given) as app:
+        leases = app.store(ExecutionLeaseRepository)
+        assert await leases.acquire("tenant-1", "run-1", 30_000) is not None
+    with pytest.raises(StoreUnavailableError):
+        await leases.acquire("tenant-1", "run-2", 30_000)
+    with pytest.raises(RuntimeError):
+        app.store(ExecutionLeaseRepository)
+    with pytest.raises(ValueError, match="from the block"):
+        async with Application("support", providers=sql_stores(), values=given) as app:
+            leases = app.store(ExecutionLeaseRepository)
+            raise ValueError("from the block")
+    with pytest.raises(StoreUnavailableError):
+        await leases.acquire("tenant-1", "run-3", 30_000)
+
+
+async def test_async_with_leaves_a_given_connection_open(sql: SqlConnection) -> None:
+    async with Application("support", providers=sql_stores(), values={SqlConnection: sql}):
+        pass
+    leases = SqlExecutionLeaseRepository(sql, StoreClock(), ApplicationContext("after"))
+    assert await leases.acquire("tenant-1", "run-1", 30_000) is not None
 
 
 @contextlib.asynccontextmanager
@@ -129,7 +161,7 @@ async def test_instances_see_each_others_effects(sql_url: str, sql: SqlConnectio
         StepRef,
         fenced_effect_key_of,
     )
-    from agboss_sql.testing.database import committed_business_rows, insert_business_row
+    from agboss_sql.testing.business import committed_business_rows, insert_business_row
 
     template = Application("support", providers=sql_stores())
     async with instances(template, n=2, url=sql_url) as cluster:

@@ -6,60 +6,39 @@ one application); the schema is created once per session (`create_schema`), ever
 is emptied before each case (`truncate_all`), and the fenced effects' work writes the
 business table through the effect's transaction (`insert_business_row`).
 
-A SQL store whose module does not import (yet) is left out of the set, and
-`test_every_sql_store_is_in_the_set` says which.
+Every store comes from `sql_stores()`, imported normally: a store module that does not
+import fails the run at collection (tests/stores/test_store_imports.py proves it).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import pytest_asyncio
 
+from agboss_sql.contracts.stores import CONTRACTS
+from agboss_sql.sql import sql_stores
 from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.testing.business import (
+    committed_business_rows,
+    insert_business_row,
+)
 from agboss_sql.testing.contracts import BusinessRows, Seam, StoreFactory, store_conformance
-from agboss_sql.testing.database import committed_business_rows, insert_business_row, truncate_all
+from agboss_sql.testing.database import truncate_all
 
-STORE_TIME = "store time"
-OWN_CLOCK = "own clock"
+STORE_TIME_CONTRACTS = frozenset({"execution_lease", "fenced_effect", "outbound_call"})
+"""The contracts whose SQL store decides by the store's time; the others decide by the
+application's own (possibly skewed) clock."""
 
-SQL_STORES: list[tuple[str, str, str, str]] = [
-    ("execution_lease", "agboss_sql.sql.leases", "SqlExecutionLeaseRepository", STORE_TIME),
-    (
-        "execution_lease_event",
-        "agboss_sql.sql.events",
-        "SqlExecutionLeaseEventRepository",
-        OWN_CLOCK,
-    ),
-    ("fenced_effect", "agboss_sql.sql.effects", "SqlFencedEffectRepository", STORE_TIME),
-    ("outbound_call", "agboss_sql.sql.outbound", "SqlOutboundCallRepository", STORE_TIME),
-    ("child_queue", "agboss_sql.sql.queue", "SqlChildExecutionQueueRepository", OWN_CLOCK),
-    ("rate_limit", "agboss_sql.sql.rate_limits", "SqlRateLimitRepository", OWN_CLOCK),
-    ("execution_record", "agboss_sql.sql.records", "SqlExecutionRecordRepository", OWN_CLOCK),
-    ("execution_tree", "agboss_sql.sql.trees", "SqlExecutionTreeRepository", OWN_CLOCK),
-    ("mesh_request", "agboss_sql.sql.mesh", "SqlMeshRequestRepository", OWN_CLOCK),
-    ("paused_execution", "agboss_sql.sql.pauses", "SqlPausedExecutionRepository", OWN_CLOCK),
-    ("cost_ledger", "agboss_sql.sql.costs", "SqlCostLedgerRepository", OWN_CLOCK),
-    ("execution_history", "agboss_sql.sql.history", "SqlExecutionHistoryRepository", OWN_CLOCK),
-]
-"""Every contract's SQL store: its module, class, and the clock it decides by."""
-
-
-def _present() -> tuple[dict[str, tuple[type[Any], str]], dict[str, str]]:
-    present: dict[str, tuple[type[Any], str]] = {}
-    missing: dict[str, str] = {}
-    for contract, module, name, clock in SQL_STORES:
-        try:
-            present[contract] = (getattr(importlib.import_module(module), name), clock)
-        except (ImportError, AttributeError) as exc:
-            missing[contract] = f"{module}.{name}: {exc!r}"
-    return present, missing
-
-
-PRESENT, MISSING = _present()
+SQL_STORES: dict[str, type[Any]] = {
+    contract: cls
+    for cls in sql_stores()
+    for contract, interface in CONTRACTS.items()
+    if issubclass(cls, interface)
+}
+"""Every contract's SQL store, from the public list (`sql_stores()`): imported normally, so
+a store module that does not import fails the whole run instead of leaving a gap."""
 
 
 class Instances:
@@ -109,10 +88,10 @@ async def committed() -> list[str]:
     return await committed_business_rows(INSTANCES.first)
 
 
-def _factory(cls: type[Any], clock: str) -> StoreFactory:
+def _factory(contract: str, cls: type[Any]) -> StoreFactory:
     def build(seam: Seam) -> Any:
         connection = INSTANCES.connection(seam.application.instance_id)
-        chosen = seam.store_clock if clock == STORE_TIME else seam.clock
+        chosen = seam.store_clock if contract in STORE_TIME_CONTRACTS else seam.clock
         return cls(connection, chosen, seam.application)
 
     return StoreFactory(build)
@@ -121,16 +100,15 @@ def _factory(cls: type[Any], clock: str) -> StoreFactory:
 TestSql = store_conformance(
     name="SQL",
     reset=reset,
-    stores={contract: _factory(cls, clock) for contract, (cls, clock) in PRESENT.items()},
+    stores={contract: _factory(contract, cls) for contract, cls in SQL_STORES.items()},
     business_rows=BusinessRows(insert=insert, committed=committed),
-    without=[
-        c for c in ("fenced_effect", "outbound_call", "execution_lease_event") if c in MISSING
-    ],
-    interleavings={"depth": 5, "walks": 100},
+    # The explorer searches this set's worlds deeper in tests/explorer/test_explorer_sql.py;
+    # registering it here too would run a shallower search of the same worlds again.
+    interleavings=False,
 )
 
 
-def test_every_sql_store_is_in_the_set() -> None:
-    if MISSING:
-        pytest.skip("SQL stores not in the set yet: " + "; ".join(MISSING.values()))
-    assert set(PRESENT) == {contract for contract, *_ in SQL_STORES}
+def test_every_contract_has_exactly_one_sql_store_in_the_set() -> None:
+    stores = [cls for cls in sql_stores() if any(issubclass(cls, c) for c in CONTRACTS.values())]
+    assert len(stores) == len(SQL_STORES), [cls.__name__ for cls in stores]
+    assert set(SQL_STORES) == set(CONTRACTS)

@@ -18,6 +18,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import (
+    counts_session_statements,
+    embedded,
+    repeatable_read_raises_serialization_failures,
+    require,
+)
 
 from agboss_sql.contracts.errors import (
     CommitOutcomeUnknownError,
@@ -77,8 +83,8 @@ def _one(statement: Any, params: dict[str, Any] | None = None) -> Step[Result]:
 
 
 def _server_only(sql: SqlConnection) -> None:
-    if sql.dialect_name == "sqlite":
-        pytest.skip("SQLite has no server sessions or row locks (its own case covers it)")
+    # An embedded database has no server sessions or row locks (its own case covers it).
+    require(not embedded(sql), "server sessions")
 
 
 def _sleep(sql: SqlConnection, seconds: float) -> str:
@@ -223,8 +229,7 @@ async def test_a_transaction_step_sends_begin_its_statements_and_commit(db: SqlC
 async def test_the_server_counts_exactly_the_statements_the_listener_saw(
     db: SqlConnection, sql_url: str
 ) -> None:
-    if db.dialect_name != "mysql":
-        pytest.skip("MySQL/MariaDB count each session's statements (Questions)")
+    require(counts_session_statements(db), "per-session statement counter")
     connection = SqlConnection(sql_url, pool_size=1)
     questions = "SHOW SESSION STATUS LIKE 'Questions'"
 
@@ -322,8 +327,7 @@ async def test_an_exception_in_a_step_rolls_it_back_and_the_connection_is_reused
 async def test_a_failed_step_on_sqlite_leaves_no_write_lock_behind(
     db: SqlConnection, new_connection: Callable[[], SqlConnection]
 ) -> None:
-    if db.dialect_name != "sqlite":
-        pytest.skip("SQLite's database write lock")
+    require(embedded(db), "database-wide write lock")
 
     def step() -> Step[None]:
         yield Exec(INSERT, {"key": 1, "value": 0})
@@ -407,8 +411,10 @@ async def test_a_real_deadlock_is_classified_retryable(
 async def test_a_serialization_failure_is_retried_on_postgresql(
     db: SqlConnection, new_connection: Callable[[], SqlConnection]
 ) -> None:
-    if db.dialect_name != "postgresql":
-        pytest.skip("REPEATABLE READ raises serialization failures on PostgreSQL only")
+    require(
+        repeatable_read_raises_serialization_failures(db),
+        "serialization failures under REPEATABLE READ",
+    )
     await _seed(db, {1: 0})
     other = new_connection()
     await other.ping()
@@ -483,8 +489,7 @@ async def test_a_lock_not_granted_within_its_bound_is_a_lock_timeout_never_retri
 async def test_a_sqlite_writer_waits_for_another_connections_write_lock(
     db: SqlConnection, new_connection: Callable[[], SqlConnection]
 ) -> None:
-    if db.dialect_name != "sqlite":
-        pytest.skip("SQLite's busy timeout")
+    require(embedded(db), "busy timeout on the database-wide write lock")
     await _seed(db, {1: 0})
     other = new_connection()
     counted = Counted(lambda: _one(INCREMENT, {"key": 1}))
@@ -504,8 +509,7 @@ async def test_a_sqlite_writer_waits_for_another_connections_write_lock(
 async def test_a_sqlite_busy_error_is_a_lock_timeout_not_a_retry(db: SqlConnection) -> None:
     """A busy error reaching a classifier has already waited its whole bound: retrying it
     would multiply the bound (12 tries of the lock wait), so it is a lock timeout."""
-    if db.dialect_name != "sqlite":
-        pytest.skip("SQLITE_BUSY")
+    require(embedded(db), "busy error of an embedded database (SQLITE_BUSY)")
     path = db._runner.path
     holder = db.ops.connect_sync(path)
     victim = db.ops.connect_sync(path)

@@ -9,12 +9,13 @@ which shows the races bite.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import require, row_locks, skip_locked, update_returning
+from support.sql import statements
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -56,22 +57,6 @@ def child(
     tenant: str = TENANT,
 ) -> QueuedChild:
     return QueuedChild(tenant, "root-1", parent, child_id, depth, payload)
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
-    sent: list[str] = []
-
-    def listen(sql: str, _params: Any) -> None:
-        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-            sent.append(sql)
-
-    remove = connection.add_statement_listener(listen)
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def enqueue_many(
@@ -145,8 +130,8 @@ async def test_a_claim_in_flight_hides_only_the_child_it_holds(
     queued children invisible: the next claimer skips the locked row and takes the next.
     (Without an index that serves the claim's order, InnoDB sorts and locks every queued
     row it read, and the next claimer finds nothing.)"""
-    if not sql.capabilities.skip_locked:
-        pytest.skip("no row locks: SQLite serialises writers, nothing is in flight")
+    # Without row locks (SQLite serialises writers) no claim is ever in flight.
+    require(skip_locked(sql), "SKIP LOCKED")
     queue = store(sql, clock)
     for i in range(50):
         await queue.enqueue(child(f"c-{i:02d}", depth=i % 3))
@@ -364,30 +349,30 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     queue = store(sql, clock)
-    one_statement_claim = sql.capabilities.update_returning
-    with statements(sql) as sent:
+    one_statement_claim = update_returning(sql)
+    with statements(sql, transaction_control=False) as sent:
         await queue.enqueue(child("c-1"))
     assert len(sent) == 1
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         await queue.claim("instance-1")
     assert len(sent) == (1 if one_statement_claim else 2)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await queue.claim("instance-1") is None
     assert len(sent) == 1
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         await queue.restart("c-1", 1)
     assert len(sent) == (1 if one_statement_claim else 2)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await queue.restart("c-1", 1) is None
     assert len(sent) == 1
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
     assert len(sent) == 2
-    assert "FOR UPDATE" in sent[0].upper() or not sql.capabilities.row_locks
-    with statements(sql) as sent:
+    assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
+    with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None) == FinishResult(False, 0)
     assert len(sent) == 1
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         await queue.running(5)
         await queue.children("parent-1")
     assert len(sent) == 2
@@ -400,7 +385,7 @@ async def test_arguments_are_checked_before_any_statement(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     queue = store(sql, clock)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await queue.enqueue(child(""))
         with pytest.raises(InvalidIdentifierError):

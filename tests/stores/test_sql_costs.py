@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.sql import plan_of, statements
 
 from agboss_sql.contracts.clocks import VirtualClock
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.types import ApplicationContext, BudgetScope, CostEntry, CostTotal
-from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.costs import SqlCostLedgerRepository
 from agboss_sql.sql.schema import cost_reservations
 
@@ -68,33 +68,6 @@ def entry(
     at: int = START,
 ) -> CostEntry:
     return CostEntry(entry_id, tenant, execution, application, tokens_in, tokens_out, cost, at)
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT included)."""
-    sent: list[str] = []
-    remove = connection.add_statement_listener(lambda sql, _params: sent.append(sql))
-    try:
-        yield sent
-    finally:
-        remove()
-
-
-async def plan_of(connection: SqlConnection, statement: Any, params: dict[str, Any]) -> str:
-    """The database's plan for `statement` (on PostgreSQL with sequential scans disabled, so
-    the plan shows whether an index can serve it at all, whatever the table's size)."""
-    compiled = connection.compiled(statement)
-    merged = {**compiled.defaults, **params}
-
-    def step() -> Step[str]:
-        if connection.dialect_name == "postgresql":
-            yield Exec("SET LOCAL enable_seqscan = off", {})
-        prefix = "EXPLAIN QUERY PLAN " if connection.dialect_name == "sqlite" else "EXPLAIN "
-        rows = (yield Exec(prefix + compiled.sql, merged)).rows
-        return "\n".join(" ".join(str(part) for part in row) for row in rows)
-
-    return await connection.run(step, transaction=True)
 
 
 def within_limit(granted: list[int], reserved: int, limit: int) -> None:

@@ -1,4 +1,9 @@
-"""`SqlFencedEffectRepository` keeps every promise of SPEC 3.3 on the database under test.
+"""What the SQL fenced effect shows beyond its contract cases, on the database under test:
+the rows and marks it stores, the refusal reasons, the transaction handed to the work,
+retries, cancellation, races over real connections and the statements it sends.
+
+The promises of `FencedEffectRepository` (SPEC 3.3) are the `fenced_effect` contract
+cases, run once on the SQL set (tests/stores/test_conformance_sql.py).
 
 Races use separate `SqlConnection`s (separate pools, as separate instances).
 Statement counts are read from what is really sent: the store's own statements
@@ -48,7 +53,7 @@ from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
 from agboss_sql.sql.schema import execution_leases, fenced_effect_results
 from agboss_sql.sql.timeouts import Timeouts
-from agboss_sql.testing.database import committed_business_rows, insert_business_row
+from agboss_sql.testing.business import committed_business_rows, insert_business_row
 
 START = 1_700_000_000_000
 LEASE_MS = 30_000
@@ -343,20 +348,6 @@ async def test_a_business_key_is_shared_by_every_scope_of_the_tenant(cluster: Cl
     assert (row[4], row[7], row[10]) == ("tree-1", "tree-1", "order-7")
 
 
-async def test_a_business_key_of_another_tenant_is_another_row(cluster: Cluster) -> None:
-    first = await cluster.acquire(1, "tree-1")
-    other = await cluster.leases(2).acquire("tenant-2", "tree-1", LEASE_MS)
-    assert other is not None
-    await cluster.effects(1).save_result_if_absent(
-        key_of(first, business_key="order-7", fingerprint="f"), Charge()
-    )
-    result = await cluster.effects(2).save_result_if_absent(
-        key_of(other, business_key="order-7", fingerprint="f"), Charge()
-    )
-    assert result.replayed is False
-    assert len(await cluster.rows()) == 2
-
-
 async def test_another_fingerprint_under_a_business_key_is_a_conflict_not_a_replay(
     cluster: Cluster,
 ) -> None:
@@ -378,16 +369,6 @@ async def test_another_fingerprint_under_a_business_key_is_a_conflict_not_a_repl
         await cluster.effects(2).save_result_if_absent(
             key_of(second, business_key="order-7"), charge
         )
-
-
-async def test_different_steps_and_names_are_different_effects(cluster: Cluster) -> None:
-    lease = await cluster.acquire()
-    effects = cluster.effects(1)
-    for key in (key_of(lease), key_of(lease, step_key="step-2"), key_of(lease, "refund")):
-        result = await effects.save_result_if_absent(key, Charge())
-        assert result.replayed is False
-    assert len(await cluster.rows()) == 3
-    assert len(await cluster.results()) == 3
 
 
 async def test_the_work_runs_in_the_effects_own_transaction(cluster: Cluster) -> None:

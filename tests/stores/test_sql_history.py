@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.sql import plan_of, statements
 
 from agboss_sql.contracts.clocks import VirtualClock
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.types import ApplicationContext, ExecutionSnapshot, HistoryCursor
-from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.history import SqlExecutionHistoryRepository
 
 START = 1_700_000_000_000
@@ -79,33 +79,6 @@ def newest_first(snapshots: list[ExecutionSnapshot]) -> list[str]:
         s.execution_id
         for s in sorted(snapshots, key=lambda s: (s.finished_at, s.execution_id), reverse=True)
     ]
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT included)."""
-    sent: list[str] = []
-    remove = connection.add_statement_listener(lambda sql, _params: sent.append(sql))
-    try:
-        yield sent
-    finally:
-        remove()
-
-
-async def plan_of(connection: SqlConnection, statement: Any, params: dict[str, Any]) -> str:
-    """The database's plan for `statement` (on PostgreSQL with sequential scans disabled, so
-    the plan shows whether an index can serve it at all, whatever the table's size)."""
-    compiled = connection.compiled(statement)
-    merged = {**compiled.defaults, **params}
-
-    def step() -> Step[str]:
-        if connection.dialect_name == "postgresql":
-            yield Exec("SET LOCAL enable_seqscan = off", {})
-        prefix = "EXPLAIN QUERY PLAN " if connection.dialect_name == "sqlite" else "EXPLAIN "
-        rows = (yield Exec(prefix + compiled.sql, merged)).rows
-        return "\n".join(" ".join(str(part) for part in row) for row in rows)
-
-    return await connection.run(step, transaction=True)
 
 
 async def test_the_record_round_trips_exactly(sql: SqlConnection) -> None:

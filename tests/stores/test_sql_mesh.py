@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.sql import statements
 
 from agboss_sql.contracts.clocks import VirtualClock
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError, InvalidIdentifierError
@@ -20,17 +20,6 @@ START = 1_700_000_000_000
 
 def store_on(connection: SqlConnection, instance: str = "instance-1") -> SqlMeshRequestRepository:
     return SqlMeshRequestRepository(connection, VirtualClock(START), ApplicationContext(instance))
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT included)."""
-    sent: list[str] = []
-    remove = connection.add_statement_listener(lambda sql, _params: sent.append(sql))
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def test_first_save_creates_and_later_saves_replay_it(sql: SqlConnection) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.sql import plan_of, statements
 
 from agboss_sql.contracts.clocks import VirtualClock
 from agboss_sql.contracts.errors import (
@@ -24,7 +24,7 @@ from agboss_sql.contracts.types import (
     PauseStatus,
 )
 from agboss_sql.sql._base import dumps
-from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.pauses import SqlPausedExecutionRepository
 from agboss_sql.sql.schema import paused_executions
 
@@ -59,33 +59,6 @@ def pause_of(
         decision=None,
         created_at=created_at,
     )
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT included)."""
-    sent: list[str] = []
-    remove = connection.add_statement_listener(lambda sql, _params: sent.append(sql))
-    try:
-        yield sent
-    finally:
-        remove()
-
-
-async def plan_of(connection: SqlConnection, statement: Any, params: dict[str, Any]) -> str:
-    """The database's plan for `statement` (on PostgreSQL with sequential scans disabled, so
-    the plan shows whether an index can serve it at all, whatever the table's size)."""
-    compiled = connection.compiled(statement)
-    merged = {**compiled.defaults, **params}
-
-    def step() -> Step[str]:
-        if connection.dialect_name == "postgresql":
-            yield Exec("SET LOCAL enable_seqscan = off", {})
-        prefix = "EXPLAIN QUERY PLAN " if connection.dialect_name == "sqlite" else "EXPLAIN "
-        rows = (yield Exec(prefix + compiled.sql, merged)).rows
-        return "\n".join(" ".join(str(part) for part in row) for row in rows)
-
-    return await connection.run(step, transaction=True)
 
 
 def one_answer(outcomes: Sequence[object]) -> PausedExecution:

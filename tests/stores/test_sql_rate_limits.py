@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import require, row_locks
+from support.sql import statements
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -51,22 +51,6 @@ def instances(
     return [store(sql, clock)] + [
         store(new_connection(), clock, f"instance-{i}") for i in range(2, count + 1)
     ]
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
-    sent: list[str] = []
-
-    def listen(sql: str, _params: Any) -> None:
-        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-            sent.append(sql)
-
-    remove = connection.add_statement_listener(listen)
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def slot_rows(sql: SqlConnection, key: str) -> dict[str, int]:
@@ -280,21 +264,21 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     limits = store(sql, clock)
-    lock = 1 if sql.capabilities.row_locks else 0  # SQLite's BEGIN IMMEDIATE is the lock already
-    with statements(sql) as sent:
+    lock = 1 if row_locks(sql) else 0  # SQLite's BEGIN IMMEDIATE is the lock already
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-1", 1, TTL)
     assert len(sent) == lock + 2
     if lock:
         assert sent[0].upper().startswith("INSERT") and "FOR UPDATE" in sent[1].upper()
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-2", 1, TTL) is False
     assert len(sent) == lock + 1
     await clock.advance(TTL)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await limits.acquire_slot("model", "h-2", 1, TTL)
     assert len(sent) == lock + 3  # the expired slot of h-1 is deleted on the way
     one_statement_window = sql.capabilities.insert_returning
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         await limits.add_to_window("calls", WINDOW, 1, 5)
     assert len(sent) == (1 if one_statement_window else 2)
     for call in (
@@ -303,7 +287,7 @@ async def test_each_operation_sends_the_fewest_statements(
         limits.pause_until("model", START),
         limits.paused_until("model"),
     ):
-        with statements(sql) as sent:
+        with statements(sql, transaction_control=False) as sent:
             await call
         assert len(sent) == 1
 
@@ -312,19 +296,17 @@ async def test_windows_without_returning_the_mysql_8_way(
     sql: SqlConnection,
     new_connection: NewConnection,
     clock: VirtualClock,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MySQL 8 has no `RETURNING`: the upsert, then a read of the row it locked, in one
-    transaction. Run here on MariaDB by having the connections answer "mysql"."""
-    if sql.dialect_name != "mysql":
-        pytest.skip("the MySQL-family path")
+    transaction. Run here on MariaDB with its connections pinned to MySQL 8's capabilities."""
+    require(not sql.capabilities.upsert_where, "MySQL-family upsert (no WHERE on the upsert)")
     limits = instances(sql, new_connection, clock, 4)
 
     for limit in limits:
         limit.connection.pin_capabilities(
             dataclasses.replace(limit.connection.capabilities, insert_returning=False)
         )
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         first = await limits[0].add_to_window("calls", WINDOW, 3, 5)
     assert [s.split()[0].upper() for s in sent] == ["INSERT", "SELECT"]
     assert "RETURNING" not in sent[0].upper()
@@ -342,7 +324,7 @@ async def test_arguments_are_checked_before_any_statement(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     limits = store(sql, clock)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await limits.acquire_slot("", "h-1", 1, TTL)
         with pytest.raises(InvalidIdentifierError):

@@ -7,11 +7,11 @@ run race for real, and exactly one wins each time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from support.sql import statements
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -65,22 +65,6 @@ def record(
         updated_at=updated_at,
         outcome=outcome,
     )
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
-    sent: list[str] = []
-
-    def listen(sql: str, _params: Any) -> None:
-        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-            sent.append(sql)
-
-    remove = connection.add_statement_listener(listen)
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def test_a_saved_record_reads_back_whole_on_another_instance(
@@ -241,13 +225,15 @@ async def test_each_operation_sends_one_statement(sql: SqlConnection, clock: Vir
         lambda: records.complete(TENANT, "run-1", Status.PAUSED, Status.SUCCEEDED, 1),
     ]
     for call in calls:
-        with statements(sql) as sent:
+        with statements(sql, transaction_control=False) as sent:
             await call()
         assert len(sent) == 1
-    with statements(sql) as sent:  # refused: a read tells a retry of the same outcome
+    with statements(
+        sql, transaction_control=False
+    ) as sent:  # refused: a read tells a retry of the same outcome
         assert await records.complete(TENANT, "run-1", Status.PAUSED, Status.SUCCEEDED, 1)
     assert len(sent) == 2
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         assert await records.transition(TENANT, "run-1", Status.SUCCEEDED, Status.RUNNING) is False
     assert sent == []  # a final status never moves: nothing to ask
 
@@ -256,7 +242,7 @@ async def test_arguments_are_checked_before_any_statement(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     records = store(sql, clock)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await records.save(record(""))
         with pytest.raises(InvalidIdentifierError):

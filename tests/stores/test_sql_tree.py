@@ -7,11 +7,10 @@ Keys are compared by their exact characters on every database: a prefix with `%`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import pytest
+from support.sql import statements
 
 from agboss_sql.contracts import (
     CANCEL_REQUEST_KEY,
@@ -30,22 +29,6 @@ NewConnection = Callable[[], SqlConnection]
 
 def store(connection: SqlConnection, instance: str = "instance-1") -> SqlExecutionTreeRepository:
     return SqlExecutionTreeRepository(connection, VirtualClock(0), ApplicationContext(instance))
-
-
-@contextmanager
-def statements(connection: SqlConnection) -> Iterator[list[str]]:
-    """The statements `connection` sends inside the block (BEGIN/COMMIT left out)."""
-    sent: list[str] = []
-
-    def listen(sql: str, _params: Any) -> None:
-        if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-            sent.append(sql)
-
-    remove = connection.add_statement_listener(listen)
-    try:
-        yield sent
-    finally:
-        remove()
 
 
 async def test_the_first_write_of_a_tree_key_wins(
@@ -174,7 +157,7 @@ async def test_a_key_ending_with_a_space_is_refused_on_every_database(
     everywhere, so a key never means one row on one database and two on another."""
     trees = store(sql)
     assert await trees.save_if_absent(TENANT, "root-1", "k", 1)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await trees.save_if_absent(TENANT, "root-1", "k ", 2)
         with pytest.raises(InvalidIdentifierError):
@@ -227,14 +210,14 @@ async def test_each_operation_sends_one_statement(sql: SqlConnection) -> None:
         lambda: trees.delete_tree(TENANT, "root-1"),
     ]
     for call in calls:
-        with statements(sql) as sent:
+        with statements(sql, transaction_control=False) as sent:
             await call()
         assert len(sent) == 1
 
 
 async def test_arguments_are_checked_before_any_statement(sql: SqlConnection) -> None:
     trees = store(sql)
-    with statements(sql) as sent:
+    with statements(sql, transaction_control=False) as sent:
         with pytest.raises(InvalidIdentifierError):
             await trees.save_if_absent(TENANT, "root-1", "", 1)
         with pytest.raises(InvalidIdentifierError):

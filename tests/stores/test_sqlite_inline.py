@@ -7,18 +7,18 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.capabilities import embedded, require
 
 from agboss_sql.contracts import ApplicationContext, StoreClock, StoreTimeoutError
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.timeouts import Timeouts
-from agboss_sql.testing.database import insert_business_row
+from agboss_sql.testing.business import insert_business_row
 
 
 @pytest.fixture
 def sqlite_only(sql: SqlConnection) -> SqlConnection:
-    if sql.dialect_name != "sqlite":
-        pytest.skip("SQLite's own execution model")
+    require(embedded(sql), "inline (embedded) runner")
     return sql
 
 

@@ -51,6 +51,8 @@ class CheckThenWriteLeases(InMemoryExecutionLeaseRepository):
     ) -> ExecutionLease | None:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+            raise ValueError(f"lease_ms must be a positive int, got {lease_ms!r}")
         now = store_now(self.store_clock)
         key = (tenant_id, execution_id)
         row = self.memory.leases.get(key)
@@ -283,3 +285,30 @@ BROKEN: dict[str, dict[str, type[Any]]] = {
     "other-backend outbound calls": {"outbound_call": OtherBackendCalls},
 }
 """Each broken set, by what is wrong with it: the stores replacing the sound ones."""
+
+
+class AnyHolderLeases(InMemoryExecutionLeaseRepository):
+    """Finds the lease to move by its tenant and execution alone: any instance, at any
+    epoch, moves whatever lease is there."""
+
+    def _held(self, lease: ExecutionLease) -> LeaseRow | None:
+        return self.memory.leases.get((lease.tenant_id, lease.execution_id))
+
+
+class ReclaimAnyLiveLeases(InMemoryExecutionLeaseRepository):
+    """Reclaims a live lease of its holder whether or not it was yielded."""
+
+    async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
+        row = self._held(lease)
+        if row is not None and not row.released and not row.finished:
+            row.yielded = True
+        return await super().reclaim(lease, lease_ms)
+
+
+class AnyLeaseMsLeases(InMemoryExecutionLeaseRepository):
+    """Takes whatever `lease_ms` it is given (a bool, a float, zero) as a duration."""
+
+    async def acquire(
+        self, tenant_id: str, execution_id: str, lease_ms: int
+    ) -> ExecutionLease | None:
+        return await super().acquire(tenant_id, execution_id, max(1, int(lease_ms)))

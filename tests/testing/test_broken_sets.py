@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from broken_stores import (
+    AnyHolderLeases,
+    AnyLeaseMsLeases,
     CallerClockLeases,
     CheckThenWriteLeases,
     LiveAtExpiryLeases,
@@ -20,6 +22,7 @@ from broken_stores import (
     OldEndRenewalLeases,
     OtherBackendCalls,
     ReadThenCloseCalls,
+    ReclaimAnyLiveLeases,
     RowsOutsideTransactionEffects,
     StringKindLeaseLog,
 )
@@ -98,6 +101,39 @@ async def test_a_lease_live_at_its_expiry_instant_fails_the_boundaries() -> None
         "test_execution_lease__renew_1_ms_after_expiry_is_refused",
     ):
         assert passing not in found, found.get(passing)
+
+
+async def test_leases_moved_by_whoever_presents_them_fail_the_holder_case() -> None:
+    found = failures(
+        await run_class(conformance({"execution_lease": AnyHolderLeases}), real_time=False)
+    )
+    expect_fails(
+        found,
+        "no-stale-write",
+        "test_execution_lease__only_the_holder_moves_its_lease_and_a_lease_never_granted_moves_nothing",
+    )
+
+
+async def test_a_reclaim_of_a_lease_never_yielded_fails_the_reclaim_case() -> None:
+    found = failures(
+        await run_class(conformance({"execution_lease": ReclaimAnyLiveLeases}), real_time=False)
+    )
+    expect_fails(
+        found,
+        "no-stale-write",
+        "test_execution_lease__reclaim_needs_a_lease_its_holder_yielded_and_still_holds",
+    )
+
+
+async def test_a_lease_ms_taken_as_given_fails_the_lease_ms_case() -> None:
+    found = failures(
+        await run_class(conformance({"execution_lease": AnyLeaseMsLeases}), real_time=False)
+    )
+    expect_fails(
+        found,
+        "lease-ms",
+        "test_execution_lease__lease_ms_is_a_positive_whole_number_of_milliseconds",
+    )
 
 
 async def test_a_renewal_from_the_old_end_fails() -> None:

@@ -3,14 +3,13 @@ shape, resets and closes, the per-contract functions, and the explorer's hook.""
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 import pytest
 from conformance_runner import failures, memory_set, run_class
 
 from agboss_sql.memory import InMemoryBackend, InMemoryExecutionLeaseRepository
+from agboss_sql.testing import explorer
 from agboss_sql.testing.contracts import (
     StoreConformanceError,
     StoreFactory,
@@ -268,12 +267,13 @@ async def test_a_suite_that_cannot_load_is_a_failing_case(monkeypatch: pytest.Mo
     assert "[store-conformance.suite-unavailable]" in found["test_execution_lease_event__suite"]
 
 
-def test_the_explorer_registers_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_explorer_registers_every_set_that_asks_for_interleavings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     registered: list[tuple[type, dict[str, Any]]] = []
-    explorer = types.ModuleType("agboss_sql.testing.explorer")
-    explorer.__file__ = "explorer.py"
-    explorer.register = lambda cls, **options: registered.append((cls, options))  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "agboss_sql.testing.explorer", explorer)
+    monkeypatch.setattr(
+        explorer, "register", lambda cls, **options: registered.append((cls, options))
+    )
     chosen = memory_set()
     on = store_conformance(
         name="on",
@@ -296,9 +296,10 @@ def test_the_explorer_registers_when_installed(monkeypatch: pytest.MonkeyPatch) 
 async def test_an_explorer_that_cannot_register_is_a_failing_case(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    explorer = types.ModuleType("agboss_sql.testing.explorer")
-    explorer.__file__ = "explorer.py"
-    monkeypatch.setitem(sys.modules, "agboss_sql.testing.explorer", explorer)
+    def refuse(cls: type, **options: Any) -> None:
+        raise RuntimeError("cannot register these options")
+
+    monkeypatch.setattr(explorer, "register", refuse)
     chosen = memory_set()
     cls = store_conformance(
         name="half explorer", stores=chosen.stores, business_rows=chosen.business_rows
@@ -306,4 +307,4 @@ async def test_an_explorer_that_cannot_register_is_a_failing_case(
     found = failures(await run_class(cls, only="interleavings"))
     assert list(found) == ["test_interleavings__explorer"]
     assert "[store-conformance.suite-unavailable]" in found["test_interleavings__explorer"]
-    assert "no register(cls, ...)" in found["test_interleavings__explorer"]
+    assert "cannot register these options" in found["test_interleavings__explorer"]

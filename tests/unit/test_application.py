@@ -71,6 +71,21 @@ async def test_defaults_are_in_memory_and_one_backend_per_application() -> None:
     await app.close()
 
 
+async def test_async_with_hands_over_a_started_application_and_stops_it_after() -> None:
+    async with Application("support") as app:
+        assert isinstance(app.store(ExecutionLeaseRepository), InMemoryExecutionLeaseRepository)
+    with pytest.raises(RuntimeError, match="start"):
+        app.store(ExecutionLeaseRepository)
+
+
+async def test_async_with_raises_the_assembly_error_on_entry() -> None:
+    entered = False
+    with pytest.raises(AssemblyError, match=r"\[application.store-backend-mismatch\]"):
+        async with Application("support", providers=[BillingEffects]):
+            entered = True
+    assert not entered
+
+
 async def test_instance_ids_are_unique() -> None:
     ids = {Application("support").instance_id for _ in range(50)}
     assert len(ids) == 50
@@ -198,3 +213,10 @@ async def test_unlisted_fencing_default_beside_sql_leases_fails_at_first_call(
     with pytest.raises(FencedEffectStoreMismatchError, match="SqlExecutionLeaseRepository"):
         await effects.save_result_if_absent(key, work)
     await app.close()
+
+
+def test_sql_store_classes_is_a_deprecated_alias_of_sql_stores() -> None:
+    from agboss_sql.sql import sql_store_classes, sql_stores
+
+    with pytest.deprecated_call():
+        assert sql_store_classes(checkpoint_saver=False) == sql_stores(checkpoint_saver=False)

@@ -21,7 +21,6 @@ suites themselves import without it.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agboss_sql.contracts.types import LeaseCheck
+from agboss_sql.testing import explorer
 from agboss_sql.testing.contracts import _errors as codes
 from agboss_sql.testing.contracts._case import (
     BusinessRows,
@@ -60,7 +60,7 @@ NO_PROTECTION_CASE = "gives NO double-charge protection"
 
 LOOP_SCOPES = ("function", "class", "module", "package", "session")
 INTERLEAVING_OPTIONS = ("depth", "walks", "walk_depth", "seed", "time_limit")
-EXPLORER_MODULE = "agboss_sql.testing.explorer"
+EXPLORER_MODULE = explorer.__name__
 
 Factory = Callable[[Seam], Any] | StoreFactory
 Reset = Callable[[], Awaitable[None]]
@@ -495,17 +495,11 @@ def _build(
 
 
 def _register_explorer(cls: type, store_set: StoreSet) -> None:
-    """Hand the class to the interleaving explorer, when it is installed: it adds its
-    `test_interleavings__*` cases for the set's factories and options. An explorer that is
-    there but cannot register becomes one failing case, never a silent gap."""
+    """Hand the class to the interleaving explorer: it adds its `test_interleavings__*`
+    cases for the set's factories and options. An explorer that cannot register (its
+    options refused, say) becomes one failing case, never a silent gap."""
     try:
-        explorer = importlib.import_module(EXPLORER_MODULE)
-        if getattr(explorer, "__file__", None) is None:
-            return  # an empty directory (a namespace package), not an installed explorer
-        register = getattr(explorer, "register", None)
-        if register is None:
-            raise AttributeError(f"{EXPLORER_MODULE} has no register(cls, ...)")
-        register(
+        explorer.register(
             cls,
             name=store_set.name,
             factories=store_set.factories,
@@ -516,21 +510,14 @@ def _register_explorer(cls: type, store_set: StoreSet) -> None:
                 store_set.accept_without_double_charge_protection
             ),
         )
-    except ModuleNotFoundError as exc:
-        if exc.name == EXPLORER_MODULE:
-            return
-        error: Exception = exc
-    except Exception as exc:
-        error = exc
-    else:
-        return
-    add_test(
-        cls,
-        "test_interleavings__explorer",
-        _unavailable_body("interleavings", EXPLORER_MODULE, error),
-        doc=f"interleavings ({store_set.name}): the explorer could not register its cases",
-        info=CaseInfo("interleavings", "explorer"),
-    )
+    except Exception as error:
+        add_test(
+            cls,
+            "test_interleavings__explorer",
+            _unavailable_body("interleavings", EXPLORER_MODULE, error),
+            doc=f"interleavings ({store_set.name}): the explorer could not register its cases",
+            info=CaseInfo("interleavings", "explorer"),
+        )
 
 
 def _store_set(

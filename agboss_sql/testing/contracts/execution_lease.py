@@ -551,6 +551,140 @@ async def yielded_lease_moves(ctx: CaseContext) -> None:
     )
 
 
+async def only_the_holder_moves_its_lease(ctx: CaseContext) -> None:
+    """Another instance presenting the holder's lease renews, yields, reclaims, releases and
+    finishes nothing, live or yielded, and the holder's lease is unharmed; a lease that was
+    never granted moves nothing either."""
+    w = World(ctx)
+    tree = w.name()
+    lease = await w.take(tree, 0)
+    other = w.leases(1)
+    for state in ("live", "yielded"):
+        what = f"instance-2 moving instance-1's {state} lease"
+        expect(await other.renew(lease, LEASE_MS) is None, "no-stale-write", f"{what}: renewed")
+        expect(not await other.yield_lease(lease), "no-stale-write", f"{what}: yielded")
+        expect(await other.reclaim(lease, LEASE_MS) is None, "no-stale-write", f"{what}: reclaimed")
+        expect(not await other.release(lease), "no-stale-write", f"{what}: released")
+        expect(not await other.finish(lease), "no-stale-write", f"{what}: finished")
+        if state == "live":
+            expect(
+                await w.leases(0).renew(lease, LEASE_MS) == LEASE_MS,
+                "no-stale-write",
+                "the holder could not renew after another instance's moves",
+            )
+            expect(
+                await w.leases(0).yield_lease(lease), "no-stale-write", "the holder's yield refused"
+            )
+    back = await w.leases(0).reclaim(lease, LEASE_MS)
+    _expect_lease(
+        back,
+        _lease(tree, "instance-1", 2, LEASE_MS),
+        "no-stale-write",
+        "the holder reclaiming its yielded lease after another instance's moves",
+    )
+    ghost = _lease(w.name(), "instance-1", 1, LEASE_MS)
+    leases = w.leases(0)
+    what = "a lease that was never granted"
+    expect(await leases.renew(ghost, LEASE_MS) is None, "no-stale-write", f"{what} was renewed")
+    expect(not await leases.yield_lease(ghost), "no-stale-write", f"{what} was yielded")
+    expect(await leases.reclaim(ghost, LEASE_MS) is None, "no-stale-write", f"{what} was reclaimed")
+    expect(not await leases.release(ghost), "no-stale-write", f"{what} was released")
+    expect(not await leases.finish(ghost), "no-stale-write", f"{what} was finished")
+
+
+async def reclaim_needs_a_yielded_lease(ctx: CaseContext) -> None:
+    """Reclaim takes back only a lease its holder yielded and still holds: not a live lease
+    that was never yielded, not a yielded lease its holder then released or finished. After
+    a reclaim the old epoch is over and the new one is live and not yielded. A yielded lease
+    may still be released, and is then handed over, not taken over."""
+    w = World(ctx)
+    leases = w.leases(0)
+    live = await w.take(w.name(), 0)
+    expect(
+        await leases.reclaim(live, LEASE_MS) is None,
+        "no-stale-write",
+        "a live lease that was never yielded was reclaimed",
+    )
+    expect(
+        await leases.renew(live, LEASE_MS) == LEASE_MS,
+        "no-stale-write",
+        "the holder could not renew after a refused reclaim",
+    )
+    tree = w.name()
+    lease = await w.take(tree, 0)
+    expect(await leases.yield_lease(lease), "no-stale-write", "the holder's yield was refused")
+    back = await leases.reclaim(lease, LEASE_MS)
+    if back is None:
+        fail("no-stale-write", "the holder's reclaim of its live yielded lease was refused")
+    expect(
+        await leases.renew(lease, LEASE_MS) is None,
+        "no-stale-write",
+        "the epoch before a reclaim was renewed after it",
+    )
+    expect(
+        await leases.reclaim(back, LEASE_MS) is None,
+        "no-stale-write",
+        "a reclaimed lease (not yielded any more) was reclaimed again",
+    )
+    got = await w.leases(1).acquire(TENANT, tree, LEASE_MS)
+    expect(got is None, "one-live-holder", f"another instance took a reclaimed live lease ({got})")
+    for end in ("release", "finish"):
+        lease = await w.take(w.name(), 0)
+        expect(await leases.yield_lease(lease), "no-stale-write", "the holder's yield was refused")
+        ended = await (leases.release(lease) if end == "release" else leases.finish(lease))
+        expect(ended, "no-stale-write", f"the holder's {end} of its yielded lease was refused")
+        expect(
+            await leases.reclaim(lease, LEASE_MS) is None,
+            "no-stale-write",
+            f"a yielded lease was reclaimed after its holder's {end}",
+        )
+        if end == "release":
+            handed = await w.take(lease.execution_id, 1)
+            expect(
+                handed.taken_over_from is None,
+                "taken-over-from",
+                f"a take after a yielded lease's release named {handed.taken_over_from}",
+            )
+
+
+async def lease_ms_is_a_positive_whole_number(ctx: CaseContext) -> None:
+    """`lease_ms` of acquire, renew and reclaim is a positive `int` (not a bool, not a
+    float): anything else is `ValueError`, and takes or moves nothing."""
+    w = World(ctx)
+    tree = w.name()
+    bad_values: tuple[object, ...] = (0, -1, True, 1.5)
+    for bad in bad_values:
+        try:
+            got = await w.leases(0).acquire(TENANT, tree, bad)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        fail("lease-ms", f"acquire with lease_ms={bad!r} answered {got} instead of ValueError")
+    lease = await w.take(tree, 0)
+    expect(lease.lease_epoch == 1, "lease-ms", f"a refused acquire took the lease ({lease})")
+    for move in ("renew", "reclaim"):
+        if move == "reclaim":
+            expect(
+                await w.leases(0).yield_lease(lease), "no-stale-write", "the holder's yield refused"
+            )
+        for bad in bad_values:
+            try:
+                if move == "renew":
+                    answer: object = await w.leases(0).renew(lease, bad)  # type: ignore[arg-type]
+                else:
+                    answer = await w.leases(0).reclaim(lease, bad)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            fail(
+                "lease-ms", f"{move} with lease_ms={bad!r} answered {answer} instead of ValueError"
+            )
+    back = await w.leases(0).reclaim(lease, LEASE_MS)
+    expect(
+        back is not None and back.lease_epoch == 2,
+        "lease-ms",
+        f"after refused reclaims the holder's reclaim answered {back}",
+    )
+
+
 async def taken_over_from_names_takeovers(ctx: CaseContext) -> None:
     """`taken_over_from` names the previous holder and epoch when that epoch expired
     unreleased, also when the taker is that holder itself; it is `None` after a release, a
@@ -934,6 +1068,15 @@ def cases() -> list[Case]:
         ("a zombie renews, yields, reclaims, releases and finishes nothing", zombie_moves_nothing),
         ("a released lease moves no more", released_lease_moves_nothing),
         ("a yielded lease is taken by another, not reclaimed", yielded_lease_moves),
+        (
+            "only the holder moves its lease, and a lease never granted moves nothing",
+            only_the_holder_moves_its_lease,
+        ),
+        ("reclaim needs a lease its holder yielded and still holds", reclaim_needs_a_yielded_lease),
+        (
+            "lease_ms is a positive whole number of milliseconds",
+            lease_ms_is_a_positive_whole_number,
+        ),
         ("taken_over_from names a takeover, also from itself", taken_over_from_names_takeovers),
         (
             "save_execution_id_if_absent inserts an id once across tenants",

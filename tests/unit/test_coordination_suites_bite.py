@@ -1,7 +1,10 @@
-"""The coordination contract suites, run case by case on the in-memory reference stores.
+"""The coordination contract suites are well formed and bite.
 
-Each case gets a fresh `InMemoryBackend` shared by its two instances, as two connections
-share one database.
+The cases themselves run once per store set, in its conformance class
+(tests/unit/test_conformance_memory.py for the in-memory stores,
+tests/stores/test_conformance_sql.py for the SQL ones). Here each suite's shape is checked,
+and each broken store below, on a fresh `InMemoryBackend` shared by two instances, fails
+the case about the rule it breaks.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from agboss_sql.testing.contracts import (
     paused_execution,
     rate_limit,
 )
-from agboss_sql.testing.contracts._case import Case, CaseContext, StoreFactory
+from agboss_sql.testing.contracts._case import CaseContext, StoreFactory
 
 SUITES = [
     child_queue,
@@ -64,17 +67,6 @@ SUITES = [
     cost_ledger,
     execution_history,
 ]
-
-STORES: dict[str, Callable[..., Any]] = {
-    "child_queue": InMemoryChildExecutionQueueRepository,
-    "rate_limit": InMemoryRateLimitRepository,
-    "execution_record": InMemoryExecutionRecordRepository,
-    "execution_tree": InMemoryExecutionTreeRepository,
-    "mesh_request": InMemoryMeshRequestRepository,
-    "paused_execution": InMemoryPausedExecutionRepository,
-    "cost_ledger": InMemoryCostLedgerRepository,
-    "execution_history": InMemoryExecutionHistoryRepository,
-}
 
 CASES = [case for suite in SUITES for case in suite.cases()]
 
@@ -92,16 +84,6 @@ def test_every_suite_has_cases_of_its_own_contract_and_none_fenced() -> None:
         assert not any(case.fencing for case in found), f"{suite.__name__} marks a case fenced"
         names = [case.name for case in found]
         assert len(set(names)) == len(names), f"{suite.__name__} repeats a case name"
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case.contract}: {case.name}")
-async def test_case(case: Case) -> None:
-    backend = InMemoryBackend()
-    ctx = CaseContext({key: _factory(store, backend) for key, store in STORES.items()})
-    try:
-        await case.run(ctx)
-    finally:
-        await ctx.close()
 
 
 # The suites bite: each broken store below opens the gap (check, await, write) or breaks
