@@ -122,7 +122,7 @@ class StoreUnavailableError(AgbossError):
 class StoreTimeoutError(StoreUnavailableError):
     """A bounded wait ended: connecting, a statement, a lock or a pooled connection.
 
-    `what` names the wait (`connect`, `statement`, `lock`, `pool`, `busy`) and `bound_ms`
+    `what` names the wait (`connect`, `statement`, `lock`, `pool`, `retry`) and `bound_ms`
     its configured bound (`Timeouts`). Unless it is a `CommitOutcomeUnknownError`, nothing
     of the call was applied: it is safe to call again.
     """

@@ -237,6 +237,8 @@ class SqlConnection:
                     or loop.time() >= give_up_at
                     or not self._may_retry(exc, transaction, progress)
                 ):
+                    if factory is not None and self._may_retry(exc, transaction, progress):
+                        raise self.conflicts_persisted(exc, attempt) from exc
                     raise self.translate(exc, transaction, progress) from exc
             await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
 
@@ -251,6 +253,18 @@ class SqlConnection:
             # The server rolls back a transaction whose session it lost before COMMIT.
             return not progress.committing and (transaction or not progress.sent_write)
         return False
+
+    def conflicts_persisted(self, exc: Exception, attempts: int) -> StoreTimeoutError:
+        """The typed error for a step still meeting transient conflicts (deadlocks,
+        serialization failures) after `attempts` tries or `Timeouts.retry_ms`: nothing of it
+        was applied."""
+        return StoreTimeoutError(
+            "retry",
+            self.timeouts.retry_ms,
+            f"transient conflicts on {self._safe_url()} persisted through {attempts} attempts "
+            f"(Timeouts.retry_ms {self.timeouts.retry_ms} ms, last: {type(exc).__name__}: "
+            f"{exc}); nothing was committed",
+        )
 
     def translate(self, exc: Exception, transaction: bool, progress: Progress) -> Exception:
         """The typed error for a step that failed with `exc` after getting as far as

@@ -203,10 +203,10 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
                 async with self.connection.transaction() as tx:
                     return await attempt(tx)
             except Exception as exc:
-                if tries >= MAX_ATTEMPTS or not (
-                    isinstance(exc, _ClaimLostError) or self.connection.is_transient(exc)
-                ):
+                if not (isinstance(exc, _ClaimLostError) or self.connection.is_transient(exc)):
                     raise
+                if tries >= MAX_ATTEMPTS:
+                    raise self.connection.conflicts_persisted(exc, tries) from exc
             await asyncio.sleep(min(0.2, 0.002 * 2**tries) * random.uniform(0.5, 1.5))
 
     async def _claim(self, tx: AsyncConnection, params: dict[str, Any]) -> Any | None:

@@ -23,6 +23,7 @@ from support.capabilities import (
     embedded,
     repeatable_read_raises_serialization_failures,
     require,
+    row_locks,
 )
 
 from agboss_sql.contracts.errors import (
@@ -831,3 +832,36 @@ async def test_drive_on_shares_the_callers_transaction(db: SqlConnection, outcom
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+async def test_conflicts_that_persist_past_retry_ms_end_in_a_typed_retry_timeout(
+    db: SqlConnection, sql_url: str
+) -> None:
+    """A step that meets a transient conflict on every attempt is run again until
+    `retry_ms`, then fails typed (`what="retry"`), never as the raw driver error."""
+    require(row_locks(db), "transient conflicts (SQLite has none)")
+    if db.dialect_name == "postgresql":
+        import psycopg.errors
+
+        conflict: Exception = psycopg.errors.DeadlockDetected("deadlock detected")
+    else:
+        import pymysql.err
+
+        conflict = pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+    connection = SqlConnection(sql_url, timeouts=Timeouts(retry_ms=200))
+    attempts = 0
+
+    def step() -> Step[None]:
+        nonlocal attempts
+        attempts += 1
+        yield Exec("SELECT 1", {})
+        raise conflict
+
+    try:
+        with pytest.raises(StoreTimeoutError) as raised:
+            await connection.run(step)
+        assert raised.value.what == "retry"
+        assert attempts >= 2
+        assert raised.value.__cause__ is conflict
+    finally:
+        await connection.close()
