@@ -258,6 +258,21 @@ SCENARIOS: dict[str, Scenario] = {
             tags=("freeze",),
         ),
         Scenario(
+            name="kill-child-finish",
+            doc="SIGKILL a pod about to finish a child: another pod rescues the child at the "
+            "next attempt, it is finished once, and its parent woken once",
+            act=_kill_when_held("kill-child-finish"),
+            holds=(
+                Hold(
+                    "kill-child-finish",
+                    StoreHoldPoint("child_queue.finish", "before"),
+                    f"{FIRST_TREE}.c0",
+                    pod=None,
+                ),
+            ),
+            tags=("kill",),
+        ),
+        Scenario(
             name="sigterm",
             doc="SIGTERM a pod while it works: it stops within the shutdown bound, releasing "
             "its leases, and the others finish its trees",
