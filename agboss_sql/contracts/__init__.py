@@ -16,6 +16,7 @@ from agboss_sql.contracts.clocks import (
 from agboss_sql.contracts.errors import (
     AgbossError,
     AssemblyError,
+    CommitOutcomeUnknownError,
     CorruptStoredRowError,
     DuplicateChildError,
     DuplicateExecutionError,
@@ -31,7 +32,6 @@ from agboss_sql.contracts.errors import (
     NotPausedError,
     StoreTimeoutError,
     StoreUnavailableError,
-    CommitOutcomeUnknownError,
 )
 from agboss_sql.contracts.keys import (
     EFFECT_NAME_RULE,

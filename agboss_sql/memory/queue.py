@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_count, checked_queued_child
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ChildExecution,
@@ -15,7 +16,7 @@ from agboss_sql.contracts.types import (
     JsonValue,
     QueuedChild,
 )
-from agboss_sql.memory._fencing import ApplicationClockStore, checked_count
+from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import ChildRow, json_copy
 
 
@@ -57,12 +58,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
     """
 
     async def enqueue(self, child: QueuedChild) -> None:
-        checked_identifier("tenant_id", child.tenant_id)
-        checked_identifier("root_execution_id", child.root_execution_id)
-        checked_identifier("parent_execution_id", child.parent_execution_id)
-        checked_identifier("child_execution_id", child.child_execution_id)
-        if isinstance(child.depth, bool) or not isinstance(child.depth, int):
-            raise ValueError(f"a child's depth is an int, got {child.depth!r}")
+        checked_queued_child(child)
         payload = json_copy(child.payload)
         if child.child_execution_id in self.memory.children:
             raise DuplicateChildError(

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_dependencies, checked_positive_ms
 from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import SqlStore
@@ -46,14 +47,6 @@ def _held(now: Any, *, live: bool) -> sa.ColumnElement[bool]:
         L.c.finished.is_(sa.false()),
     )
     return sa.and_(condition, L.c.expires_at > now) if live else condition
-
-
-def _checked_lease_ms(lease_ms: object) -> int:
-    """`lease_ms` if it is a positive whole number of ms, else `ValueError` (before any
-    statement: a zero or negative lease would be granted already over)."""
-    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
-        raise ValueError(f"lease_ms must be a positive number of ms, got {lease_ms!r}")
-    return lease_ms
 
 
 class LeaseStatements:
@@ -221,9 +214,13 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
     def __init__(
         self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
     ) -> None:
+        connection, self.store_clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="store"
+        )
         self._attach(connection, application)
-        self.store_clock = clock
-        self._sql = connection.prepared(LeaseStatements, database_time=clock.is_database_time)
+        self._sql = connection.prepared(
+            LeaseStatements, database_time=self.store_clock.is_database_time
+        )
 
     def _params(self, **params: Any) -> dict[str, Any]:
         if not self.store_clock.is_database_time:
@@ -263,7 +260,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
             tenant_id=tenant_id,
             execution_id=execution_id,
             holder=self.application.instance_id,
-            lease_ms=_checked_lease_ms(lease_ms),
+            lease_ms=checked_positive_ms("lease_ms", lease_ms),
             take_id=take_id,
         )
         conn = self.connection
@@ -281,7 +278,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return (yield Exec(self._sql.read, params)).first()
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
-        params = self._lease_params(lease, lease_ms=_checked_lease_ms(lease_ms))
+        params = self._lease_params(lease, lease_ms=checked_positive_ms("lease_ms", lease_ms))
         if self._sql.returning:
             row = (await self.connection.execute(self._sql.renew, params)).first()
             return None if row is None else remaining_of(row[0], row[1])
@@ -308,7 +305,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
 
     async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
         params = self._lease_params(
-            lease, lease_ms=_checked_lease_ms(lease_ms), take_id=secrets.token_hex(16)
+            lease, lease_ms=checked_positive_ms("lease_ms", lease_ms), take_id=secrets.token_hex(16)
         )
         result = await self.connection.execute(self._sql.reclaim, params)
         if self._sql.returning:

@@ -35,6 +35,12 @@ import sqlalchemy as sa
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_dependencies,
+    checked_int,
+    checked_queued_child,
+)
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -245,14 +251,6 @@ def _listed(row: Any) -> ChildExecution:
     )
 
 
-def _checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r:.80}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     """The child queue on SQL, on the application's clock: a child is claimed by one
     claimer, restarted by compare-and-set on its attempt, finished once (by its current
@@ -262,18 +260,16 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(QueueStatements)
 
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's
         now) in one statement; a child id already queued is `DuplicateChildError`."""
-        checked_identifier("tenant_id", child.tenant_id)
-        checked_identifier("root_execution_id", child.root_execution_id)
-        checked_identifier("parent_execution_id", child.parent_execution_id)
-        checked_identifier("child_execution_id", child.child_execution_id)
-        _checked_int("a child's depth", child.depth)
+        checked_queued_child(child)
         params = {
             "tenant_id": child.tenant_id,
             "root_execution_id": child.root_execution_id,
@@ -321,7 +317,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
 
     async def running(self, limit: int) -> Sequence[ChildExecution]:
         """Up to `limit` running children, oldest queued first."""
-        _checked_int("limit", limit, minimum=0)
+        checked_count("limit", limit)
         if limit == 0:
             return []
         result = await self.connection.execute(
@@ -333,7 +329,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         """For a running child still at `attempt`: this store's instance becomes its claimer
         at `attempt + 1` (compare-and-set). The claimed child, or `None`."""
         checked_identifier("child_execution_id", child_execution_id)
-        _checked_int("attempt", attempt)
+        checked_int("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "attempt": attempt,
@@ -363,7 +359,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         with the count."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
-            _checked_int("attempt", attempt)
+            checked_int("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "outcome": dumps(outcome),
