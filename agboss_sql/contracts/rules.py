@@ -248,88 +248,106 @@ def checked_optional_identifier(what: str, value: object) -> str | None:
     return None if value is None else checked_identifier(what, value)
 
 
+V = TypeVar("V")
+
+
+def _checked_fields(
+    value: object,
+    kind: type[V],
+    *,
+    identifiers: tuple[str, ...] = (),
+    optional_identifiers: tuple[str, ...] = (),
+    ints: tuple[str, ...] = (),
+    times: tuple[str, ...] = (),
+    optional_times: tuple[str, ...] = (),
+) -> V:
+    """`value` if it is a `kind` whose named fields keep their rules, field by field."""
+    if not isinstance(value, kind):
+        raise TypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
+    for name in identifiers:
+        checked_identifier(name, getattr(value, name))
+    for name in optional_identifiers:
+        checked_optional_identifier(name, getattr(value, name))
+    for name in ints:
+        checked_int(name, getattr(value, name))
+    for name in times:
+        checked_time(name, getattr(value, name))
+    for name in optional_times:
+        if getattr(value, name) is not None:
+            checked_time(name, getattr(value, name))
+    return value
+
+
 def checked_lease_event(event: object) -> ExecutionLeaseEvent:
     """`event` if the lease log can give every field of it back exactly: identifiers, int
     epochs and time, a known kind, a `LeaseHolder` or `None`, a text reason or `None`."""
-    if not isinstance(event, ExecutionLeaseEvent):
-        raise TypeError(f"expected an ExecutionLeaseEvent, got {type(event).__name__}")
-    holder = event.taken_over_from
-    if holder is not None and not isinstance(holder, LeaseHolder):
-        raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
-    if event.reason is not None and not isinstance(event.reason, str):
-        raise TypeError(f"reason is a text or None, got {event.reason!r:.80}")
-    checked_identifier("tenant_id", event.tenant_id)
-    checked_identifier("execution_id", event.execution_id)
-    checked_identifier("instance_id", event.instance_id)
-    checked_int("lease_epoch", event.lease_epoch)
-    LeaseEventKind(event.kind)
-    checked_int("at", event.at)
+    checked = _checked_fields(
+        event,
+        ExecutionLeaseEvent,
+        identifiers=("tenant_id", "execution_id", "instance_id"),
+        ints=("lease_epoch",),
+        times=("at",),
+    )
+    LeaseEventKind(checked.kind)
+    if checked.reason is not None and not isinstance(checked.reason, str):
+        raise TypeError(f"reason is a text or None, got {checked.reason!r:.80}")
+    holder = checked.taken_over_from
     if holder is not None:
+        if not isinstance(holder, LeaseHolder):
+            raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
         checked_identifier("taken_over_from.instance_id", holder.instance_id)
         checked_int("taken_over_from.lease_epoch", holder.lease_epoch)
-    return event
+    return checked
 
 
 def checked_queued_child(child: object) -> QueuedChild:
     """`child` if its ids are identifiers and its depth an int."""
-    if not isinstance(child, QueuedChild):
-        raise TypeError(f"expected a QueuedChild, got {type(child).__name__}")
-    checked_identifier("tenant_id", child.tenant_id)
-    checked_identifier("root_execution_id", child.root_execution_id)
-    checked_identifier("parent_execution_id", child.parent_execution_id)
-    checked_identifier("child_execution_id", child.child_execution_id)
-    checked_int("a child's depth", child.depth)
-    return child
+    return _checked_fields(
+        child,
+        QueuedChild,
+        identifiers=("tenant_id", "root_execution_id", "parent_execution_id", "child_execution_id"),
+        ints=("depth",),
+    )
 
 
 def checked_record(record: object) -> ExecutionRecord:
     """`record` if its ids are identifiers (the optional ones `None` or identifiers), its
     status known and its times ints."""
-    if not isinstance(record, ExecutionRecord):
-        raise TypeError(f"expected an ExecutionRecord, got {type(record).__name__}")
-    checked_identifier("tenant_id", record.tenant_id)
-    checked_identifier("execution_id", record.execution_id)
-    checked_identifier("root_execution_id", record.root_execution_id)
-    checked_identifier("workflow", record.workflow)
-    checked_optional_identifier("parent_execution_id", record.parent_execution_id)
-    checked_optional_identifier("thread_id", record.thread_id)
-    checked_optional_identifier("owner", record.owner)
-    ExecutionRecordStatus(record.status)
-    checked_time("created_at", record.created_at)
-    checked_time("updated_at", record.updated_at)
-    return record
+    checked = _checked_fields(
+        record,
+        ExecutionRecord,
+        identifiers=("tenant_id", "execution_id", "root_execution_id", "workflow"),
+        optional_identifiers=("parent_execution_id", "thread_id", "owner"),
+        times=("created_at", "updated_at"),
+    )
+    ExecutionRecordStatus(checked.status)
+    return checked
 
 
 def checked_pause(pause: object) -> PausedExecution:
     """`pause` if its ids are identifiers (`thread_id` `None` or one), its status known and
     its times ints (`resolved_at` `None` or an int)."""
-    if not isinstance(pause, PausedExecution):
-        raise TypeError(f"expected a PausedExecution, got {type(pause).__name__}")
-    checked_identifier("tenant_id", pause.tenant_id)
-    checked_identifier("pause_id", pause.pause_id)
-    checked_identifier("execution_id", pause.execution_id)
-    checked_identifier("root_execution_id", pause.root_execution_id)
-    checked_optional_identifier("thread_id", pause.thread_id)
-    PauseStatus(pause.status)
-    checked_time("created_at", pause.created_at)
-    if pause.resolved_at is not None:
-        checked_time("resolved_at", pause.resolved_at)
-    return pause
+    checked = _checked_fields(
+        pause,
+        PausedExecution,
+        identifiers=("tenant_id", "pause_id", "execution_id", "root_execution_id"),
+        optional_identifiers=("thread_id",),
+        times=("created_at",),
+        optional_times=("resolved_at",),
+    )
+    PauseStatus(checked.status)
+    return checked
 
 
 def checked_cost_entry(entry: object) -> CostEntry:
     """`entry` if its ids are identifiers and its amounts and time ints."""
-    if not isinstance(entry, CostEntry):
-        raise TypeError(f"expected a CostEntry, got {type(entry).__name__}")
-    checked_identifier("entry_id", entry.entry_id)
-    checked_identifier("tenant_id", entry.tenant_id)
-    checked_identifier("execution_id", entry.execution_id)
-    checked_identifier("application", entry.application)
-    checked_int("tokens_in", entry.tokens_in)
-    checked_int("tokens_out", entry.tokens_out)
-    checked_int("cost_micros", entry.cost_micros)
-    checked_time("at", entry.at)
-    return entry
+    return _checked_fields(
+        entry,
+        CostEntry,
+        identifiers=("entry_id", "tenant_id", "execution_id", "application"),
+        ints=("tokens_in", "tokens_out", "cost_micros"),
+        times=("at",),
+    )
 
 
 MAX_STATUS_LENGTH = 32
@@ -339,19 +357,18 @@ MAX_STATUS_LENGTH = 32
 def checked_snapshot(snapshot: object) -> ExecutionSnapshot:
     """`snapshot` if its ids are identifiers, its status a text of 1-32 characters and its
     times ints."""
-    if not isinstance(snapshot, ExecutionSnapshot):
-        raise TypeError(f"expected an ExecutionSnapshot, got {type(snapshot).__name__}")
-    checked_identifier("tenant_id", snapshot.tenant_id)
-    checked_identifier("execution_id", snapshot.execution_id)
-    checked_identifier("workflow", snapshot.workflow)
-    status = snapshot.status
+    checked = _checked_fields(
+        snapshot,
+        ExecutionSnapshot,
+        identifiers=("tenant_id", "execution_id", "workflow"),
+        times=("started_at", "finished_at"),
+    )
+    status = checked.status
     if not isinstance(status, str) or not 1 <= len(status) <= MAX_STATUS_LENGTH:
         raise ValueError(
             f"a status is a text of 1-{MAX_STATUS_LENGTH} characters, got {status!r:.80}"
         )
-    checked_time("started_at", snapshot.started_at)
-    checked_time("finished_at", snapshot.finished_at)
-    return snapshot
+    return checked
 
 
 def checked_mesh_request(
@@ -371,8 +388,11 @@ def checked_mesh_request(
 
 ClockKind = Literal["store", "application", "unused"]
 """The clock a store runs on: a fencing store decides by the store's time (`StoreClock`);
-the others by the application's (`SystemClock`, `VirtualClock`); a store whose rows carry
-their own time accepts any clock or none."""
+the others by the application's (`SystemClock`, `VirtualClock`); the lease log, whose
+events carry their own time and instance, accepts any clock or none ("unused")."""
+
+LEASE_LOG_APPLICATION = ApplicationContext("lease-log")
+"""The application of a lease log built without one: its events name their instances."""
 
 
 def checked_application(application: object) -> ApplicationContext:
@@ -431,8 +451,9 @@ def checked_dependencies(
 ) -> tuple[B, StoreClock | Clock | None, ApplicationContext]:
     """The constructor arguments of `store`, checked alike in every store before anything is
     built: `connection` an instance of `connection_type` (`SqlConnection`, `InMemoryBackend`),
-    `clock` of `clock_kind`, `application` an `ApplicationContext`. A wrong one is a
-    `TypeError` naming the store, the argument and what it must be."""
+    `clock` of `clock_kind`, `application` an `ApplicationContext` (for "unused", `None`
+    stands for `LEASE_LOG_APPLICATION`). A wrong one is a `TypeError` naming the store, the
+    argument and what it must be."""
     owner = type(store).__name__
     if not isinstance(connection, connection_type):
         raise TypeError(
@@ -459,6 +480,8 @@ def checked_dependencies(
                 f"{owner} takes a StoreClock, a Clock or None, got {type(clock).__name__}"
             )
         checked = clock
+    if application is None and clock_kind == "unused":
+        application = LEASE_LOG_APPLICATION
     try:
         return connection, checked, checked_application(application)
     except TypeError as exc:
@@ -466,6 +489,7 @@ def checked_dependencies(
 
 
 __all__ = [
+    "LEASE_LOG_APPLICATION",
     "MAX_STATUS_LENGTH",
     "ClockKind",
     "FenceRefusal",

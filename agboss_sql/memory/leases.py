@@ -186,12 +186,7 @@ class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
     ) -> None:
         # The clock is accepted for the uniform constructor only: events carry their time.
         self.memory, self.clock, self.application = checked_dependencies(
-            self,
-            backend,
-            InMemoryBackend,
-            clock,
-            application if application is not None else ApplicationContext("lease-log"),
-            clock_kind="unused",
+            self, backend, InMemoryBackend, clock, application, clock_kind="unused"
         )
 
     async def ping(self) -> None:

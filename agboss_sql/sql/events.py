@@ -87,12 +87,7 @@ class SqlExecutionLeaseEventRepository(SqlStore, ExecutionLeaseEventRepository):
     ) -> None:
         # The clock is accepted for the uniform constructor only: events carry their time.
         connection, _, application = checked_dependencies(
-            self,
-            connection,
-            SqlConnection,
-            clock,
-            application if application is not None else ApplicationContext("lease-log"),
-            clock_kind="unused",
+            self, connection, SqlConnection, clock, application, clock_kind="unused"
         )
         self._attach(connection, application)
         self._sql = connection.prepared(LeaseEventStatements)
