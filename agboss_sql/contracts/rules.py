@@ -30,6 +30,7 @@ from agboss_sql.contracts.types import (
     ApplicationContext,
     AttemptRef,
     CostEntry,
+    ExecutionLease,
     ExecutionLeaseEvent,
     ExecutionRecord,
     ExecutionRecordStatus,
@@ -278,6 +279,14 @@ def _checked_fields(
     return value
 
 
+def checked_lease(lease: object) -> ExecutionLease:
+    """`lease` if it is an `ExecutionLease` of an identified execution at an int epoch (what
+    a holder passes back to renew, release, yield, reclaim or finish it)."""
+    return _checked_fields(
+        lease, ExecutionLease, identifiers=("tenant_id", "execution_id"), ints=("lease_epoch",)
+    )
+
+
 def checked_lease_event(event: object) -> ExecutionLeaseEvent:
     """`event` if the lease log can give every field of it back exactly: identifiers, int
     epochs and time, a known kind, a `LeaseHolder` or `None`, a text reason or `None`."""
@@ -503,6 +512,7 @@ __all__ = [
     "checked_dependencies",
     "checked_fenced_key",
     "checked_int",
+    "checked_lease",
     "checked_lease_event",
     "checked_mesh_request",
     "checked_optional_identifier",

@@ -11,6 +11,7 @@ from agboss_sql.contracts.rules import (
     LeaseClosedReason,
     checked_count,
     checked_dependencies,
+    checked_lease,
     checked_lease_event,
     checked_positive_ms,
 )
@@ -41,6 +42,7 @@ class InMemoryExecutionLeaseRepository(StoreClockStore, ExecutionLeaseRepository
 
     def _held(self, lease: ExecutionLease) -> LeaseRow | None:
         """The lease's row when this instance holds it at the lease's epoch."""
+        checked_lease(lease)
         row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
         if (
             row is None

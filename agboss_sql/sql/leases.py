@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_dependencies, checked_positive_ms
+from agboss_sql.contracts.rules import checked_dependencies, checked_lease, checked_positive_ms
 from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import SqlStore
@@ -228,6 +228,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return params
 
     def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
+        checked_lease(lease)
         return self._params(
             tenant_id=lease.tenant_id,
             execution_id=lease.execution_id,
