@@ -1,5 +1,5 @@
-"""What the in-memory stores share: the store's time, the lease fence and the constructor of
-the stores on the application's clock. The rules themselves live in `contracts.rules`."""
+"""What the in-memory stores share: the store's time, the lease fence and their constructors.
+The rules themselves live in `contracts.rules`."""
 
 from __future__ import annotations
 
@@ -60,11 +60,18 @@ def raise_mark(backend: InMemoryBackend, key: FencedEffectKey) -> None:
         backend.fence_marks[key.scope_key] = key.token
 
 
-class ApplicationClockStore:
-    """What the in-memory stores on the application's clock share: their backend, clock,
-    application and readiness (they are always ready). List it before the contract."""
+class InMemoryStore:
+    """What every in-memory store shares: its backend text and readiness (always ready)."""
 
     backend: str | None = "in-memory"
+
+    async def ping(self) -> None:
+        return None
+
+
+class ApplicationClockStore(InMemoryStore):
+    """The in-memory stores on the application's clock: their backend, clock and application,
+    checked. List it before the contract."""
 
     def __init__(
         self, backend: InMemoryBackend, clock: Clock, application: ApplicationContext
@@ -73,15 +80,10 @@ class ApplicationClockStore:
             self, backend, InMemoryBackend, clock, application, clock_kind="application"
         )
 
-    async def ping(self) -> None:
-        return None
 
-
-class StoreClockStore:
-    """What the in-memory fencing and lease stores share: their backend, the store's clock,
-    the application and readiness. List it before the contract."""
-
-    backend: str | None = "in-memory"
+class StoreClockStore(InMemoryStore):
+    """The in-memory lease and fencing stores: their backend, the store's clock and the
+    application, checked. List it before the contract."""
 
     def __init__(
         self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
@@ -89,6 +91,3 @@ class StoreClockStore:
         self.memory, self.store_clock, self.application = checked_dependencies(
             self, backend, InMemoryBackend, clock, application, clock_kind="store"
         )
-
-    async def ping(self) -> None:
-        return None

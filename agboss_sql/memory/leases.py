@@ -23,7 +23,7 @@ from agboss_sql.contracts.types import (
     LeaseEventKind,
     LeaseHolder,
 )
-from agboss_sql.memory._fencing import StoreClockStore, store_now
+from agboss_sql.memory._fencing import InMemoryStore, StoreClockStore, store_now
 from agboss_sql.memory.backend import InMemoryBackend, LeaseRow
 
 
@@ -175,10 +175,8 @@ class InMemoryExecutionLeaseRepository(StoreClockStore, ExecutionLeaseRepository
         return True
 
 
-class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
+class InMemoryExecutionLeaseEventRepository(InMemoryStore, ExecutionLeaseEventRepository):
     """The lease log in an `InMemoryBackend`: events kept as saved, in save order."""
-
-    backend: str | None = "in-memory"
 
     def __init__(
         self,
@@ -190,9 +188,6 @@ class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
         self.memory, self.clock, self.application = checked_dependencies(
             self, backend, InMemoryBackend, clock, application, clock_kind="unused"
         )
-
-    async def ping(self) -> None:
-        return None
 
     async def save(self, event: ExecutionLeaseEvent) -> None:
         checked_lease_event(event)
