@@ -89,17 +89,20 @@ def refusal_of(row: Any | None, token: int) -> FenceRefusal:
     return FenceRefusal.EXPIRED if reason is None else reason
 
 
-def fence_params(key: FencedEffectKey, clock: StoreClock) -> dict[str, Any]:
-    """The fence's parameters for `key`, with the store's time when a test clock is injected
-    (read once per operation, so every statement of it sees the same time)."""
-    params: dict[str, Any] = {
-        "tenant_id": key.tenant_id,
-        "execution_id": key.lease_execution_id,
-        "token": key.token,
-    }
+def store_time_params(clock: StoreClock, **params: Any) -> dict[str, Any]:
+    """`params`, with the store's time bound as `now` when a test clock is injected (read
+    once per operation, so every statement of it sees the same time); database time is
+    read inside each statement instead."""
     if not clock.is_database_time:
         params["now"] = clock.now()
     return params
+
+
+def fence_params(key: FencedEffectKey, clock: StoreClock) -> dict[str, Any]:
+    """The fence's parameters for `key` (`store_time_params`)."""
+    return store_time_params(
+        clock, tenant_id=key.tenant_id, execution_id=key.lease_execution_id, token=key.token
+    )
 
 
 def fenced(sql: FenceStatements, key: FencedEffectKey, params: dict[str, Any]) -> Step[None]:

@@ -22,6 +22,7 @@ from agboss_sql.contracts.rules import checked_dependencies, checked_lease, chec
 from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import SqlStore
+from agboss_sql.sql._fence import store_time_params
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
 from agboss_sql.sql.schema import execution_ids, execution_leases
 
@@ -223,9 +224,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         )
 
     def _params(self, **params: Any) -> dict[str, Any]:
-        if not self.store_clock.is_database_time:
-            params["now"] = self.store_clock.now()
-        return params
+        return store_time_params(self.store_clock, **params)
 
     def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
         checked_lease(lease)

@@ -63,7 +63,13 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
-from agboss_sql.sql._fence import FenceStatements, fence_params, fenced, run_claiming
+from agboss_sql.sql._fence import (
+    FenceStatements,
+    fence_params,
+    fenced,
+    run_claiming,
+    store_time_params,
+)
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import execution_leases, outbound_calls
@@ -395,13 +401,9 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
         sql = self._sql
 
         def step() -> Step[LeaseState]:
-            params: dict[str, Any] = {
-                "tenant_id": tenant_id,
-                "execution_id": execution_id,
-                "token": token,
-            }
-            if not self.store_clock.is_database_time:
-                params["now"] = self.store_clock.now()
+            params = store_time_params(
+                self.store_clock, tenant_id=tenant_id, execution_id=execution_id, token=token
+            )
             row = (yield Exec(sql.lock_lease, params)).first()
             if row is None:
                 return LeaseState.ABSENT
