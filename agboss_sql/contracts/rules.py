@@ -9,6 +9,7 @@ business keys, steps, fingerprints) live beside the key helpers in `contracts.ke
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 from typing import Literal, NamedTuple, TypeVar, overload
 
 from agboss_sql.contracts.clocks import Clock, StoreClock
@@ -46,6 +47,9 @@ from agboss_sql.contracts.types import (
 )
 
 B = TypeVar("B")
+
+_scope_of = lru_cache(maxsize=4096)(scope_key_of)
+"""`scope_key_of`, remembered: the fenced key check runs on every fenced call."""
 
 # --- the fence's vocabulary and decision ------------------------------------------------------
 
@@ -210,7 +214,7 @@ def checked_fenced_key(key: object) -> FencedEffectKey:
     checked_token(key.token)
     checked_step(key.step)
     checked_fingerprint(key.fingerprint)
-    if key.scope_key != scope_key_of(key.tenant_id, key.lease_execution_id):
+    if key.scope_key != _scope_of(key.tenant_id, key.lease_execution_id):
         # The in-memory mark is kept per scope key, the SQL one on the lease row: a scope
         # that is not its lease's would fence differently in each.
         raise InvalidIdentifierError(
