@@ -220,7 +220,8 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     connection = SqlConnection(url)
-    database = await connection.server_flavour()
+    await connection.ping()
+    database = connection.dialect_name
     run_id = uuid.uuid4().hex[:8]
     measurements: list[Measurement] = []
     written: list[tuple[BaseCheckpointSaver[Any], list[str]]] = []

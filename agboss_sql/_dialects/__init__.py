@@ -1,33 +1,62 @@
-"""What differs per database, behind the same names in each module.
+"""What differs per database, behind one interface (`base.Dialect`).
 
-Each dialect module exports: `NAME`, capability flags (`UPDATE_RETURNING`,
-`INSERT_RETURNING`, `UPSERT_RETURNING`, `ROW_LOCKS`, `SKIP_LOCKED`),
-`BEGIN` (the statement that opens a write transaction), `compile_dialect()`,
-`now_ms()` (the database clock in ms), `now_source(database_time)`,
-`insert(table)` (the dialect's insert with its upsert), `insert_if_absent`,
-`greatest`, `least`, `for_update`, `for_share`, `skip_locked`, `connect(url)` (the raw async
-driver connection), `is_retryable(exc)`, `is_unique_violation(exc)`,
-`is_disconnect(exc)`, and for migrations `SYNC_DRIVER` (the synchronous driver's
-name) and `lock_database(connection)` (the migration lock around one transaction).
+Each dialect module (`sqlite`, `postgresql`, `mysql`) implements `base.Dialect` in full,
+plus the driver protocol of its kind (`base.InlineDriver` for SQLite, `base.ServerDriver`
+for the servers); mypy checks each module against them here. Callers never branch on a
+database's name: they read `Capabilities`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from agboss_sql._dialects.base import (
+    Capabilities,
+    Dialect,
+    InlineDialect,
+    ServerDialect,
+    Suffixed,
+)
 
 
-def dialect_module(name: str) -> ModuleType:
-    """The module for a SQLAlchemy backend name (`sqlite`, `postgresql`, `mysql`, `mariadb`)."""
-    if name == "sqlite":
+def dialect_for(backend: str) -> Dialect:
+    """The dialect of a SQLAlchemy backend name (`sqlite`, `postgresql`, `mysql`,
+    `mariadb`); `ValueError` for any other."""
+    if backend == "sqlite":
+        return inline_dialect(backend)
+    return server_dialect(backend)
+
+
+def inline_dialect(backend: str) -> InlineDialect:
+    """The dialect of an embedded database (SQLite)."""
+    if backend == "sqlite":
         from agboss_sql._dialects import sqlite
 
-        return sqlite
-    if name == "postgresql":
+        checked: InlineDialect = sqlite
+        return checked
+    raise ValueError(f"unsupported database {backend!r}: use sqlite, postgresql or mysql")
+
+
+def server_dialect(backend: str) -> ServerDialect:
+    """The dialect of a server database (PostgreSQL, MySQL/MariaDB)."""
+    if backend == "postgresql":
         from agboss_sql._dialects import postgresql
 
-        return postgresql
-    if name in ("mysql", "mariadb"):
+        checked: ServerDialect = postgresql
+        return checked
+    if backend in ("mysql", "mariadb"):
         from agboss_sql._dialects import mysql
 
-        return mysql
-    raise ValueError(f"unsupported database {name!r}: use sqlite, postgresql or mysql")
+        checked = mysql
+        return checked
+    raise ValueError(f"unsupported database {backend!r}: use sqlite, postgresql or mysql")
+
+
+__all__ = [
+    "Capabilities",
+    "Dialect",
+    "InlineDialect",
+    "ServerDialect",
+    "Suffixed",
+    "dialect_for",
+    "inline_dialect",
+    "server_dialect",
+]

@@ -10,6 +10,7 @@ not only the rows whose values changed: compare-and-set reads "one row".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import select
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,12 +21,24 @@ from sqlalchemy.dialects import mysql as my
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
+from agboss_sql._dialects.base import Capabilities, Suffixed
+from agboss_sql._timeouts import Timeouts
+
 NAME = "mysql"
-UPDATE_RETURNING = False
-INSERT_RETURNING = False  # MariaDB has it, MySQL 8 does not: code for both goes without
-UPSERT_RETURNING = False
-ROW_LOCKS = True
-SKIP_LOCKED = True
+CAPABILITIES = Capabilities(
+    inline=False,
+    update_returning=False,
+    # MariaDB has `INSERT … RETURNING`, MySQL 8 does not: `capabilities_of` tells them apart.
+    insert_returning=False,
+    upsert_where=False,
+    row_locks=True,
+    skip_locked=True,
+    dml_in_with=False,
+    json_key_exact=False,
+    insert_if_absent_raises=True,
+    batch_migrations=False,
+)
+MARIADB_CAPABILITIES = dataclasses.replace(CAPABILITIES, insert_returning=True)
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "aiomysql"
 
@@ -47,16 +60,22 @@ def now_ms() -> ColumnElement[int]:
     )
 
 
-def now_source(database_time: bool) -> tuple[sa.Subquery, ColumnElement[int]]:
-    """A one-row derived table holding the statement's time, read once (`LIMIT 1` keeps the
-    derived table from being merged into the outer statement and re-evaluated)."""
-    value = (
-        now_ms()
-        if database_time
-        else sa.cast(sa.bindparam("now", type_=sa.BigInteger), sa.BigInteger)
-    )
-    sub = sa.select(value.label("now")).limit(1).subquery("agboss_now")
-    return sub, sub.c.now
+def now_source(database_time: bool) -> tuple[None, ColumnElement[int]]:
+    """No FROM needed: `NOW(6)` is the statement's start, the same at every reference within
+    one statement (a derived one-row table would be materialised on every statement).
+
+    A statement that waits for a row lock decides with the time it started: earlier, never
+    later, than the truth. For a take that errs towards refusing; for a fence or a renewal
+    it may accept a lease that ran out during the wait, which is safe: whoever would take it
+    over must write the row, so waits for the lock this statement now holds, and reads the
+    row as it left it. `now_ms()` (`SYSDATE(6)`) reads the time again where an answer must
+    count from after the wait."""
+    if database_time:
+        return None, sa.cast(
+            sa.func.floor(sa.func.unix_timestamp(sa.literal_column("NOW(6)")) * 1000),
+            sa.BigInteger,
+        )
+    return None, sa.cast(sa.bindparam("now", type_=sa.BigInteger), sa.BigInteger)
 
 
 def greatest(*values: Any) -> ColumnElement[Any]:
@@ -86,9 +105,6 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
     return insert(table)
 
 
-INSERT_IF_ABSENT_RAISES = True
-
-
 def upsert(
     table: sa.Table,
     keys: Sequence[str],
@@ -104,6 +120,50 @@ def upsert(
     return statement.on_duplicate_key_update(list(update(statement.inserted).items()))
 
 
+def upsert_where(
+    insert: Any,
+    keys: Sequence[str],
+    where: Callable[[Any], ColumnElement[bool]],
+    update: Callable[[Any], Sequence[tuple[str, Any]]],
+    decided_by: str,
+) -> Any:
+    """`insert`; on a duplicate of the unique key `keys`, when `where(new)` holds for the
+    existing row, `SET` the assignments `update(new)` (`new` names the proposed values).
+
+    MySQL's upsert takes no `WHERE`: each column becomes `IF(taken, new, old)`. Assignments
+    run left to right and see the columns already assigned, so the decision is written
+    first, into `decided_by` (a per-call nonce column), and read by all the rest; list the
+    other assignments so that an expression reads only columns assigned after it."""
+    table = insert.table
+    new = insert.inserted
+    nonce = table.c[decided_by]
+    taken = nonce == new[decided_by]
+    assignments: list[tuple[str, Any]] = [
+        (decided_by, sa.func.IF(where(new), new[decided_by], nonce))
+    ]
+    assignments += [
+        (column, sa.func.IF(taken, value, table.c[column]))
+        for column, value in update(new)
+        if column != decided_by
+    ]
+    return insert.on_duplicate_key_update(assignments)
+
+
+def returning(statement: Any, *columns: Any) -> Any:
+    """MariaDB's `INSERT … RETURNING`, which SQLAlchemy's MySQL dialect will not compile: a
+    column by its name, any other expression (a scalar subquery) compiled on its own (its
+    parameters are the statement's)."""
+    dialect = compile_dialect()
+    parts = []
+    for column in columns:
+        if isinstance(column, sa.Column):
+            parts.append(column.name)
+        else:
+            text = column.compile(dialect=dialect).string
+            parts.append(text if text.startswith("(") else f"({text})")
+    return Suffixed(statement, " RETURNING " + ", ".join(parts))
+
+
 def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
     """`expression` compared and ordered by its exact characters (code point order): its UTF-8
     bytes, so no PAD SPACE collation ignores trailing spaces in the comparison."""
@@ -113,7 +173,29 @@ def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 # --- the raw async driver -------------------------------------------------------------
 
 
-async def connect(url: URL) -> Any:
+def session_options(timeouts: Timeouts) -> dict[str, Any]:
+    """Driver arguments that bound a session's waits: the connect timeout, and one
+    `init_command` at connect setting the row-lock wait (whole seconds, at least 1) and, on
+    MariaDB only (a `/*M! … */` comment MySQL skips), the statement bound and the idle
+    transaction bound (a frozen client's row locks end with its session)."""
+    lock_s = max(1, -(-timeouts.lock_ms // 1000))
+    statement_s = timeouts.statement_ms / 1000
+    idle_s = max(1, -(-max(timeouts.statement_ms, timeouts.lock_ms) // 1000))
+    return {
+        "connect_timeout": timeouts.connect_ms / 1000,
+        "init_command": (
+            f"SET SESSION innodb_lock_wait_timeout = {lock_s}"
+            f"/*M! , max_statement_time = {statement_s:.3f}"
+            f", idle_transaction_timeout = {idle_s} */"
+        ),
+    }
+
+
+def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
+    return {"connect_args": session_options(timeouts), "pool_timeout": timeouts.pool_ms / 1000}
+
+
+async def connect(url: URL, timeouts: Timeouts) -> Any:
     import aiomysql
     from pymysql.constants import CLIENT
 
@@ -126,7 +208,18 @@ async def connect(url: URL) -> Any:
         autocommit=True,
         charset="utf8mb4",
         client_flag=CLIENT.FOUND_ROWS,
+        **session_options(timeouts),
     )
+
+
+def capabilities_of(raw: Any) -> Capabilities:
+    """MariaDB (it names itself in its version) has `INSERT … RETURNING`."""
+    return MARIADB_CAPABILITIES if "mariadb" in str(raw.get_server_info()).lower() else CAPABILITIES
+
+
+def abort(raw: Any) -> None:
+    with contextlib.suppress(Exception):
+        raw.close()
 
 
 _quiet_cursor: Any = None
@@ -194,8 +287,14 @@ def _readable(fd: int) -> bool:
     return bool(readable)
 
 
-# Deadlock, lock wait timeout, record changed since last read, NOWAIT lock not granted (MySQL 8).
-_RETRYABLE = {1213, 1205, 1020, 3572}
+# Deadlock, record changed since last read.
+_RETRYABLE = {1213, 1020}
+# Lock wait timeout, NOWAIT lock not granted (MySQL 8).
+_LOCK_TIMEOUTS = {1205, 3572}
+# MariaDB's max_statement_time, MySQL 8's max_execution_time, query interrupted.
+_STATEMENT_TIMEOUTS = {1969, 3024, 1317}
+# Disk full, table full, out of memory, record file full.
+_STORAGE_FULL = {1021, 1114, 1041}
 # Can't connect, server gone away, lost during query, lost at handshake, server shutdown,
 # connection killed (MariaDB), disconnected by the server (MySQL 8.0.24+).
 _DISCONNECTS = {2003, 2006, 2013, 2055, 1053, 1927, 4031}
@@ -211,6 +310,18 @@ def _code(exc: BaseException) -> int | None:
 
 def is_retryable(exc: BaseException) -> bool:
     return _code(exc) in _RETRYABLE
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    return _code(exc) in _LOCK_TIMEOUTS
+
+
+def is_statement_timeout(exc: BaseException) -> bool:
+    return _code(exc) in _STATEMENT_TIMEOUTS
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    return _code(exc) in _STORAGE_FULL
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -267,13 +378,6 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
-
-DML_IN_WITH = False
-"""No data-modifying statements inside `WITH`: several writes are one transaction."""
-
-JSON_KEY_EXACT = False
-"""`json_key_equals` is exact for scalars; for objects and arrays it is containment (the
-caller compares those values again)."""
 
 
 def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:

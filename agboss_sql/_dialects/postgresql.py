@@ -13,12 +13,22 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
+from agboss_sql._dialects.base import Capabilities
+from agboss_sql._timeouts import Timeouts
+
 NAME = "postgresql"
-UPDATE_RETURNING = True
-INSERT_RETURNING = True
-UPSERT_RETURNING = True
-ROW_LOCKS = True
-SKIP_LOCKED = True
+CAPABILITIES = Capabilities(
+    inline=False,
+    update_returning=True,
+    insert_returning=True,
+    upsert_where=True,
+    row_locks=True,
+    skip_locked=True,
+    dml_in_with=True,
+    json_key_exact=True,
+    insert_if_absent_raises=False,
+    batch_migrations=False,
+)
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"
 
@@ -76,9 +86,6 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
     return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
-INSERT_IF_ABSENT_RAISES = False
-
-
 def upsert(
     table: sa.Table,
     keys: Sequence[str],
@@ -94,6 +101,27 @@ def upsert(
     )
 
 
+def upsert_where(
+    insert: Any,
+    keys: Sequence[str],
+    where: Callable[[Any], ColumnElement[bool]],
+    update: Callable[[Any], Sequence[tuple[str, Any]]],
+    decided_by: str,
+) -> Any:
+    """`insert`; on a duplicate of the unique key `keys`, when `where(new)` holds for the
+    existing row, `SET` the assignments `update(new)` (`new` names the proposed values).
+    Each expression sees the row as it was; `decided_by` (a per-call nonce column among
+    the assignments) tells the caller whether this call wrote the row."""
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=list(keys), set_=dict(update(new)), where=where(new)
+    )
+
+
+def returning(statement: Any, *columns: Any) -> Any:
+    return statement.returning(*columns)
+
+
 def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
     """`expression` compared and ordered by its exact characters (code point order), whatever
     the database's collation: `COLLATE "C"` (UTF-8 byte order is code point order)."""
@@ -103,12 +131,32 @@ def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 # --- the raw async driver -------------------------------------------------------------
 
 
-def conninfo(url: URL) -> dict[str, Any]:
+def session_options(timeouts: Timeouts) -> dict[str, Any]:
+    """libpq parameters that bound a session's waits, sent in the startup packet (no extra
+    round trip): statement and lock timeouts, a transaction left idle (a frozen client's
+    row locks end with its session), and TCP keepalives."""
+    idle_ms = max(timeouts.statement_ms, timeouts.lock_ms)
+    return {
+        # libpq's connect_timeout is whole seconds, at least 2; the caller bounds it exactly.
+        "connect_timeout": max(2, -(-timeouts.connect_ms // 1000)),
+        "options": (
+            f"-c statement_timeout={timeouts.statement_ms} -c lock_timeout={timeouts.lock_ms} "
+            f"-c idle_in_transaction_session_timeout={idle_ms}"
+        ),
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+    }
+
+
+def conninfo(url: URL, timeouts: Timeouts) -> dict[str, Any]:
     args: dict[str, Any] = {
         "host": url.host or "localhost",
         "port": url.port or 5432,
         "user": url.username or "postgres",
         "dbname": url.database or "postgres",
+        **session_options(timeouts),
     }
     if url.password:
         args["password"] = url.password
@@ -116,10 +164,23 @@ def conninfo(url: URL) -> dict[str, Any]:
     return args
 
 
-async def connect(url: URL) -> Any:
+def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
+    return {"connect_args": session_options(timeouts), "pool_timeout": timeouts.pool_ms / 1000}
+
+
+async def connect(url: URL, timeouts: Timeouts) -> Any:
     import psycopg
 
-    return await psycopg.AsyncConnection.connect(**conninfo(url), autocommit=True)
+    return await psycopg.AsyncConnection.connect(**conninfo(url, timeouts), autocommit=True)
+
+
+def capabilities_of(raw: Any) -> Capabilities:
+    return CAPABILITIES
+
+
+def abort(raw: Any) -> None:
+    with contextlib.suppress(Exception):
+        raw.pgconn.finish()
 
 
 async def execute(
@@ -165,12 +226,29 @@ def _readable(fd: int) -> bool:
     return bool(readable)
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    found = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return found if isinstance(found, str) else None
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """Serialization failure, deadlock, lock-not-available: the transaction did not apply."""
-    sqlstate = getattr(exc, "sqlstate", None) or getattr(
-        getattr(exc, "orig", None), "sqlstate", None
-    )
-    return sqlstate in ("40001", "40P01", "55P03")
+    """Serialization failure or deadlock: the transaction did not apply."""
+    return _sqlstate(exc) in ("40001", "40P01")
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """`lock_timeout` passed (lock_not_available): the statement did not apply."""
+    return _sqlstate(exc) == "55P03"
+
+
+def is_statement_timeout(exc: BaseException) -> bool:
+    """`statement_timeout` passed (query_canceled)."""
+    return _sqlstate(exc) == "57014"
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """disk_full, out_of_memory, insufficient_resources."""
+    return _sqlstate(exc) in ("53100", "53200", "53000")
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -179,10 +257,7 @@ def is_busy(exc: BaseException) -> bool:
 
 
 def is_unique_violation(exc: BaseException) -> bool:
-    sqlstate = getattr(exc, "sqlstate", None) or getattr(
-        getattr(exc, "orig", None), "sqlstate", None
-    )
-    return sqlstate == "23505"
+    return _sqlstate(exc) == "23505"
 
 
 _DISCONNECT_STATES = ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
@@ -235,13 +310,6 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
-
-DML_IN_WITH = True
-"""Data-modifying statements may run inside `WITH`: several writes fold into one statement
-(one round trip, one implicit transaction)."""
-
-JSON_KEY_EXACT = True
-"""`json_key_equals` is exact for every JSON value (nested objects and arrays included)."""
 
 
 def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:

@@ -1,4 +1,4 @@
-"""SQLite 3.35+: the stdlib driver on a dedicated thread, WAL, `BEGIN IMMEDIATE`.
+"""SQLite 3.35+: the stdlib driver inline on the event loop's thread, WAL, `BEGIN IMMEDIATE`.
 
 SQLite has no row locks, and SQLAlchemy silently drops `with_for_update()` on
 it: every multi-statement atomic step runs in one `BEGIN IMMEDIATE`
@@ -15,17 +15,27 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sq
+from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
+from agboss_sql._dialects.base import Capabilities
+from agboss_sql._timeouts import Timeouts
+
 NAME = "sqlite"
-UPDATE_RETURNING = True
-INSERT_RETURNING = True
-UPSERT_RETURNING = True
-ROW_LOCKS = False
-SKIP_LOCKED = False
+CAPABILITIES = Capabilities(
+    inline=True,
+    update_returning=True,
+    insert_returning=True,
+    upsert_where=True,
+    row_locks=False,
+    skip_locked=False,
+    dml_in_with=False,
+    json_key_exact=False,
+    insert_if_absent_raises=False,
+    batch_migrations=True,
+)
 BEGIN = "BEGIN IMMEDIATE"
 ASYNC_DRIVER = "aiosqlite"
-BUSY_TIMEOUT_MS = 10_000
 
 insert = sq.insert
 
@@ -75,9 +85,6 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
     return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
-INSERT_IF_ABSENT_RAISES = False
-
-
 def upsert(
     table: sa.Table,
     keys: Sequence[str],
@@ -93,20 +100,39 @@ def upsert(
     )
 
 
+def upsert_where(
+    insert: Any,
+    keys: Sequence[str],
+    where: Callable[[Any], ColumnElement[bool]],
+    update: Callable[[Any], Sequence[tuple[str, Any]]],
+    decided_by: str,
+) -> Any:
+    """`insert`; on a duplicate of the unique key `keys`, when `where(new)` holds for the
+    existing row, `SET` the assignments `update(new)` (`new` names the proposed values)."""
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=list(keys), set_=dict(update(new)), where=where(new)
+    )
+
+
+def returning(statement: Any, *columns: Any) -> Any:
+    return statement.returning(*columns)
+
+
 def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
     """`expression` compared and ordered by its exact characters (code point order): SQLite's
     default BINARY collation already is."""
     return expression
 
 
-# --- the stdlib driver, run on the connection's own thread -----------------------------
+# --- the stdlib driver, run inline on the event loop's thread -----------------------------
 
 
 def connect_sync(path: str) -> sqlite3.Connection:
-    raw = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-    )
-    raw.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    """A connection in autocommit mode with WAL and busy timeout 0: the caller waits for the
+    write lock itself, with async sleeps, up to its own bound."""
+    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
+    raw.execute("PRAGMA busy_timeout = 0")
     raw.execute("PRAGMA journal_mode = WAL")
     raw.execute("PRAGMA synchronous = NORMAL")
     raw.execute("PRAGMA foreign_keys = ON")
@@ -125,11 +151,36 @@ def execute_sync(
 
 
 def is_retryable(exc: BaseException) -> bool:
-    orig = getattr(exc, "orig", exc)
-    if isinstance(orig, sqlite3.OperationalError):
-        text = str(orig).lower()
-        return "database is locked" in text or "database is busy" in text or "busy" in text
+    """Never: the one conflict SQLite has, a locked database, is waited for (with async
+    sleeps) up to the lock bound by the one who met it, and is a lock timeout after that."""
     return False
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """A locked database still locked when the wait for it ended (`Timeouts.lock_ms`)."""
+    return is_busy(exc)
+
+
+def is_statement_timeout(exc: BaseException) -> bool:
+    return False
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """SQLITE_FULL ("database or disk is full") or SQLITE_IOERR: the write did not land."""
+    orig = getattr(exc, "orig", exc)
+    if not isinstance(orig, sqlite3.Error):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+    return "disk is full" in str(orig).lower()
+
+
+def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
+    return {
+        "async_creator": inline_aiosqlite_creator(url.database or "", timeouts.lock_ms),
+        "pool_timeout": timeouts.pool_ms / 1000,
+    }
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -180,13 +231,6 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
-
-DML_IN_WITH = False
-"""No data-modifying statements inside `WITH`: several writes are one transaction."""
-
-JSON_KEY_EXACT = False
-"""`json_key_equals` is exact for scalars; for objects and arrays it checks the type only
-(the caller compares those values again)."""
 
 
 def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
@@ -252,7 +296,7 @@ def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
     }
 
 
-def inline_aiosqlite_creator(path: str) -> Any:
+def inline_aiosqlite_creator(path: str, lock_ms: int) -> Any:
     """An `async_creator` for SQLAlchemy's aiosqlite dialect whose connections run each call
     inline on the event loop's thread, instead of one hop per call to aiosqlite's worker
     thread; a call that finds the database locked is retried after an async sleep (the
@@ -273,7 +317,7 @@ def inline_aiosqlite_creator(path: str) -> Any:
                 if not is_busy(exc):
                     raise
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + BUSY_TIMEOUT_MS / 1000
+            deadline = loop.time() + lock_ms / 1000
             delay = 0.0005
             while True:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))

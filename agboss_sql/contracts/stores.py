@@ -207,7 +207,34 @@ class ChildExecutionQueueRepository(Store):
         self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
     ) -> FinishResult:
         """Move running -> finished once (only at `attempt` when given) and count the
-        parent's unfinished children in the same step: exactly one finisher sees 0."""
+        parent's unfinished children in the same step: exactly one finisher sees 0, and its
+        finish owes the parent its wake (see `claim_wake`).
+
+        Idempotent per attempt: given `attempt`, a finish of a child that this attempt
+        already finished (a retry after a lost reply) answers what the first finish
+        answered, `FinishResult(True, <the same remaining>)`, and changes nothing. Without
+        `attempt` a second finish is `finished=False`."""
+
+    @abstractmethod
+    async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
+        """Up to `limit` finished children whose finish saw none left (they owe their
+        parent's wake) and whose wake is neither done nor claimed by a live claim, oldest
+        finish first: the sweep wakes their parents."""
+
+    @abstractmethod
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        """Compare-and-set: the wake owed by the child (its finish saw none left) is claimed
+        by `claimer` until `now + claim_ms` (application clock) when it is not done and not
+        claimed by another claimer whose claim is still live. True when `claimer` holds the
+        claim: of concurrent claimers exactly one; a retry by the same claimer answers True
+        again. False for a child that owes no wake, or whose wake is done."""
+
+    @abstractmethod
+    async def mark_woken(self, child_execution_id: str, claimer: str) -> bool:
+        """Compare-and-set: record the parent's wake as done when `claimer` holds the wake's
+        claim (live or not, as long as nobody claimed it since). True when the wake is
+        done by `claimer`, also on a retry; False when another claimer took the claim over
+        (the wake was late past its claim) or nothing was claimed."""
 
     @abstractmethod
     async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
@@ -254,7 +281,10 @@ class ExecutionRecordRepository(Store):
         final: ExecutionRecordStatus,
         outcome: JsonValue,
     ) -> bool:
-        """Compare-and-set from `expected` to `final` with the outcome: one outcome per run."""
+        """Compare-and-set from `expected` to `final` with the outcome: one outcome per run.
+        True when the run's outcome is this one: moved by this call, or already completed as
+        `final` with an equal outcome (a retry after a lost reply answers as the first did).
+        A different final status or outcome is False."""
 
 
 class ExecutionTreeRepository(Store):
@@ -354,8 +384,10 @@ class PausedExecutionRepository(Store):
         """The tree's resolved pauses to drain in one pass, oldest first."""
 
     @abstractmethod
-    async def take(self, tenant_id: str, pause_id: str) -> bool:
-        """Compare-and-set resolved -> taken. True when it moved."""
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
+        """Compare-and-set resolved -> taken, recording `taker`. True when it moved, or when
+        the pause is already taken by this same `taker` (a retry after a lost reply answers
+        as the first did); False for anyone else, and for a retry without a taker."""
 
     @abstractmethod
     async def cancel(self, tenant_id: str, pause_id: str) -> bool:

@@ -77,6 +77,14 @@ class ChildRow:
     attempt: int = 0
     claimed_by: str | None = None
     outcome: JsonValue = None
+    finished_order: int | None = None
+    finished_attempt: int | None = None
+    """The attempt whose finish finished the child (`None`: finished without one)."""
+    finish_remaining: int | None = None
+    """What the finish answered; 0 when it owes the parent's wake."""
+    wake_claimed_by: str | None = None
+    wake_claimed_until: int | None = None
+    parent_woken_at: int | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +101,7 @@ class PauseRow:
     pause: PausedExecution
     updated_at: int
     """When the pause was saved or last moved (the application clock's time)."""
+    taken_by: str | None = None
 
 
 @dataclass(slots=True)

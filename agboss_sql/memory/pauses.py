@@ -92,13 +92,20 @@ class InMemoryPausedExecutionRepository(ApplicationClockStore, PausedExecutionRe
         )
         return [_pause_out(row.pause) for row in rows]
 
-    async def take(self, tenant_id: str, pause_id: str) -> bool:
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("pause_id", pause_id)
+        if taker is not None:
+            checked_identifier("taker", taker)
         row = self._row(tenant_id, pause_id)
-        if row is None or row.pause.status is not PauseStatus.RESOLVED:
+        if row is None:
+            return False
+        if row.pause.status is PauseStatus.TAKEN:
+            return taker is not None and row.taken_by == taker
+        if row.pause.status is not PauseStatus.RESOLVED:
             return False
         row.pause = dataclasses.replace(row.pause, status=PauseStatus.TAKEN)
+        row.taken_by = taker
         row.updated_at = self.clock.now()
         return True
 

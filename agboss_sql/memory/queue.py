@@ -6,7 +6,12 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_count, checked_queued_child
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_int,
+    checked_positive_ms,
+    checked_queued_child,
+)
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ChildExecution,
@@ -107,14 +112,26 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
         self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
     ) -> FinishResult:
         checked_identifier("child_execution_id", child_execution_id)
+        if attempt is not None:
+            checked_int("attempt", attempt)
         outcome = json_copy(outcome)
         row = self.memory.children.get(child_execution_id)
         if row is None:
             return FinishResult(False, 0)
+        if (
+            row.status is ChildStatus.FINISHED
+            and attempt is not None
+            and row.finished_attempt == attempt
+            and row.finish_remaining is not None
+        ):
+            # This attempt's finish already happened: answer what it answered.
+            return FinishResult(True, row.finish_remaining)
         finished = row.status is ChildStatus.RUNNING and (attempt is None or row.attempt == attempt)
         if finished:
             row.status = ChildStatus.FINISHED
             row.outcome = outcome
+            row.finished_order = self.memory.next_sequence()
+            row.finished_attempt = attempt
         remaining = sum(
             1
             for other in self.memory.children.values()
@@ -122,7 +139,48 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             and other.parent_execution_id == row.parent_execution_id
             and other.status is not ChildStatus.FINISHED
         )
+        if finished:
+            row.finish_remaining = remaining
         return FinishResult(finished, remaining)
+
+    async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
+        checked_count("limit", limit)
+        now = self.clock.now()
+        rows = sorted(
+            (
+                row
+                for row in self.memory.children.values()
+                if row.finish_remaining == 0
+                and row.parent_woken_at is None
+                and (row.wake_claimed_until is None or row.wake_claimed_until <= now)
+            ),
+            key=lambda r: r.finished_order or 0,
+        )
+        return [_listed(row) for row in rows[:limit]]
+
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_identifier("claimer", claimer)
+        checked_positive_ms("claim_ms", claim_ms)
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.finish_remaining != 0 or row.parent_woken_at is not None:
+            return False
+        now = self.clock.now()
+        if row.wake_claimed_until is None or row.wake_claimed_until <= now:
+            row.wake_claimed_by = claimer
+            row.wake_claimed_until = now + claim_ms
+            return True
+        return row.wake_claimed_by == claimer
+
+    async def mark_woken(self, child_execution_id: str, claimer: str) -> bool:
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_identifier("claimer", claimer)
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.finish_remaining != 0 or row.wake_claimed_by != claimer:
+            return False
+        if row.parent_woken_at is None:
+            row.parent_woken_at = self.clock.now()
+        return True
 
     async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
         checked_identifier("parent_execution_id", parent_execution_id)

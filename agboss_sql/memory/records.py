@@ -141,7 +141,16 @@ class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRe
         if ExecutionRecordStatus(final) not in TERMINAL_STATUSES:
             raise ValueError(f"a run completes as succeeded, failed or cancelled, not {final!r}")
         outcome = json_copy(outcome)
-        return self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True)
+        if self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True):
+            return True
+        # A retry of a complete whose reply was lost: the run already has this outcome.
+        row = self.memory.records.get((tenant_id, execution_id))
+        return (
+            row is not None
+            and ExecutionRecordStatus(expected) not in TERMINAL_STATUSES
+            and row.record.status == ExecutionRecordStatus(final)
+            and row.record.outcome == outcome
+        )
 
 
 class InMemoryExecutionTreeRepository(ApplicationClockStore, ExecutionTreeRepository):

@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from agboss_sql.contracts.clocks import Clock
-from agboss_sql.contracts.errors import ExecutionFencedError, ExecutionLeaseLostError
+from agboss_sql.contracts.errors import (
+    ExecutionFencedError,
+    ExecutionLeaseLostError,
+    StoreUnavailableError,
+)
 from agboss_sql.contracts.stores import (
     ChildExecutionQueueRepository,
     ExecutionLeaseEventRepository,
@@ -24,6 +30,10 @@ RunChild = Callable[[ClaimedChild, ExecutionLease], Awaitable[JsonValue]]
 WakeParent = Callable[[str, str], Awaitable[None]]
 
 _MESSAGE_LIMIT = 1_000
+DEFAULT_WAKE_CLAIM_MS = 60_000
+DEFAULT_STORE_RETRIES = 3
+
+T = TypeVar("T")
 
 
 def error_outcome(error: BaseException) -> JsonValue:
@@ -54,8 +64,21 @@ class ChildWorker:
     `run_once`: claim the next child, take its lease `(tenant_id, child_execution_id)`,
     run `run_child(child, lease)` with the lease renewed in the background (the run finds
     its keeper with `current_keeper()`), then finish the child at its attempt and finish
-    its lease. The one finisher the queue answers `remaining == 0` (and `finished`) calls
-    `wake_parent(tenant_id, parent_execution_id)`: exactly once across all workers.
+    its lease. The one finisher the queue answers `remaining == 0` (and `finished`) owes the
+    parent its wake: it claims the wake in the queue (compare-and-set: one claimer wins),
+    calls `wake_parent(tenant_id, parent_execution_id)` and records the wake done.
+
+    - The finish and the wake's store calls are idempotent (per attempt, per claimer), so
+      after an error that leaves their outcome unknown (`StoreUnavailableError`, e.g.
+      `CommitOutcomeUnknownError`) they are sent again, up to `store_retries` times. A
+      finish that still fails stops the lease's renewal and raises.
+    - `wake_once` (run with the rescue by `start()`) is the wake sweep: it wakes the parents
+      whose last child finished but whose wake is not done, because the finisher died, lost
+      the store, or its `wake_parent` raised. The claim runs out after `wake_claim_ms` on
+      the application clock, and only then can another claimer take it: `wake_parent` is
+      called once per wake unless a claimer's `wake_parent` outlives its claim, or the
+      claimer dies after `wake_parent` returned and before the wake was recorded (then the
+      sweep wakes the parent again once the claim ran out: a wake is never lost).
 
     - A lease lost during the run cancels the run and finishes nothing: the next holder
       owns the child. So does a run that raised `ExecutionLeaseLostError` or
@@ -84,7 +107,17 @@ class ChildWorker:
         tree: ExecutionTreeRepository | None = None,
         instance_id: str | None = None,
         trust_margin_ms: int | None = None,
+        wake_claim_ms: int = DEFAULT_WAKE_CLAIM_MS,
+        store_retries: int = DEFAULT_STORE_RETRIES,
     ) -> None:
+        if isinstance(wake_claim_ms, bool) or not isinstance(wake_claim_ms, int):
+            raise ValueError(f"wake_claim_ms must be a positive int, got {wake_claim_ms!r}")
+        if wake_claim_ms <= 0:
+            raise ValueError(f"wake_claim_ms must be a positive int, got {wake_claim_ms!r}")
+        if isinstance(store_retries, bool) or not isinstance(store_retries, int):
+            raise ValueError(f"store_retries must be an int >= 0, got {store_retries!r}")
+        if store_retries < 0:
+            raise ValueError(f"store_retries must be an int >= 0, got {store_retries!r}")
         self.queue = queue
         self.leases = leases
         self.events = events
@@ -95,6 +128,8 @@ class ChildWorker:
         self.tree = tree
         self.instance_id = instance_id if instance_id is not None else _instance_id_of(queue)
         self.trust_margin_ms = trust_margin_ms
+        self.wake_claim_ms = wake_claim_ms
+        self.store_retries = store_retries
         self._task: asyncio.Task[None] | None = None
         self._keeper()  # the lease settings are checked now, not at the first child
 
@@ -196,14 +231,89 @@ class ChildWorker:
                 await keeper.stop()
                 return
             outcome = error_outcome(error)
-        result = await self.queue.finish(child.child_execution_id, outcome, attempt=child.attempt)
+        child_id = child.child_execution_id
+        try:
+            # Idempotent per attempt: a retry after a lost reply answers what the first did.
+            result = await self._retrying(
+                f"the finish of child {child_id}",
+                lambda: self.queue.finish(child_id, outcome, attempt=child.attempt),
+            )
+        except BaseException:
+            # Whether the child finished is unknown: stop renewing. A child still running is
+            # rescued when its lease runs out; the parent of one that finished last is woken
+            # by the wake sweep (`wake_once`).
+            await keeper.stop()
+            raise
         if not result.finished:
             # Superseded by a rescue: the new attempt finishes the child and holds its lease.
             await keeper.stop()
             return
-        await keeper.finish()
+        try:
+            await keeper.finish()
+        except Exception:
+            logger.warning("could not finish the lease of child %s", child_id, exc_info=True)
+            await keeper.stop()
         if result.remaining == 0:
-            await self.wake_parent(child.tenant_id, child.parent_execution_id)
+            await self._wake(child.tenant_id, child.parent_execution_id, child_id)
+
+    async def wake_once(self, limit: int = 100) -> int:
+        """The wake sweep: wake the parent of each finished child whose finish saw none left
+        and whose wake is not done (its worker died or lost the store between the finish and
+        the wake, or its wake claim ran out). How many parents this call woke. A wake that
+        fails is reported and left for a later sweep (its claim runs out); the others go on."""
+        woken = 0
+        for child in await self.queue.unwoken(limit):
+            try:
+                if await self._wake(
+                    child.tenant_id, child.parent_execution_id, child.child_execution_id
+                ):
+                    woken += 1
+            except Exception:
+                logger.warning(
+                    "could not wake parent %s (child %s); a later sweep tries again",
+                    child.parent_execution_id,
+                    child.child_execution_id,
+                    exc_info=True,
+                )
+        return woken
+
+    async def _wake(self, tenant_id: str, parent_execution_id: str, child_id: str) -> bool:
+        """Wake the parent once: claim the wake in the store (compare-and-set; one claimer
+        wins), call `wake_parent`, record the wake done. True when this call woke it."""
+        claimer = f"{self.instance_id}/{uuid.uuid4().hex}"
+        claimed = await self._retrying(
+            f"the wake claim of child {child_id}",
+            lambda: self.queue.claim_wake(child_id, claimer, self.wake_claim_ms),
+        )
+        if not claimed:
+            return False  # woken, or being woken, by another worker or sweep
+        await self.wake_parent(tenant_id, parent_execution_id)
+        done = await self._retrying(
+            f"the wake mark of child {child_id}",
+            lambda: self.queue.mark_woken(child_id, claimer),
+        )
+        if not done:
+            logger.warning(
+                "the wake of parent %s (child %s) took longer than its %d ms claim: another "
+                "claimer may wake it again",
+                parent_execution_id,
+                child_id,
+                self.wake_claim_ms,
+            )
+        return True
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run an idempotent store call, and run it again (up to `store_retries` times) after
+        an error that leaves its outcome unknown or says nothing was applied."""
+        left = self.store_retries
+        while True:
+            try:
+                return await call()
+            except StoreUnavailableError as error:
+                if left <= 0:
+                    raise
+                left -= 1
+                logger.warning("%s failed (%s); trying again, %d retries left", what, error, left)
 
     def start(self, *, poll_ms: int = 1_000, rescue_every_ms: int = 30_000) -> None:
         """Run children until `stop()`: claim and run one after another, sleeping `poll_ms`
@@ -228,6 +338,7 @@ class ChildWorker:
                 if self.clock.monotonic() >= next_rescue:
                     next_rescue = self.clock.monotonic() + rescue_every_ms
                     await self.rescue_once()
+                    await self.wake_once()
                 if await self.run_once():
                     continue
             except Exception:
@@ -235,4 +346,11 @@ class ChildWorker:
             await self.clock.sleep(poll_ms)
 
 
-__all__ = ["ChildWorker", "RunChild", "WakeParent", "error_outcome"]
+__all__ = [
+    "DEFAULT_STORE_RETRIES",
+    "DEFAULT_WAKE_CLAIM_MS",
+    "ChildWorker",
+    "RunChild",
+    "WakeParent",
+    "error_outcome",
+]

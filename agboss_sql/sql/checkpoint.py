@@ -139,8 +139,8 @@ class CheckpointStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         self.ops = ops = b.ops
-        self.fold: bool = ops.DML_IN_WITH
-        self.json_exact: bool = ops.JSON_KEY_EXACT
+        self.fold: bool = b.capabilities.dml_in_with
+        self.json_exact: bool = b.capabilities.json_key_exact
         self._cache: dict[tuple[Any, ...], Any] = {}
 
         # The fence the fenced-effect store makes first (`_fence`): it raises the scope's
@@ -509,10 +509,8 @@ class _SyncBridge:
                 )
                 thread.start()
                 self._loop, self._thread = loop, thread
-                # Server pools belong to the loop that opened them: this loop gets its own.
-                # SQLite's connection runs on its own thread, usable from any loop.
-                if self._connection.dialect_name != "sqlite":
-                    self._own = SqlConnection(self._connection.url)
+                # A connection belongs to the loop that opened it: this loop gets its own.
+                self._own = self._connection.for_another_loop()
             loop, connection = self._loop, self._own or self._connection
         if threading.current_thread() is self._thread:
             raise RuntimeError(

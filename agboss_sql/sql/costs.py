@@ -35,7 +35,7 @@ from agboss_sql.contracts.rules import (
 from agboss_sql.contracts.stores import CostLedgerRepository
 from agboss_sql.contracts.types import ApplicationContext, BudgetScope, CostEntry, CostTotal
 from agboss_sql.sql._base import SqlStore
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import cost_entries, cost_reservations
 
 E = cost_entries
@@ -95,13 +95,8 @@ class ScopeStatements:
             lambda _new: {"reserved_micros": R.c.reserved_micros},
         )
         self.lock = lock
-        if ops.INSERT_RETURNING:
-            self.lock_returning: Any = lock.returning(R.c.reserved_micros, spent.scalar_subquery())
-        else:
-            # MariaDB returns from an upsert (MySQL 8 does not): the subquery is compiled on
-            # its own and appended, with no parameter but :key.
-            compiled = spent.compile(dialect=ops.compile_dialect())
-            self.lock_returning = Suffixed(lock, f" RETURNING reserved_micros, ({compiled.string})")
+        # For a database that returns from an upsert (`Capabilities.insert_returning`).
+        self.lock_returning: Any = ops.returning(lock, R.c.reserved_micros, spent.scalar_subquery())
         self.read_locked = ops.for_update(
             sa.select(R.c.reserved_micros, spent.scalar_subquery()).where(_reservation_row())
         )
@@ -112,7 +107,6 @@ class CostStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.insert_returning: bool = ops.INSERT_RETURNING
         self.record = ops.insert_if_absent(E, ["entry_id"]).values(
             {c: sa.bindparam(c, type_=E.c[c].type) for c in _ENTRY_COLUMNS}
         )
@@ -143,9 +137,6 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         )
         self._attach(connection, application)
         self._sql = connection.prepared(CostStatements)
-        # Whether the locking upsert can return the row: PostgreSQL, SQLite, MariaDB. Found
-        # on first use for the MySQL family (MySQL 8 cannot).
-        self._upsert_returns: bool | None = True if self._sql.insert_returning else None
 
     async def record(self, entry: CostEntry) -> bool:
         """Insert the entry unless its `entry_id` is stored (one statement): a replayed step
@@ -195,17 +186,15 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         }
         limit = checked_count("limit_micros", limit_micros)
         statements = self._sql.scopes[scope]
-        if self._upsert_returns is None:
-            self._upsert_returns = await self.connection.server_flavour() == "mariadb"
-        returns = self._upsert_returns
         return await self.connection.run(
-            lambda: self._reserve(statements, params, limit, returns), transaction=True
+            lambda: self._reserve(statements, params, limit), transaction=True
         )
 
     def _reserve(
-        self, statements: ScopeStatements, params: dict[str, Any], limit: int, returns: bool
+        self, statements: ScopeStatements, params: dict[str, Any], limit: int
     ) -> Step[bool]:
-        if returns:
+        # Inside the step the server's capabilities are known (MariaDB returns from upserts).
+        if self.connection.capabilities.insert_returning:
             row = (yield Exec(statements.lock_returning, params)).first()
         else:
             yield Exec(statements.lock, params)

@@ -98,7 +98,7 @@ class EffectStatements:
             )
         else:
             insert = ops.insert(R).values(row)
-        self.returns_claimed = bool(ops.UPSERT_RETURNING)
+        self.returns_claimed = b.capabilities.insert_returning and b.capabilities.upsert_where
         if self.returns_claimed:
             # The no-op update locks a row that exists (after its writer committed) and
             # makes RETURNING give it back; a new row comes back with its NULL result.
@@ -200,7 +200,7 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
                     return await attempt(tx)
             except Exception as exc:
                 if tries >= MAX_ATTEMPTS or not (
-                    isinstance(exc, _ClaimLostError) or self.connection.ops.is_retryable(exc)
+                    isinstance(exc, _ClaimLostError) or self.connection.is_transient(exc)
                 ):
                     raise
             await asyncio.sleep(min(0.2, 0.002 * 2**tries) * random.uniform(0.5, 1.5))

@@ -23,7 +23,7 @@ from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import SqlStore
 from agboss_sql.sql._fence import store_time_params
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import execution_ids, execution_leases
 
 L = execution_leases
@@ -56,7 +56,7 @@ class LeaseStatements:
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
         source, now = b.now()
-        self.returning = ops.UPDATE_RETURNING
+        self.returning = b.capabilities.update_returning
         lease_ms = sa.bindparam("lease_ms", type_=sa.BigInteger)
         new_row: dict[str, Any] = {
             "tenant_id": sa.bindparam("tenant_id"),
@@ -81,65 +81,15 @@ class LeaseStatements:
             sa.or_(L.c.released.is_(sa.true()), L.c.yielded.is_(sa.true())),
             L.c.closed_reason.is_(None),
         )
-        if b.dialect_name == "mysql":
+        if source is not None:
             columns = list(new_row)
             select = sa.select(*(new_row[c] for c in columns)).select_from(source)
             insert = ops.insert(L).from_select(columns, select)
-            new = insert.inserted
-            free = sa.and_(
-                L.c.finished.is_(sa.false()),
-                sa.or_(
-                    L.c.released.is_(sa.true()),
-                    L.c.yielded.is_(sa.true()),
-                    L.c.expires_at <= new.updated_at,
-                ),
-            )
-            # No WHERE on MySQL's upsert: each column is IF(taken, new, old). Assignments
-            # run left to right and see the columns already assigned, so the decision is
-            # written first, into take_id (a per-call nonce), and read by all the rest.
-            taken = L.c.take_id == new.take_id
-            self.acquire = insert.on_duplicate_key_update(
-                [
-                    ("take_id", sa.func.IF(free, new.take_id, L.c.take_id)),
-                    (
-                        "taken_over_from_instance_id",
-                        sa.func.IF(
-                            taken,
-                            sa.case((handed_over, sa.null()), else_=L.c.holder_instance_id),
-                            L.c.taken_over_from_instance_id,
-                        ),
-                    ),
-                    (
-                        "taken_over_from_epoch",
-                        sa.func.IF(
-                            taken,
-                            sa.case((handed_over, sa.null()), else_=L.c.lease_epoch),
-                            L.c.taken_over_from_epoch,
-                        ),
-                    ),
-                    (
-                        "holder_instance_id",
-                        sa.func.IF(taken, new.holder_instance_id, L.c.holder_instance_id),
-                    ),
-                    ("lease_epoch", sa.func.IF(taken, L.c.lease_epoch + 1, L.c.lease_epoch)),
-                    ("expires_at", sa.func.IF(taken, new.expires_at, L.c.expires_at)),
-                    ("released", sa.func.IF(taken, sa.false(), L.c.released)),
-                    ("yielded", sa.func.IF(taken, sa.false(), L.c.yielded)),
-                    ("closed_reason", sa.func.IF(taken, sa.null(), L.c.closed_reason)),
-                    ("updated_at", sa.func.IF(taken, new.updated_at, L.c.updated_at)),
-                ]
-            )
-            # MariaDB returns the row whether or not the take happened: take_id tells.
-            self.acquire_returning = Suffixed(self.acquire, " RETURNING " + ", ".join(_RETURNED))
         else:
-            if source is not None:
-                columns = list(new_row)
-                select = sa.select(*(new_row[c] for c in columns)).select_from(source)
-                insert = ops.insert(L).from_select(columns, select)
-            else:
-                insert = ops.insert(L).values(new_row)
-            new = insert.excluded
-            free = sa.and_(
+            insert = ops.insert(L).values(new_row)
+
+        def free(new: Any) -> sa.ColumnElement[bool]:
+            return sa.and_(
                 L.c.finished.is_(sa.false()),
                 sa.or_(
                     L.c.released.is_(sa.true()),
@@ -147,27 +97,38 @@ class LeaseStatements:
                     L.c.expires_at <= new.updated_at,
                 ),
             )
-            self.acquire = insert.on_conflict_do_update(
-                index_elements=["tenant_id", "execution_id"],
-                set_={
-                    "taken_over_from_instance_id": sa.case(
-                        (handed_over, sa.null()), else_=L.c.holder_instance_id
-                    ),
-                    "taken_over_from_epoch": sa.case(
-                        (handed_over, sa.null()), else_=L.c.lease_epoch
-                    ),
-                    "holder_instance_id": new.holder_instance_id,
-                    "lease_epoch": L.c.lease_epoch + 1,
-                    "expires_at": new.expires_at,
-                    "released": sa.false(),
-                    "yielded": sa.false(),
-                    "closed_reason": sa.null(),
-                    "take_id": new.take_id,
-                    "updated_at": new.updated_at,
-                },
-                where=free,
-            ).returning(*(L.c[c] for c in _RETURNED))
-            self.acquire_returning = self.acquire
+
+        def take(new: Any) -> list[tuple[str, Any]]:
+            # In this order: the previous holder is read before the holder is assigned (a
+            # dialect without a WHERE on its upsert assigns left to right).
+            return [
+                ("take_id", new.take_id),
+                (
+                    "taken_over_from_instance_id",
+                    sa.case((handed_over, sa.null()), else_=L.c.holder_instance_id),
+                ),
+                ("taken_over_from_epoch", sa.case((handed_over, sa.null()), else_=L.c.lease_epoch)),
+                ("holder_instance_id", new.holder_instance_id),
+                ("lease_epoch", L.c.lease_epoch + 1),
+                ("expires_at", new.expires_at),
+                ("released", sa.false()),
+                ("yielded", sa.false()),
+                ("closed_reason", sa.null()),
+                ("updated_at", new.updated_at),
+            ]
+
+        # A row comes back whether or not this call took it on some dialects: the per-call
+        # nonce (take_id) tells.
+        self.acquire = ops.upsert_where(
+            insert, ["tenant_id", "execution_id"], free, take, decided_by="take_id"
+        )
+        # What a move answers: the epoch, the expiry, and the time to count the remaining ms
+        # from. With the database's clock that time is read again as the row comes back: a
+        # move that waited for the row's lock reports what is left after the wait (the
+        # expiry was set from the time the statement started).
+        answered_now: Any = ops.now_ms() if b.database_time else L.c.updated_at
+        answered = [answered_now if name == "updated_at" else L.c[name] for name in _RETURNED]
+        self.acquire_returning = ops.returning(self.acquire, *answered)
 
         def update(where: Any, values: dict[str, Any]) -> Any:
             # PostgreSQL: UPDATE … FROM the one-row time CTE; MySQL: a multi-table UPDATE
@@ -197,10 +158,10 @@ class LeaseStatements:
             _held(now, live=False),
             {"released": sa.true(), "finished": sa.true(), "updated_at": now},
         )
-        if ops.UPDATE_RETURNING:
-            self.renew = self.renew.returning(L.c.expires_at, L.c.updated_at)
-            self.reclaim = self.reclaim.returning(L.c.lease_epoch, L.c.expires_at, L.c.updated_at)
-        self.read = sa.select(*(L.c[c] for c in _RETURNED)).where(
+        if self.returning:
+            self.renew = self.renew.returning(L.c.expires_at, answered_now)
+            self.reclaim = self.reclaim.returning(L.c.lease_epoch, L.c.expires_at, answered_now)
+        self.read = sa.select(*answered).where(
             L.c.tenant_id == sa.bindparam("tenant_id"),
             L.c.execution_id == sa.bindparam("execution_id"),
         )
@@ -263,27 +224,28 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
             lease_ms=checked_positive_ms("lease_ms", lease_ms),
             take_id=take_id,
         )
-        conn = self.connection
-        if self._sql.returning or await conn.server_flavour() == "mariadb":
-            row = (await conn.execute(self._sql.acquire_returning, params)).first()
-        else:
-            row = await conn.run(lambda: self._acquire_then_read(params), transaction=False)
-        # MySQL-family rows come back whether or not the take happened: the nonce tells.
+        row = await self.connection.run(
+            lambda: self._acquire(params), transaction=False, priority=True
+        )
+        # Some dialects return the row whether or not the take happened: the nonce tells.
         if row is None or row[5] != take_id:
             return None
         return self._lease_of(tenant_id, execution_id, row)
 
-    def _acquire_then_read(self, params: dict[str, Any]) -> Step[Any]:
+    def _acquire(self, params: dict[str, Any]) -> Step[Any]:
+        # Inside the step the server's capabilities are known (MariaDB returns from inserts).
+        if self.connection.capabilities.insert_returning:
+            return (yield Exec(self._sql.acquire_returning, params)).first()
         yield Exec(self._sql.acquire, params)
         return (yield Exec(self._sql.read, params)).first()
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
         params = self._lease_params(lease, lease_ms=checked_positive_ms("lease_ms", lease_ms))
         if self._sql.returning:
-            row = (await self.connection.execute(self._sql.renew, params)).first()
+            row = (await self.connection.execute(self._sql.renew, params, priority=True)).first()
             return None if row is None else remaining_of(row[0], row[1])
         return await self.connection.run(
-            lambda: self._renew_then_read(params, lease), transaction=False
+            lambda: self._renew_then_read(params, lease), transaction=False, priority=True
         )
 
     def _renew_then_read(self, params: dict[str, Any], lease: ExecutionLease) -> Step[int | None]:
@@ -296,18 +258,22 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return remaining_of(row[1], row[2])
 
     async def release(self, lease: ExecutionLease) -> bool:
-        result = await self.connection.execute(self._sql.release, self._lease_params(lease))
+        result = await self.connection.execute(
+            self._sql.release, self._lease_params(lease), priority=True
+        )
         return result.rowcount == 1
 
     async def yield_lease(self, lease: ExecutionLease) -> bool:
-        result = await self.connection.execute(self._sql.yield_lease, self._lease_params(lease))
+        result = await self.connection.execute(
+            self._sql.yield_lease, self._lease_params(lease), priority=True
+        )
         return result.rowcount == 1
 
     async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
         params = self._lease_params(
             lease, lease_ms=checked_positive_ms("lease_ms", lease_ms), take_id=secrets.token_hex(16)
         )
-        result = await self.connection.execute(self._sql.reclaim, params)
+        result = await self.connection.execute(self._sql.reclaim, params, priority=True)
         if self._sql.returning:
             row = result.first()
             if row is None:
@@ -327,7 +293,9 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         )
 
     async def finish(self, lease: ExecutionLease) -> bool:
-        result = await self.connection.execute(self._sql.finish, self._lease_params(lease))
+        result = await self.connection.execute(
+            self._sql.finish, self._lease_params(lease), priority=True
+        )
         return result.rowcount == 1
 
     async def save_execution_id_if_absent(self, tenant_id: str, execution_id: str) -> bool:

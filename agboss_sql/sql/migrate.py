@@ -29,7 +29,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
-from agboss_sql._dialects import dialect_module
+from agboss_sql._dialects import dialect_for
 from agboss_sql.sql.connection import normalize_url
 from agboss_sql.sql.schema import metadata
 
@@ -71,7 +71,7 @@ def sync_url(url: str | URL) -> URL:
     """The URL with the synchronous driver migrations run on (psycopg, PyMySQL or the
     stdlib sqlite3), whatever driver a plain or async `url` names."""
     parsed = normalize_url(url)
-    ops = dialect_module(parsed.get_backend_name())
+    ops = dialect_for(parsed.get_backend_name())
     return parsed.set(drivername=f"{ops.NAME}+{ops.SYNC_DRIVER}")
 
 
@@ -105,13 +105,13 @@ def head() -> str:
     return found
 
 
-def context_options(dialect_name: str) -> dict[str, Any]:
+def context_options(backend: str) -> dict[str, Any]:
     """The options the migration environment gives `context.configure` (and a
-    comparison of the schema gives `MigrationContext.configure`) on a dialect."""
+    comparison of the schema gives `MigrationContext.configure`) on a backend."""
     return {
         "target_metadata": metadata,
         "version_table": VERSION_TABLE,
-        "render_as_batch": dialect_name == "sqlite",
+        "render_as_batch": dialect_for(backend).CAPABILITIES.batch_migrations,
         "include_name": _include_name,
         "include_object": _include_object,
         "compare_type": True,
@@ -184,7 +184,7 @@ def migration_lock(connection: sa.Connection) -> Iterator[None]:
     """Run the body in one transaction on `connection` (no transaction begun) while
     holding the database's migration lock (see the module docstring), from before its
     first statement until after its commit."""
-    with dialect_module(connection.dialect.name).lock_database(connection):
+    with dialect_for(connection.dialect.name).lock_database(connection):
         yield
 
 
@@ -193,7 +193,8 @@ def connect(url: str | URL | None = None) -> Iterator[sa.Connection]:
     """A synchronous connection for migrations to `url` (resolved as `resolve_url`
     does; a SQLite file's directory is created), closed with its engine after."""
     target = sync_url(resolve_url(url))
-    if target.get_backend_name() == "sqlite" and target.database not in (None, "", ":memory:"):
+    embedded = dialect_for(target.get_backend_name()).CAPABILITIES.inline
+    if embedded and target.database not in (None, "", ":memory:"):
         Path(target.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(target, poolclass=sa.NullPool)
     try:

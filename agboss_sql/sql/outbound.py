@@ -124,7 +124,7 @@ class OutboundStatements:
         ops = b.ops
         _, now = b.now()
         this_call = C.c.identity_hash == sa.bindparam("identity_hash")
-        self.insert_raises = bool(ops.INSERT_IF_ABSENT_RAISES)
+        self.insert_raises = b.capabilities.insert_if_absent_raises
         self.insert = ops.insert_if_absent(C, ["identity_hash"]).values(
             {name: sa.bindparam(name) for name in _INSERTED}
         )

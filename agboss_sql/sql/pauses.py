@@ -4,7 +4,7 @@ Every move is one conditional `UPDATE` from the expected status: the database
 decides which of two concurrent answers wins, never a read in Python.
 
 Statements per operation: `save`, `get`, `resolved`, `take`, `cancel`, `purge` one
-each on every dialect. `resolve` one on PostgreSQL and SQLite (`UPDATE … RETURNING`);
+each on every dialect (a refused `take` with a taker reads who took it: two). `resolve` one on PostgreSQL and SQLite (`UPDATE … RETURNING`);
 on MySQL/MariaDB (no `UPDATE … RETURNING`) one when refused, two when it resolved (the
 conditional update, then a read of the pause's fixed fields).
 """
@@ -69,7 +69,7 @@ class PauseStatements:
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
         columns = [P.c[c] for c in _COLUMNS]
-        self.returning = ops.UPDATE_RETURNING
+        self.returning = b.capabilities.update_returning
         self.save = ops.insert_if_absent(P, ["tenant_id", "pause_id"]).values(
             {c: sa.bindparam(c, type_=P.c[c].type) for c in (*_COLUMNS, "updated_at")}
         )
@@ -81,8 +81,9 @@ class PauseStatements:
             decision=sa.bindparam("decision"),
             resolved_at=now,
         )
-        self.resolve = resolve.returning(*columns) if ops.UPDATE_RETURNING else resolve
-        self.take = _move(PauseStatus.RESOLVED, PauseStatus.TAKEN)
+        self.resolve = resolve.returning(*columns) if self.returning else resolve
+        self.take = _move(PauseStatus.RESOLVED, PauseStatus.TAKEN, taken_by=sa.bindparam("taker"))
+        self.read_taker = sa.select(P.c.status, P.c.taken_by).where(_the_pause())
         self.cancel = _move(PauseStatus.PENDING, PauseStatus.CANCELLED, resolved_at=now)
         self.resolved = (
             sa.select(*columns)
@@ -236,15 +237,25 @@ class SqlPausedExecutionRepository(SqlStore, PausedExecutionRepository):
         )
         return [_pause_of(row) for row in result.rows]
 
-    async def take(self, tenant_id: str, pause_id: str) -> bool:
-        """Compare-and-set resolved -> taken (one conditional update). True when this call
-        moved it: of two takers, exactly one."""
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
+        """Compare-and-set resolved -> taken recording `taker` (one conditional update).
+        True when this call moved it: of two takers, exactly one. When it moved nothing and
+        a `taker` is given, a read of the (then settled: taken is final) pause answers True
+        if this taker took it, so a retry after a lost reply answers as the first did."""
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("pause_id", pause_id)
+        if taker is not None:
+            checked_identifier("taker", taker)
+        key = {"tenant_id": tenant_id, "pause_id": pause_id}
         result = await self.connection.execute(
-            self._sql.take, {"tenant_id": tenant_id, "pause_id": pause_id, "now": self.clock.now()}
+            self._sql.take, {**key, "taker": taker, "now": self.clock.now()}
         )
-        return result.rowcount == 1
+        if result.rowcount == 1:
+            return True
+        if taker is None:
+            return False
+        row = (await self.connection.execute(self._sql.read_taker, key)).first()
+        return row is not None and row[0] == PauseStatus.TAKEN.value and row[1] == taker
 
     async def cancel(self, tenant_id: str, pause_id: str) -> bool:
         """Compare-and-set pending -> cancelled (one conditional update). True when this call

@@ -22,7 +22,14 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `enqueue`, `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused) | the same |
+| `finish` | 2 in a transaction (1 when refused or a retry) | the same |
+| `unwoken` | 1 | 1 |
+| `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
+
+A finish stores what it answered (`finish_remaining`): a retry of the same attempt's
+finish, after a lost reply, answers it again. The finish that saw none left owes the
+parent's wake: `claim_wake` claims it by compare-and-set (with a claim that runs out on the
+application clock, so a claimer that died is replaced), `mark_woken` records it done.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from agboss_sql.contracts.rules import (
     checked_count,
     checked_dependencies,
     checked_int,
+    checked_positive_ms,
     checked_queued_child,
 )
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
@@ -98,7 +106,7 @@ class QueueStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.update_returning: bool = ops.UPDATE_RETURNING
+        self.update_returning: bool = b.capabilities.update_returning
         now = sa.bindparam("now", type_=sa.BigInteger)
 
         self.enqueue = ops.insert_if_absent(C, ["child_execution_id"]).values(
@@ -182,7 +190,14 @@ class QueueStatements:
         me = C.alias("me")
         of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
         self.lock_siblings = ops.for_update(
-            sa.select(C.c.id, C.c.child_execution_id, C.c.status, C.c.attempt).where(
+            sa.select(
+                C.c.id,
+                C.c.child_execution_id,
+                C.c.status,
+                C.c.finished_attempt,
+                C.c.finish_remaining,
+                C.c.attempt,
+            ).where(
                 C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
                 C.c.parent_execution_id
                 == sa.select(me.c.parent_execution_id).where(of_child).scalar_subquery(),
@@ -194,9 +209,39 @@ class QueueStatements:
             sa.update(C)
             .where(C.c.id == sa.bindparam("id"))
             .values(
-                status=sa.bindparam("finished"), outcome=sa.bindparam("outcome"), finished_at=now
+                status=sa.bindparam("finished"),
+                outcome=sa.bindparam("outcome"),
+                finished_at=now,
+                finished_attempt=sa.bindparam("attempt", type_=sa.Integer),
+                finish_remaining=sa.bindparam("remaining", type_=sa.Integer),
             )
         )
+
+        the_child = C.c.child_execution_id == sa.bindparam("child_execution_id")
+        owes_wake = sa.and_(C.c.finish_remaining == 0, C.c.parent_woken_at.is_(None))
+        claim_free = sa.or_(C.c.wake_claimed_until.is_(None), C.c.wake_claimed_until <= now)
+        self.unwoken = (
+            sa.select(*_columns(_LISTED))
+            .where(owes_wake, claim_free)
+            .order_by(C.c.finished_at, C.c.id)
+            .limit(sa.bindparam("limit", type_=sa.Integer))
+        )
+        self.claim_wake = (
+            sa.update(C)
+            .where(the_child, owes_wake, claim_free)
+            .values(
+                wake_claimed_by=sa.bindparam("claimer"),
+                wake_claimed_until=sa.bindparam("until", type_=sa.BigInteger),
+            )
+        )
+        self.mark_woken = (
+            sa.update(C)
+            .where(the_child, owes_wake, C.c.wake_claimed_by == sa.bindparam("claimer"))
+            .values(parent_woken_at=now)
+        )
+        self.read_wake = sa.select(
+            C.c.finish_remaining, C.c.wake_claimed_by, C.c.parent_woken_at
+        ).where(the_child)
 
         self.children = (
             sa.select(*_columns(_LISTED))
@@ -356,7 +401,8 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         running -> finished with `outcome` (only at `attempt` when given), and count the
         parent's children not finished. Exactly one finisher of the parent's last children
         sees `remaining == 0`; a refused finish changes nothing and answers `finished=False`
-        with the count."""
+        with the count. Given `attempt`, a retry of that attempt's committed finish answers
+        what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
             checked_int("attempt", attempt)
@@ -375,11 +421,68 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         unfinished = sum(1 for row in siblings if row[2] != FINISHED)
         if me is None:
             return FinishResult(False, 0)
-        _, _, status, current_attempt = me
+        _, _, status, finished_attempt, answered, current_attempt = me
+        if (
+            status == FINISHED
+            and attempt is not None
+            and finished_attempt is not None
+            and int(finished_attempt) == attempt
+            and answered is not None
+        ):
+            # This attempt's finish already committed (its reply was lost): answer the same.
+            return FinishResult(True, int(answered))
         if status != RUNNING or (attempt is not None and int(current_attempt) != attempt):
             return FinishResult(False, unfinished)
-        yield Exec(self._sql.finish_locked, {**params, "id": me[0]})
+        finish = {**params, "id": me[0], "attempt": attempt, "remaining": unfinished - 1}
+        yield Exec(self._sql.finish_locked, finish)
         return FinishResult(True, unfinished - 1)
+
+    async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
+        """Up to `limit` finished children whose finish saw none left and whose parent's
+        wake is neither done nor under a live claim, oldest finish first (one statement)."""
+        checked_count("limit", limit)
+        if limit == 0:
+            return []
+        result = await self.connection.execute(
+            self._sql.unwoken, {"limit": limit, "now": self.clock.now()}
+        )
+        return [_listed(row) for row in result.rows]
+
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        """Claim the parent's wake owed by the child for `claimer` until `now + claim_ms`,
+        in one conditional update that needs the wake not done and its claim free or run
+        out: of concurrent claimers exactly one wins. When the update moved nothing, a read
+        of the (then settled) claim tells a retry by the same claimer (True) from a loser."""
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_identifier("claimer", claimer)
+        checked_positive_ms("claim_ms", claim_ms)
+        now = self.clock.now()
+        params = {
+            "child_execution_id": child_execution_id,
+            "claimer": claimer,
+            "now": now,
+            "until": now + claim_ms,
+        }
+        if (await self.connection.execute(self._sql.claim_wake, params)).rowcount == 1:
+            return True
+        row = (await self.connection.execute(self._sql.read_wake, params)).first()
+        return row is not None and row[0] == 0 and row[2] is None and row[1] == claimer
+
+    async def mark_woken(self, child_execution_id: str, claimer: str) -> bool:
+        """Record the parent's wake as done, in one conditional update that needs `claimer`
+        to hold the wake's claim; when it moved nothing, True only if the wake is already
+        done by `claimer` (a retry)."""
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_identifier("claimer", claimer)
+        params = {
+            "child_execution_id": child_execution_id,
+            "claimer": claimer,
+            "now": self.clock.now(),
+        }
+        if (await self.connection.execute(self._sql.mark_woken, params)).rowcount == 1:
+            return True
+        row = (await self.connection.execute(self._sql.read_wake, params)).first()
+        return row is not None and row[0] == 0 and row[2] is not None and row[1] == claimer
 
     async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
         """The parent's children, in the order they were queued."""

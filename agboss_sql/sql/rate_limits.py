@@ -43,7 +43,7 @@ from agboss_sql.contracts.rules import (
 from agboss_sql.contracts.stores import RateLimitRepository
 from agboss_sql.contracts.types import ApplicationContext, WindowResult
 from agboss_sql.sql._base import SqlStore
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step, Suffixed
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import rate_limit_keys, rate_limit_slots
 
 K = rate_limit_keys
@@ -57,8 +57,7 @@ class RateLimitStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.row_locks: bool = ops.ROW_LOCKS
-        self.upsert_returning: bool = ops.UPSERT_RETURNING
+        self.row_locks: bool = b.capabilities.row_locks
         now = sa.bindparam("now", type_=sa.BigInteger)
         key: sa.BindParameter[str] = sa.bindparam("key")
         holder: sa.BindParameter[str] = sa.bindparam("holder")
@@ -119,15 +118,10 @@ class RateLimitStatements:
             add,
         )
         self.add_to_window = add_to_window
-        if ops.UPSERT_RETURNING:
-            self.add_to_window_returning: Any = add_to_window.returning(
-                *(K.c[name] for name in _WINDOW_ANSWER)
-            )
-        else:
-            # MariaDB has INSERT … RETURNING (the row as the upsert left it); MySQL 8 none.
-            self.add_to_window_returning = Suffixed(
-                add_to_window, " RETURNING " + ", ".join(_WINDOW_ANSWER)
-            )
+        # For a database that returns from an upsert (`Capabilities.insert_returning`).
+        self.add_to_window_returning: Any = ops.returning(
+            add_to_window, *(K.c[name] for name in _WINDOW_ANSWER)
+        )
         self.read_window = sa.select(*(K.c[name] for name in _WINDOW_ANSWER)).where(K.c.key == key)
 
         until = sa.bindparam("until", type_=sa.BigInteger)
@@ -218,17 +212,21 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
             "amount": amount,
             "limit": limit,
         }
-        conn = self.connection
-        if self._sql.upsert_returning or await conn.server_flavour() == "mariadb":
-            row = (await conn.execute(self._sql.add_to_window_returning, params)).first()
-        else:
-            row = await conn.run(lambda: self._add_then_read(params))
+        # One statement where the upsert returns its row; else the upsert and a read, in one
+        # transaction. (Until a MySQL-family server first answered, it may be either.)
+        row = await self.connection.run(
+            lambda: self._add_to_window(params),
+            transaction=not self.connection.capabilities.insert_returning,
+        )
         if row is None:
             raise RuntimeError(f"the window of {key!r} was not written")
         allowed, used, start = row
         return WindowResult(allowed=bool(allowed), used=int(used), resets_at=int(start) + window_ms)
 
-    def _add_then_read(self, params: dict[str, Any]) -> Step[Any]:
+    def _add_to_window(self, params: dict[str, Any]) -> Step[Any]:
+        # Inside the step the server's capabilities are known (MariaDB returns from upserts).
+        if self.connection.capabilities.insert_returning:
+            return (yield Exec(self._sql.add_to_window_returning, params)).first()
         yield Exec(self._sql.add_to_window, params)
         # The upsert locked the row for this transaction: the read sees what it wrote.
         return (yield Exec(self._sql.read_window, params)).first()

@@ -6,7 +6,8 @@ a final status (succeeded, failed, cancelled) never moves again, so two outcomes
 one run are impossible. Times are the application clock's.
 
 Statements per operation: one each, on every dialect (`transition` and `complete`
-from a final status answer False without a statement).
+from a final status answer False without a statement; a refused `complete` reads the
+record once more, to answer a retry of the same outcome True).
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
         outcome: JsonValue,
     ) -> bool:
         """Compare-and-set from `expected` to the final status `final` with the outcome, in
-        one statement: of two completions of one run exactly one is True."""
+        one statement: of two completions of one run with different outcomes exactly one is
+        True. When it moved nothing, a read answers True if the run is already `final` with
+        an equal outcome (a retry after a lost reply answers as the first did)."""
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
         expected, final = ExecutionRecordStatus(expected), ExecutionRecordStatus(final)
@@ -231,7 +234,16 @@ class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
             "outcome": text,
             "now": self.clock.now(),
         }
-        return (await self.connection.execute(self._sql.complete, params)).rowcount == 1
+        if (await self.connection.execute(self._sql.complete, params)).rowcount == 1:
+            return True
+        # Refused: a final status never moves, so a read now tells whether the run already
+        # has this very outcome (a retry after a lost reply).
+        key = {"tenant_id": tenant_id, "execution_id": execution_id}
+        row = (await self.connection.execute(self._sql.get, key)).first()
+        if row is None:
+            return False
+        stored = _record(row)
+        return stored.status is final and stored.outcome == loads(text)
 
 
 __all__ = ["FINAL_STATUSES", "RecordStatements", "SqlExecutionRecordRepository"]

@@ -162,7 +162,18 @@ child_executions = sa.Table(
     sa.Column("claimed_at", Millis(), nullable=True),
     sa.Column("finished_at", Millis(), nullable=True),
     sa.Column("outcome", Json(), nullable=True),
+    # The attempt whose finish finished the child (NULL: finished without an attempt), and
+    # what that finish answered as `remaining`: a retry of that attempt's finish answers it
+    # again. 0 means this child's finish owes the parent its wake.
+    sa.Column("finished_attempt", sa.Integer(), nullable=True),
+    sa.Column("finish_remaining", sa.Integer(), nullable=True),
+    # The parent's wake, owed by the finish that saw none left: claimed by compare-and-set
+    # (by whom, until when on the application clock), then marked done.
+    sa.Column("wake_claimed_by", Ident(), nullable=True),
+    sa.Column("wake_claimed_until", Millis(), nullable=True),
+    sa.Column("parent_woken_at", Millis(), nullable=True),
     sa.Index(None, "parent_execution_id", "status"),
+    sa.Index(None, "finish_remaining", "parent_woken_at"),
 )
 # The claim's order (`ORDER BY depth DESC, queued_at, id`) read straight off the index: a
 # `FOR UPDATE SKIP LOCKED` claim then stops at the first unlocked row. Without it InnoDB
@@ -248,6 +259,9 @@ paused_executions = sa.Table(
     sa.Column("created_at", Millis(), nullable=False),
     sa.Column("resolved_at", Millis(), nullable=True),
     sa.Column("updated_at", Millis(), nullable=False),
+    # Who took the decision (`take(..., taker=)`): a retried take by the same taker answers
+    # True again.
+    sa.Column("taken_by", Ident(), nullable=True),
     sa.Index(None, "tenant_id", "root_execution_id", "status"),
     sa.Index(None, "status", "updated_at"),
 )

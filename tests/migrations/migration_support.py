@@ -13,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import make_url
 
-from agboss_sql._dialects import dialect_module
+from agboss_sql._dialects import dialect_for
 from agboss_sql.sql import migrate
 from agboss_sql.sql.schema import metadata
 
@@ -88,7 +88,7 @@ def upgrade_in_process(
 
 
 def _replace_the_lock(url: str, barrier: Barrier | None) -> None:
-    ops = dialect_module(make_url(url).get_backend_name())
+    ops = dialect_for(make_url(url).get_backend_name())
 
     @contextlib.contextmanager
     def transaction_only(connection: sa.Connection) -> Iterator[None]:

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from pathlib import Path
 
 import alembic.command
 import pytest
+import sqlalchemy as sa
 from alembic.script import ScriptDirectory
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from agboss_sql.sql import migrate
 from agboss_sql.sql.schema import metadata
@@ -31,8 +33,19 @@ def _statements(sql: str) -> set[str]:
     }
 
 
+_ADD_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD (?:COLUMN )?(\w+) ")
+
+
+def _without(table: sa.Table, names: set[str]) -> sa.Table:
+    """The table as first created: without the columns a later revision added."""
+    copy = sa.MetaData(naming_convention=table.metadata.naming_convention)
+    return sa.Table(table.name, copy, *(c._copy() for c in table.columns if c.name not in names))
+
+
 @pytest.mark.parametrize("dialect", sorted(DIALECT_URLS))
-def test_the_revision_creates_exactly_the_schema(dialect: str) -> None:
+def test_the_revisions_create_exactly_the_schema(dialect: str) -> None:
+    """Every table as created plus every column added later, and every index, are the
+    schema's: no more, no less."""
     url = DIALECT_URLS[dialect]
     config = migrate.alembic_config(url)
     config.output_buffer = io.StringIO()
@@ -40,27 +53,50 @@ def test_the_revision_creates_exactly_the_schema(dialect: str) -> None:
     alembic.command.upgrade(config, "head", sql=True)
 
     compiler = migrate.sync_url(url).get_dialect()()
-    expected = {
-        str(CreateTable(table).compile(dialect=compiler)) for table in metadata.sorted_tables
-    } | {
-        str(CreateIndex(index).compile(dialect=compiler))
-        for table in metadata.sorted_tables
-        for index in table.indexes
-    }
     ran = _statements(config.output_buffer.getvalue())
-    created = {s for s in ran if s.startswith(("CREATE TABLE", "CREATE INDEX", "CREATE UNIQUE"))}
+    added: dict[str, set[str]] = {}
+    for statement in ran:
+        found = _ADD_COLUMN.match(statement)
+        if found:
+            added.setdefault(found[1], set()).add(found[2])
+    expected = (
+        {
+            str(
+                CreateTable(_without(table, added.get(table.name, set()))).compile(dialect=compiler)
+            )
+            for table in metadata.sorted_tables
+        }
+        | {
+            str(CreateIndex(index).compile(dialect=compiler))
+            for table in metadata.sorted_tables
+            for index in table.indexes
+        }
+        | {
+            f"ALTER TABLE {table} ADD COLUMN "
+            + str(CreateColumn(metadata.tables[table].c[name]).compile(dialect=compiler))
+            for table, names in added.items()
+            for name in names
+        }
+    )
+    created = {
+        s
+        for s in ran
+        if s.startswith(("CREATE TABLE", "CREATE INDEX", "CREATE UNIQUE", "ALTER TABLE"))
+    }
     version_table = f"CREATE TABLE {migrate.VERSION_TABLE} "
     assert {s for s in created if not s.startswith(version_table)} == _statements(
         ";\n".join(expected)
     )
 
 
-def test_there_is_one_revision_until_the_first_release() -> None:
+def test_the_revisions_are_one_line_from_0001() -> None:
     scripts = ScriptDirectory(str(migrate.script_location()))
-    revisions = list(scripts.walk_revisions())
+    revisions = list(reversed(list(scripts.walk_revisions())))
 
-    assert [r.revision for r in revisions] == [migrate.head()]
-    assert revisions[0].down_revision is None
+    assert revisions[0].revision == "0001" and revisions[0].down_revision is None
+    for before, after in itertools.pairwise(revisions):
+        assert after.down_revision == before.revision
+    assert revisions[-1].revision == migrate.head()
 
 
 def test_the_scripts_are_the_packaged_copy_else_the_checkouts() -> None:

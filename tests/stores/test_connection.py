@@ -19,8 +19,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from agboss_sql.contracts.errors import StoreUnavailableError
+from agboss_sql.contracts.errors import (
+    CommitOutcomeUnknownError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from agboss_sql.sql.connection import Exec, Result, SqlConnection, Step
+from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.testing.database import sync_url
 
 scratch = sa.MetaData()
@@ -144,9 +149,9 @@ class Counted:
 async def test_the_raw_driver_is_psycopg_aiomysql_or_the_stdlib_sqlite(db: SqlConnection) -> None:
     await db.ping()
     if db.dialect_name == "sqlite":
-        assert isinstance(db._sqlite_raw, sqlite3.Connection)
+        assert isinstance(db._runner._raw, sqlite3.Connection)
         return
-    async with db._raw() as raw:
+    async with db._runner.connection() as raw:
         if db.dialect_name == "postgresql":
             import psycopg
 
@@ -170,7 +175,7 @@ async def test_driver_url_forms_reach_the_same_database(db: SqlConnection, sql_u
         try:
             assert (await other.execute(READ, {"key": 1})).scalar() == 41
             assert other.dialect_name == db.dialect_name
-            assert await other.server_flavour() == await db.server_flavour()
+            assert other.capabilities == db.capabilities
         finally:
             await other.close()
 
@@ -303,11 +308,11 @@ async def test_an_exception_in_a_step_rolls_it_back_and_the_connection_is_reused
         assert "COMMIT" not in sent
         assert await _counts(db) == {}
         if db.dialect_name == "sqlite":
-            assert connection._sqlite_raw.in_transaction is False
+            assert connection._runner._raw.in_transaction is False
         else:
             # The same raw connection served the next call: returned to the pool healthy.
             assert await _session_of(connection) == session
-            assert connection._open == 1
+            assert connection._runner.open_connections == 1
         await connection.execute(INSERT, {"key": 2, "value": 0})
         assert await _counts(db) == {2: 0}
     finally:
@@ -440,37 +445,39 @@ async def test_a_serialization_failure_is_retried_on_postgresql(
     assert db.ops.is_retryable(error)
 
 
-async def test_a_lock_not_granted_at_once_is_classified_retryable_and_retried(
-    db: SqlConnection, new_connection: Callable[[], SqlConnection]
+async def test_a_lock_not_granted_within_its_bound_is_a_lock_timeout_never_retried(
+    db: SqlConnection, sql_url: str, new_connection: Callable[[], SqlConnection]
 ) -> None:
+    """A row lock another session holds past `lock_ms` ends the wait in a typed error naming
+    the lock; the step is not run again (twelve more waits would turn 1 s into minutes),
+    and it applied nothing."""
     _server_only(db)
     await _seed(db, {1: 0})
-    nowait = READ.with_for_update(nowait=True)
     holder = new_connection()
+    waiter = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
     locked = asyncio.Event()
+    release = asyncio.Event()
 
-    async def hold_the_row(seconds: float) -> None:
+    async def hold_the_row() -> None:
         async with holder.transaction() as tx:
             await tx.execute(INCREMENT, {"key": 1})
             locked.set()
-            await asyncio.sleep(seconds)
+            await release.wait()
 
-    holding = asyncio.create_task(hold_the_row(0.5))
-    await locked.wait()
-    with pytest.raises(Exception) as raised:
-        await db.run(_one(nowait, {"key": 1}))  # a bare generator: tried once
-    assert db.ops.is_retryable(raised.value)
-    assert not db.ops.is_disconnect(raised.value)
-    assert not db.ops.is_unique_violation(raised.value)
-    await holding
-
-    locked.clear()
-    holding = asyncio.create_task(hold_the_row(0.2))
-    await locked.wait()
-    counted = Counted(lambda: _one(nowait, {"key": 1}))
-    assert (await db.run(counted)).scalar() == 2  # read once the second holder committed
-    assert counted.attempts > 1
-    await holding
+    holding = asyncio.create_task(hold_the_row())
+    try:
+        await locked.wait()
+        counted = Counted(lambda: _one(INCREMENT, {"key": 1}))
+        with pytest.raises(StoreTimeoutError) as raised:
+            await waiter.run(counted)
+        assert raised.value.what == "lock"
+        assert not isinstance(raised.value, CommitOutcomeUnknownError)
+        assert counted.attempts == 1
+    finally:
+        release.set()
+        await holding
+        await waiter.close()
+    assert await _counts(db) == {1: 1}  # the holder's increment only
 
 
 async def test_a_sqlite_writer_waits_for_another_connections_write_lock(
@@ -494,10 +501,12 @@ async def test_a_sqlite_writer_waits_for_another_connections_write_lock(
     assert await _counts(db) == {1: 2}
 
 
-async def test_a_sqlite_busy_error_is_classified_retryable(db: SqlConnection) -> None:
+async def test_a_sqlite_busy_error_is_a_lock_timeout_not_a_retry(db: SqlConnection) -> None:
+    """A busy error reaching a classifier has already waited its whole bound: retrying it
+    would multiply the bound (12 tries of the lock wait), so it is a lock timeout."""
     if db.dialect_name != "sqlite":
         pytest.skip("SQLITE_BUSY")
-    path = db._sqlite_path
+    path = db._runner.path
     holder = db.ops.connect_sync(path)
     victim = db.ops.connect_sync(path)
     try:
@@ -505,7 +514,8 @@ async def test_a_sqlite_busy_error_is_classified_retryable(db: SqlConnection) ->
         victim.execute("PRAGMA busy_timeout = 0")
         with pytest.raises(sqlite3.OperationalError) as raised:
             victim.execute("BEGIN IMMEDIATE")
-        assert db.ops.is_retryable(raised.value)
+        assert db.ops.is_lock_timeout(raised.value)
+        assert not db.ops.is_retryable(raised.value)
         assert not db.ops.is_unique_violation(raised.value)
         assert not db.ops.is_disconnect(raised.value)
     finally:
@@ -533,7 +543,7 @@ async def test_errors_are_classified_on_this_database(db: SqlConnection) -> None
 
 async def test_a_statement_timeout_is_not_a_disconnect(db: SqlConnection) -> None:
     _server_only(db)
-    raw = await db.ops.connect(db.url)
+    raw = await db.ops.connect(db.url, db.timeouts)
     try:
         if db.dialect_name == "postgresql":
             await db.drive(raw, _one("SET statement_timeout = 100"), False)
@@ -553,7 +563,7 @@ async def test_a_statement_timeout_is_not_a_disconnect(db: SqlConnection) -> Non
 
 async def test_a_killed_session_is_classified_a_disconnect(db: SqlConnection) -> None:
     _server_only(db)
-    raw = await db.ops.connect(db.url)
+    raw = await db.ops.connect(db.url, db.timeouts)
     try:
         session = (await db.drive(raw, _one(_session_id(db)), False)).scalar()
         await db.execute(_kill(db, session))
@@ -594,7 +604,7 @@ async def test_the_pool_never_opens_more_than_pool_size_connections(
         sessions = await asyncio.gather(*(connection.run(lambda: _one(slow)) for _ in range(50)))
         distinct = {int(result.rows[0][0]) for result in sessions}
         assert len(distinct) == 4
-        assert connection._open == 4
+        assert connection._runner.open_connections == 4
         assert await _sessions_alive(db, distinct) == distinct
     finally:
         await connection.close()
@@ -618,7 +628,7 @@ async def test_a_step_cancelled_while_waiting_for_a_connection_frees_nothing_it_
         with pytest.raises(asyncio.CancelledError):
             await waiter
         await holder
-        assert connection._open == 1
+        assert connection._runner.open_connections == 1
         assert await _session_of(connection) == session
     finally:
         await connection.close()
@@ -631,7 +641,7 @@ async def test_a_waiter_cancelled_after_its_wake_up_passes_the_connection_on(
     connection = SqlConnection(sql_url, pool_size=1)
     try:
         await connection.ping()
-        async with connection._raw():
+        async with connection._runner.connection():
             first = asyncio.create_task(connection.execute("SELECT 1"))
             second = asyncio.create_task(connection.execute("SELECT 2"))
             await asyncio.sleep(0.05)
@@ -661,9 +671,9 @@ async def test_a_step_cancelled_mid_statement_discards_its_connection(
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(connection.run(step), 0.3)
         assert time.monotonic() - started < 1.5  # not held until the statement ends
-        assert connection._open == 0
+        assert connection._runner.open_connections == 0
         assert (await connection.execute("SELECT 1")).scalar() == 1
-        assert connection._open == 1
+        assert connection._runner.open_connections == 1
         for _ in range(50):  # the server rolls the discarded session's transaction back
             if await _counts(db) == {}:
                 break
@@ -684,7 +694,7 @@ async def test_a_connection_killed_while_idle_is_replaced_unnoticed(
         await asyncio.sleep(0.2)
         replacement = await _session_of(connection)
         assert replacement != session
-        assert connection._open == 1
+        assert connection._runner.open_connections == 1
     finally:
         await connection.close()
 
@@ -696,15 +706,30 @@ async def test_a_connection_killed_mid_statement_is_discarded_and_the_next_call_
     connection = SqlConnection(sql_url, pool_size=1)
     try:
         session = await _session_of(connection)
-        slow = asyncio.create_task(connection.execute(_sleep(db, 3)))
+        # A read that lost its session changes nothing when sent again: it is, on a new one.
+        slow = asyncio.create_task(connection.execute(_sleep(db, 1)))
         await asyncio.sleep(0.3)
         await db.execute(_kill(db, session))
-        with pytest.raises(StoreUnavailableError) as raised:
+        await slow
+        assert connection._runner.open_connections == 1
+        assert await _session_of(connection) != session
+        assert connection._runner.open_connections == 1
+        # A write that lost its session may have applied: its outcome is unknown, and it is
+        # not sent again.
+        session = await _session_of(connection)
+        write = (
+            "UPDATE connection_test_counters SET n = n + 1 WHERE id = 1 AND "
+            + _sleep(db, 1).removeprefix("SELECT ")
+            + (" IS NOT NULL" if db.dialect_name == "postgresql" else " = 0")
+        )
+        await _seed(db, {1: 0})
+        slow = asyncio.create_task(connection.execute(write))
+        await asyncio.sleep(0.3)
+        await db.execute(_kill(db, session))
+        with pytest.raises(CommitOutcomeUnknownError) as raised:
             await slow
         assert connection.ops.is_disconnect(raised.value.__cause__)
-        assert connection._open == 0
-        assert await _session_of(connection) != session
-        assert connection._open == 1
+        assert connection._runner.open_connections == 0
     finally:
         await connection.close()
 
@@ -741,7 +766,7 @@ async def test_close_closes_every_connection_and_later_calls_fail(
     if db.dialect_name == "sqlite":
         await connection.ping()
         await connection.close()
-        assert connection._sqlite_raw is None
+        assert connection._runner._raw is None
     else:
         slow = f"{_session_id(db)}, {_sleep(db, 0.1).removeprefix('SELECT ')}"
         results = await asyncio.gather(*(connection.execute(slow) for _ in range(3)))

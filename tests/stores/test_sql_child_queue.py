@@ -145,7 +145,7 @@ async def test_a_claim_in_flight_hides_only_the_child_it_holds(
     queued children invisible: the next claimer skips the locked row and takes the next.
     (Without an index that serves the claim's order, InnoDB sorts and locks every queued
     row it read, and the next claimer finds nothing.)"""
-    if not sql.ops.SKIP_LOCKED:
+    if not sql.capabilities.skip_locked:
         pytest.skip("no row locks: SQLite serialises writers, nothing is in flight")
     queue = store(sql, clock)
     for i in range(50):
@@ -306,7 +306,8 @@ async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
     sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
 ) -> None:
     """The sweep restarts a child claimed at attempt 1 (attempt 2); the first worker's late
-    `finish(attempt=1)` is refused and does not count; the attempt-2 finish counts once."""
+    `finish(attempt=1)` is refused and does not count; the attempt-2 finish counts once, and
+    its retry (a lost reply) answers what it answered and changes nothing."""
     first = store(sql, clock, "instance-1")
     await first.enqueue(child("c-1"))
     await first.enqueue(child("c-2"))
@@ -317,7 +318,8 @@ async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
     assert restarted is not None and restarted.attempt == 2
     assert await first.finish("c-1", "zombie", attempt=1) == FinishResult(False, 2)
     assert await sweeper.finish("c-1", "real", attempt=2) == FinishResult(True, 1)
-    assert await sweeper.finish("c-1", "again", attempt=2) == FinishResult(False, 1)
+    assert await sweeper.finish("c-1", "again", attempt=2) == FinishResult(True, 1)
+    assert await first.finish("c-1", "zombie", attempt=1) == FinishResult(False, 1)
     other = await first.claim("instance-1")
     assert other is not None
     assert await first.finish(other.child_execution_id, "last", attempt=1) == FinishResult(True, 0)
@@ -362,7 +364,7 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     queue = store(sql, clock)
-    one_statement_claim = sql.ops.UPDATE_RETURNING
+    one_statement_claim = sql.capabilities.update_returning
     with statements(sql) as sent:
         await queue.enqueue(child("c-1"))
     assert len(sent) == 1
@@ -381,7 +383,7 @@ async def test_each_operation_sends_the_fewest_statements(
     with statements(sql) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
     assert len(sent) == 2
-    assert "FOR UPDATE" in sent[0].upper() or not sql.ops.ROW_LOCKS
+    assert "FOR UPDATE" in sent[0].upper() or not sql.capabilities.row_locks
     with statements(sql) as sent:
         assert await queue.finish("c-1", None) == FinishResult(False, 0)
     assert len(sent) == 1

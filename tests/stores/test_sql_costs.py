@@ -47,7 +47,10 @@ async def make_store(
             connection or sql, VirtualClock(START), ApplicationContext(instance)
         )
         if upsert_returns is not None:
-            store._upsert_returns = upsert_returns
+            connection = connection or sql
+            connection.pin_capabilities(
+                dataclasses.replace(connection.capabilities, insert_returning=upsert_returns)
+            )
         return store
 
     yield make
@@ -276,7 +279,7 @@ async def test_each_operation_sends_the_fewest_statements(
 
     # BEGIN, the locking upsert (with a read of the row when it cannot return it), the
     # addition, COMMIT; refused: no addition.
-    reads = 1 if store._upsert_returns else 2
+    reads = 1 if store.connection.capabilities.insert_returning else 2
     with statements(sql) as sent:
         assert await store.try_reserve(TENANT, "tenant-a", 10, 1_000) is True
     assert len(sent) == 2 + reads + 1, sent

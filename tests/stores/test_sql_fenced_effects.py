@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agboss_sql.contracts import (
     ApplicationContext,
+    CommitOutcomeUnknownError,
     ExecutionContext,
     ExecutionFencedError,
     ExecutionLease,
@@ -34,6 +35,8 @@ from agboss_sql.contracts import (
     LeaseState,
     StepRef,
     StoreClock,
+    StoreTimeoutError,
+    StoreUnavailableError,
     VirtualClock,
     fenced_effect_key_of,
     fenced_key_identity_of,
@@ -659,21 +662,23 @@ async def test_a_cancelled_work_rolls_everything_back_and_lets_the_lock_go(
 
 
 def _transient_conflict(dialect: str) -> Exception:
-    """The driver's own error for a transaction the database gave up (deadlock, busy)."""
+    """The driver's own error for a transaction the database gave up (a deadlock)."""
     if dialect == "postgresql":
         import psycopg.errors
 
         return psycopg.errors.DeadlockDetected("deadlock detected")
-    if dialect == "mysql":
-        import pymysql.err
+    import pymysql.err
 
-        return pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
-    import sqlite3
-
-    return sqlite3.OperationalError("database is locked")
+    return pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
 
 
 async def test_a_transient_conflict_runs_the_whole_transaction_again(cluster: Cluster) -> None:
+    """A deadlock undid the whole transaction: it runs again, work included, once."""
+    if not cluster.sql.capabilities.row_locks:
+        pytest.skip(
+            "SQLite has no transient conflicts: BEGIN IMMEDIATE takes the write lock first, "
+            "and a lock not granted within its bound is a timeout, not a conflict"
+        )
     lease = await cluster.acquire()
     runs: list[int] = []
 
@@ -978,3 +983,85 @@ async def test_the_store_declares_its_backend_and_its_lease_store(sql: SqlConnec
     assert store.backend == sql.backend == sql.dialect_name
     assert SqlFencedEffectRepository.lease_repository is SqlExecutionLeaseRepository
     await store.ping()
+
+
+async def test_a_locked_database_past_its_bound_is_a_typed_timeout_not_a_retry(
+    cluster: Cluster,
+) -> None:
+    """A lock wait that ended at its bound is not run again (twelve waits would turn the
+    bound into minutes): the effect fails with `StoreTimeoutError(what="lock")`, its work's
+    rows roll back with it, and a later call runs the work once."""
+    lease = await cluster.acquire()
+    runs: list[int] = []
+    timeout = _lock_timeout(cluster.sql.dialect_name)
+
+    async def work(tx: AsyncConnection) -> str:
+        runs.append(len(runs))
+        await insert_business_row(tx, f"attempt-{len(runs)}")
+        if len(runs) == 1:
+            raise timeout
+        return "paid"
+
+    with pytest.raises(StoreTimeoutError) as raised:
+        await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert raised.value.what == "lock"
+    assert runs == [0]
+    assert await cluster.rows() == []
+    result = await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert result == FencedEffectResult("paid", False, None)
+    assert await cluster.rows() == ["attempt-2"]
+
+
+def _lock_timeout(dialect: str) -> Exception:
+    """The driver's own error for a lock not granted within its bound."""
+    if dialect == "postgresql":
+        import psycopg.errors
+
+        return psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+    if dialect == "mysql":
+        import pymysql.err
+
+        return pymysql.err.OperationalError(1205, "Lock wait timeout exceeded")
+    import sqlite3
+
+    return sqlite3.OperationalError("database is locked")
+
+
+async def test_a_full_sqlite_database_is_a_typed_error_and_nothing_is_half_written(
+    cluster: Cluster,
+) -> None:
+    """SQLite's "database or disk is full" (SQLITE_FULL, made here by capping the file's
+    pages for the work's connection) fails the effect with `StoreUnavailableError`, never a
+    raw driver error, and rolls the whole transaction back: no business row, no result; with
+    room again the same call runs the work once."""
+    if not cluster.sql.capabilities.inline:
+        pytest.skip("a server's full disk cannot be made here")
+    lease = await cluster.acquire()
+    runs = 0
+
+    async def work(tx: AsyncConnection) -> str:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            pages = (await tx.exec_driver_sql("PRAGMA page_count")).scalar()
+            free = (await tx.exec_driver_sql("PRAGMA freelist_count")).scalar()
+            page_size = (await tx.exec_driver_sql("PRAGMA page_size")).scalar()
+            await tx.exec_driver_sql(f"PRAGMA max_page_count = {int(pages)}")
+            try:
+                # More than the file's free pages can hold: it must grow, and cannot.
+                await insert_business_row(tx, "x" * ((int(free) + 16) * int(page_size)))
+            finally:
+                await tx.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+        await insert_business_row(tx, "charged")
+        return "paid"
+
+    with pytest.raises(StoreUnavailableError) as raised:
+        await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert not isinstance(raised.value, CommitOutcomeUnknownError)
+    assert "full" in str(raised.value)
+    assert await cluster.rows() == []
+    assert await cluster.results() == []
+    result = await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert result == FencedEffectResult("paid", False, None)
+    assert await cluster.rows() == ["charged"]
+    assert runs == 2

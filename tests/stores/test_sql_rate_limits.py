@@ -8,6 +8,7 @@ inserts without the key's lock runs under the same race and is caught.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -279,7 +280,7 @@ async def test_each_operation_sends_the_fewest_statements(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
     limits = store(sql, clock)
-    lock = 1 if sql.ops.ROW_LOCKS else 0  # SQLite's BEGIN IMMEDIATE is the lock already
+    lock = 1 if sql.capabilities.row_locks else 0  # SQLite's BEGIN IMMEDIATE is the lock already
     with statements(sql) as sent:
         assert await limits.acquire_slot("model", "h-1", 1, TTL)
     assert len(sent) == lock + 2
@@ -292,7 +293,7 @@ async def test_each_operation_sends_the_fewest_statements(
     with statements(sql) as sent:
         assert await limits.acquire_slot("model", "h-2", 1, TTL)
     assert len(sent) == lock + 3  # the expired slot of h-1 is deleted on the way
-    one_statement_window = sql.ops.UPSERT_RETURNING or await sql.server_flavour() == "mariadb"
+    one_statement_window = sql.capabilities.insert_returning
     with statements(sql) as sent:
         await limits.add_to_window("calls", WINDOW, 1, 5)
     assert len(sent) == (1 if one_statement_window else 2)
@@ -319,11 +320,10 @@ async def test_windows_without_returning_the_mysql_8_way(
         pytest.skip("the MySQL-family path")
     limits = instances(sql, new_connection, clock, 4)
 
-    async def mysql_8() -> str:
-        return "mysql"
-
     for limit in limits:
-        monkeypatch.setattr(limit.connection, "server_flavour", mysql_8)
+        limit.connection.pin_capabilities(
+            dataclasses.replace(limit.connection.capabilities, insert_returning=False)
+        )
     with statements(sql) as sent:
         first = await limits[0].add_to_window("calls", WINDOW, 3, 5)
     assert [s.split()[0].upper() for s in sent] == ["INSERT", "SELECT"]

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from agboss_sql.contracts import ApplicationContext, StoreClock
+from agboss_sql.contracts import ApplicationContext, StoreClock, StoreTimeoutError
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.testing.database import insert_business_row
 
 
@@ -50,8 +51,10 @@ async def test_a_writer_waiting_for_the_lock_leaves_the_loop_free(
     await hold
     tick_task.cancel()
     assert all(lease is not None for lease in taken), "every take waited and then went through"
-    # The takes waited for the lock about 0.3 s; the loop kept turning all along.
-    assert after - before >= 20, f"the event loop was blocked while waiting ({after - before})"
+    # The takes waited for the lock about 0.3 s, the holder (on this loop) let go of it, and
+    # the loop kept turning all along: a blocked loop would neither let the holder commit
+    # nor tick. (A few ticks, not sixty: on a loaded machine a 5 ms sleep takes longer.)
+    assert after - before >= 5, f"the event loop was blocked while waiting ({after - before})"
 
 
 async def test_a_loop_of_calls_does_not_starve_other_tasks(sqlite_only: SqlConnection) -> None:
@@ -71,3 +74,46 @@ async def test_a_loop_of_calls_does_not_starve_other_tasks(sqlite_only: SqlConne
         assert lease is not None
     task.cancel()
     assert other_ran >= 100, f"a tight loop of store calls starved the other task ({other_ran})"
+
+
+async def test_a_frozen_process_holding_the_write_lock_ends_in_a_lock_timeout(
+    sqlite_only: SqlConnection, sql_url: str
+) -> None:
+    """Another process takes the write lock (`BEGIN IMMEDIATE`) and is frozen (SIGSTOP): a
+    store call here waits at most `lock_ms`, then fails typed, naming the lock, with nothing
+    applied (twelve retries of the wait would have made it a minute). Killed, the holder's
+    lock goes with it and the next call goes through."""
+    import os
+    import signal
+    import sys
+
+    path = sqlite_only.url.database
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import sqlite3, sys\n"
+        f"c = sqlite3.connect({path!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    connection = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
+    leases = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("b"))
+    try:
+        assert holder.stdout is not None
+        assert await asyncio.wait_for(holder.stdout.readline(), 60) == b"held\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        with pytest.raises(StoreTimeoutError) as raised:
+            # The outer bound only keeps a regression from hanging the suite.
+            await asyncio.wait_for(leases.acquire("t", "frozen", 30_000), 60)
+        assert raised.value.what == "lock"
+        os.kill(holder.pid, signal.SIGKILL)
+        await holder.wait()
+        assert await leases.acquire("t", "frozen", 30_000) is not None
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+        await connection.close()

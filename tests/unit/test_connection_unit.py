@@ -5,6 +5,7 @@ or refuses)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from agboss_sql._dialects import mysql, postgresql, sqlite
-from agboss_sql.contracts.errors import StoreUnavailableError
+from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql.connection import SqlBuilder, SqlConnection, Suffixed, normalize_url
+from agboss_sql.sql.timeouts import Timeouts
 
 # --- URLs ----------------------------------------------------------------------------------
 
@@ -137,7 +139,7 @@ async def test_compiled_merges_literal_defaults_and_caller_params_win() -> None:
     compiled = connection.compiled(statement)
     literal_values = sorted(str(value) for value in compiled.defaults.values() if value is not None)
     assert literal_values == ["5", "done"]
-    merged = connection._params(compiled, {"id": 7})
+    merged = connection._cache.params(compiled, {"id": 7})
     assert merged is not None
     assert merged["id"] == 7
     assert sorted(str(v) for k, v in merged.items() if k != "id") == ["5", "done"]
@@ -167,7 +169,7 @@ async def test_prepared_builds_a_statement_set_once_per_factory_and_time_source(
 
     class Statements:
         def __init__(self, sql: SqlBuilder) -> None:
-            built.append((sql.dialect_name, sql.database_time))
+            built.append((sql.ops.NAME, sql.database_time))
             self.source, self.now = sql.now()
 
     class Other(Statements):
@@ -238,7 +240,7 @@ async def test_a_connect_cancelled_by_a_timeout_frees_its_slot_and_stays_a_timeo
             assert not isinstance(raised.value, StoreUnavailableError)
             # The slot came back: each attempt (pool of one) reached the server anew.
             assert black_hole.accepted == attempt
-            assert connection._open == 0
+            assert connection._runner.open_connections == 0
     finally:
         await connection.close()
 
@@ -255,7 +257,7 @@ async def test_a_connect_cancelled_by_its_caller_re_raises_cancelled_error(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert connection._open == 0
+        assert connection._runner.open_connections == 0
     finally:
         await connection.close()
 
@@ -270,7 +272,7 @@ async def test_a_refused_connect_is_store_unavailable_and_frees_its_slot(scheme:
                 await connection.ping()
             assert "secret" not in str(raised.value)
             assert str(port) in str(raised.value)
-            assert connection._open == 0
+            assert connection._runner.open_connections == 0
     finally:
         await connection.close()
 
@@ -318,3 +320,60 @@ async def test_an_unopenable_sqlite_file_is_store_unavailable(tmp_path: Path) ->
             await connection.ping()
     finally:
         await connection.close()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+async def test_a_black_holed_connect_ends_in_a_connect_timeout(
+    scheme: str, black_hole: BlackHole
+) -> None:
+    """A server that accepts and never answers: the connect wait ends at `connect_ms` in a
+    typed error naming the wait, and its pool slot comes back."""
+    bounds = Timeouts(connect_ms=300)
+    connection = SqlConnection(
+        f"{scheme}://u@127.0.0.1:{black_hole.port}/app", pool_size=1, timeouts=bounds
+    )
+    try:
+        for attempt in (1, 2):
+            # The outer bound only stops a hang from hanging the suite; generous for a
+            # loaded machine.
+            with pytest.raises(StoreTimeoutError) as raised:
+                await asyncio.wait_for(connection.ping(), 30)
+            assert raised.value.what == "connect"
+            assert raised.value.bound_ms == 300
+            assert black_hole.accepted == attempt
+            assert connection._runner.open_connections == 0
+    finally:
+        await connection.close()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+async def test_all_pooled_connections_busy_ends_in_a_pool_timeout(
+    scheme: str, black_hole: BlackHole
+) -> None:
+    """With the only pooled connection stuck connecting, a second call waits for the pool
+    at most `pool_ms`, then fails typed, naming the pool."""
+    bounds = Timeouts(connect_ms=20_000, pool_ms=200)
+    connection = SqlConnection(
+        f"{scheme}://u@127.0.0.1:{black_hole.port}/app", pool_size=1, timeouts=bounds
+    )
+    stuck = asyncio.create_task(connection.ping())
+    try:
+        while black_hole.accepted == 0:
+            await asyncio.sleep(0.01)
+        with pytest.raises(StoreTimeoutError) as raised:
+            await asyncio.wait_for(connection.ping(), 30)
+        assert raised.value.what == "pool"
+    finally:
+        stuck.cancel()
+        with contextlib.suppress(BaseException):
+            await stuck
+        await connection.close()
+
+
+def test_timeouts_refuse_non_positive_bounds() -> None:
+    with pytest.raises(ValueError, match="lock_ms"):
+        Timeouts(lock_ms=0)
+    with pytest.raises(ValueError, match="pool_ms"):
+        Timeouts(pool_ms=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Timeouts"):
+        SqlConnection("sqlite:///x.sqlite", timeouts={"lock_ms": 5})  # type: ignore[arg-type]

@@ -190,6 +190,72 @@ class FinishAnyAttempt(InMemoryChildExecutionQueueRepository):
         return await super().finish(child_execution_id, outcome)
 
 
+class RefusesARetriedFinish(InMemoryChildExecutionQueueRepository):
+    """Answers a retry of a committed finish `finished=False`, like someone else's."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        row = self.memory.children.get(child_execution_id)
+        if row is not None and row.status is ChildStatus.FINISHED:
+            return FinishResult(False, (await super().finish(child_execution_id, outcome))[1])
+        return await super().finish(child_execution_id, outcome, attempt=attempt)
+
+
+class RecountsARetriedFinish(InMemoryChildExecutionQueueRepository):
+    """Answers a retry of a committed finish with the siblings counted now."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        row = self.memory.children.get(child_execution_id)
+        if row is not None and row.status is ChildStatus.FINISHED and row.attempt == attempt:
+            return FinishResult(True, (await super().finish(child_execution_id, outcome))[1])
+        return await super().finish(child_execution_id, outcome, attempt=attempt)
+
+
+class ClaimWakeWithoutCompare(InMemoryChildExecutionQueueRepository):
+    """Gives an owed wake to whoever asks."""
+
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.finish_remaining != 0 or row.parent_woken_at is not None:
+            return False
+        row.wake_claimed_by, row.wake_claimed_until = claimer, self.clock.now() + claim_ms
+        return True
+
+
+class MarkWokenByAnyone(InMemoryChildExecutionQueueRepository):
+    """Marks the wake done for any claimer."""
+
+    async def mark_woken(self, child_execution_id: str, claimer: str) -> bool:
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.finish_remaining != 0 or row.wake_claimed_by is None:
+            return False
+        row.parent_woken_at = self.clock.now()
+        return True
+
+
+class WakeClaimNeverRunsOut(InMemoryChildExecutionQueueRepository):
+    """Claims a wake for good."""
+
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        return await super().claim_wake(child_execution_id, claimer, 10**12)
+
+
+class ReadThenClaimWake(InMemoryChildExecutionQueueRepository):
+    """Reads whether the wake is free, awaits, then claims it."""
+
+    async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
+        row = self.memory.children.get(child_execution_id)
+        free = row is not None and row.finish_remaining == 0 and row.wake_claimed_by is None
+        await asyncio.sleep(0)
+        if not free or row is None:
+            return row is not None and row.wake_claimed_by == claimer
+        row.wake_claimed_by, row.wake_claimed_until = claimer, self.clock.now() + claim_ms
+        return True
+
+
 class RestartWithoutCompare(InMemoryChildExecutionQueueRepository):
     """Restarts whatever attempt is running."""
 
@@ -273,6 +339,37 @@ class CheckThenComplete(InMemoryExecutionRecordRepository):
         return True
 
 
+class CompleteForgetsRetries(InMemoryExecutionRecordRepository):
+    """Answers a retried complete False, like a lost race."""
+
+    async def complete(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        final: ExecutionRecordStatus,
+        outcome: Any,
+    ) -> bool:
+        return self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True)
+
+
+class CompleteTrueOnceFinal(InMemoryExecutionRecordRepository):
+    """Answers True for any complete of a run in the final status asked, whatever outcome."""
+
+    async def complete(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        final: ExecutionRecordStatus,
+        outcome: Any,
+    ) -> bool:
+        if await super().complete(tenant_id, execution_id, expected, final, outcome):
+            return True
+        record = await self.get(tenant_id, execution_id)
+        return record is not None and record.status == final
+
+
 class RecordsOfAnyTenant(InMemoryExecutionRecordRepository):
     """Finds a record by its execution id alone."""
 
@@ -348,6 +445,23 @@ class CheckThenResolve(InMemoryPausedExecutionRepository):
             return await super().resolve(tenant_id, pause_id, decision)
         except NotPausedError:
             return dataclasses.replace(pause, status=PauseStatus.RESOLVED, decision=decision)
+
+
+class TakeForgetsTaker(InMemoryPausedExecutionRepository):
+    """Takes without recording who took it: a retry answers False."""
+
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
+        return await super().take(tenant_id, pause_id)
+
+
+class TakeByAnyTaker(InMemoryPausedExecutionRepository):
+    """Answers True to any taker of a taken pause."""
+
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
+        if await super().take(tenant_id, pause_id, taker=taker):
+            return True
+        pause = await self.get(tenant_id, pause_id)
+        return taker is not None and pause is not None and pause.status is PauseStatus.TAKEN
 
 
 class PurgeByCreation(InMemoryPausedExecutionRepository):
@@ -482,6 +596,43 @@ BROKEN = [
         "restart-cas",
     ),
     (
+        "child_queue",
+        "answers a retried finish of one attempt as the first",
+        RefusesARetriedFinish,
+        "finish-retry",
+    ),
+    (
+        "child_queue",
+        "answers a retried finish of one attempt as the first",
+        RecountsARetriedFinish,
+        "finish-retry",
+    ),
+    (
+        "child_queue",
+        "claims and marks the parent's wake once",
+        ClaimWakeWithoutCompare,
+        "wake-claim",
+    ),
+    ("child_queue", "claims and marks the parent's wake once", MarkWokenByAnyone, "wake-claim"),
+    (
+        "child_queue",
+        "hands a run-out wake claim to another claimer",
+        WakeClaimNeverRunsOut,
+        "wake-claim-expiry",
+    ),
+    (
+        "child_queue",
+        "hands a run-out wake claim to another claimer",
+        ClaimWakeWithoutCompare,
+        "wake-claim-expiry",
+    ),
+    (
+        "child_queue",
+        "lets one of concurrent wake claimers win",
+        ReadThenClaimWake,
+        "wake-claim",
+    ),
+    (
         "rate_limit",
         "never exceeds max slots under 20 concurrent acquires",
         CountThenTakeSlot,
@@ -519,6 +670,18 @@ BROKEN = [
         "one-outcome",
     ),
     ("execution_record", "keeps tenants apart", RecordsOfAnyTenant, "tenant-isolation"),
+    (
+        "execution_record",
+        "answers a retried complete as the first",
+        CompleteForgetsRetries,
+        "complete-retry",
+    ),
+    (
+        "execution_record",
+        "answers a retried complete as the first",
+        CompleteTrueOnceFinal,
+        "complete-retry",
+    ),
     ("execution_tree", "writes a key once under concurrent writers", CheckThenSaveKey, "save-once"),
     (
         "execution_tree",
@@ -543,6 +706,18 @@ BROKEN = [
         "resolves a pause once across concurrent answers on two instances",
         CheckThenResolve,
         "resolve-once",
+    ),
+    (
+        "paused_execution",
+        "answers a retried take by its taker as the first",
+        TakeForgetsTaker,
+        "take-retry",
+    ),
+    (
+        "paused_execution",
+        "answers a retried take by its taker as the first",
+        TakeByAnyTaker,
+        "take-retry",
     ),
     (
         "paused_execution",

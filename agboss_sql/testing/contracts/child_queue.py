@@ -2,8 +2,9 @@
 
 A child is claimed once (deepest first, then oldest), restarted by compare-and-set on
 the attempt it was read at, finished once — only by its current attempt when one is
-given — and exactly one finisher of a parent's children sees none left and wakes the
-parent. Every case runs two instances on one backing store; the races go through both.
+given, a retry of one attempt's finish answering as the first — and exactly one
+finisher of a parent's children sees none left; the parent's wake it owes is claimed by
+one claimer (compare-and-set, with a claim that runs out) and marked done once. Every case runs two instances on one backing store; the races go through both.
 """
 
 from __future__ import annotations
@@ -435,6 +436,151 @@ async def lets_only_the_current_attempt_win_a_finish_race(ctx: CaseContext) -> N
         _expect(row.outcome == "real", "superseded-finish", f"outcome is {row.outcome!r}")
 
 
+async def answers_a_retried_finish_of_one_attempt_as_the_first(ctx: CaseContext) -> None:
+    """A finish whose reply was lost is sent again at the same attempt: it answers what the
+    first finish answered (`finished=True`, the same `remaining`, even after the siblings
+    finished since) and changes nothing; without an attempt a second finish is refused."""
+    await _queue(ctx, 0).enqueue(_child("child-1"))
+    await _queue(ctx, 0).enqueue(_child("child-2"))
+    first = await _claim(ctx, 0)
+    second = await _claim(ctx, 1)
+    done = await _queue(ctx, 0).finish(first.child_execution_id, "one", attempt=first.attempt)
+    _expect(done == FinishResult(True, 1), "finish-retry", f"the first finish gave {done}")
+    again = await _queue(ctx, 1).finish(first.child_execution_id, "one", attempt=first.attempt)
+    _expect(
+        again == FinishResult(True, 1),
+        "finish-retry",
+        f"a retry of attempt {first.attempt}'s finish gave {again}, the first gave {done}",
+    )
+    last = await _queue(ctx, 1).finish(second.child_execution_id, "two", attempt=second.attempt)
+    _expect(last == FinishResult(True, 0), "finish-retry", f"the last finish gave {last}")
+    for instance in (0, 1):
+        late = await _queue(ctx, instance).finish(
+            first.child_execution_id, "other", attempt=first.attempt
+        )
+        _expect(
+            late == FinishResult(True, 1),
+            "finish-retry",
+            f"a retry of the first child's finish after its sibling finished gave {late}: a "
+            "retry answers what the first finish answered (remaining 1), never a second 0",
+        )
+        last_again = await _queue(ctx, instance).finish(
+            second.child_execution_id, "two", attempt=second.attempt
+        )
+        _expect(
+            last_again == FinishResult(True, 0),
+            "finish-retry",
+            f"a retry of the last child's finish gave {last_again}, the first gave {last}",
+        )
+    anonymous = await _queue(ctx, 0).finish(first.child_execution_id, "one")
+    _expect(
+        not anonymous.finished,
+        "finish-once",
+        f"a second finish without an attempt was accepted: {anonymous}",
+    )
+    wrong = await _queue(ctx, 0).finish(first.child_execution_id, "one", attempt=first.attempt + 1)
+    _expect(not wrong.finished, "finish-once", f"another attempt's finish was accepted: {wrong}")
+    listed = {c.child_execution_id: c.outcome for c in await _queue(ctx, 0).children(PARENT)}
+    _expect(
+        listed == {"child-1": "one", "child-2": "two"},
+        "finish-retry",
+        f"a retried finish changed an outcome: {listed}",
+    )
+    await _queue(ctx, 0).enqueue(_child("child-3", parent="parent-2"))
+    third = await _claim(ctx, 0)
+    await _queue(ctx, 1).finish("child-3", "by someone")
+    mine = await _queue(ctx, 0).finish("child-3", "mine", attempt=third.attempt)
+    _expect(
+        not mine.finished,
+        "finish-retry",
+        f"a child finished without an attempt counts as attempt {third.attempt}'s finish: {mine}",
+    )
+
+
+async def _two_finished_children(ctx: CaseContext, parent: str = PARENT) -> tuple[str, str]:
+    """Finish two children of `parent`: (the first finished, the last one, which owes the
+    wake)."""
+    await _queue(ctx, 0).enqueue(_child(f"{parent}/a", parent=parent))
+    await _queue(ctx, 1).enqueue(_child(f"{parent}/b", parent=parent))
+    a = await _claim(ctx, 0)
+    b = await _claim(ctx, 1)
+    await _queue(ctx, 0).finish(a.child_execution_id, "a", attempt=a.attempt)
+    last = await _queue(ctx, 1).finish(b.child_execution_id, "b", attempt=b.attempt)
+    _expect(last == FinishResult(True, 0), "one-wake", f"the last finish gave {last}")
+    return a.child_execution_id, b.child_execution_id
+
+
+async def claims_and_marks_the_parents_wake_once(ctx: CaseContext) -> None:
+    """Only the finish that saw none left owes the wake: `unwoken` lists it; `claim_wake`
+    gives it to one claimer (a retry by that claimer answers True again, anyone else False);
+    `mark_woken` records it done only for that claimer (a retry answers True again); a woken
+    parent is not listed nor claimed again."""
+    not_last, last = await _two_finished_children(ctx)
+    listed = [c.child_execution_id for c in await _queue(ctx, 0).unwoken(10)]
+    _expect(listed == [last], "wake-claim", f"unwoken(10) = {listed}, expected [{last!r}]")
+    owes_nothing = await _queue(ctx, 1).claim_wake(not_last, "claimer-a", 1_000)
+    _expect(not owes_nothing, "wake-claim", "the wake was claimed through a child that owes none")
+    unknown = await _queue(ctx, 1).claim_wake("nobody", "claimer-a", 1_000)
+    _expect(not unknown, "wake-claim", "the wake of an unknown child was claimed")
+    won = await _queue(ctx, 0).claim_wake(last, "claimer-a", 1_000)
+    _expect(won, "wake-claim", "the first claim of an owed wake was refused")
+    for instance in (0, 1):
+        retry = await _queue(ctx, instance).claim_wake(last, "claimer-a", 1_000)
+        _expect(retry, "wake-claim", "a retry of the winning claim answered False")
+        other = await _queue(ctx, instance).claim_wake(last, f"claimer-{instance}", 1_000)
+        _expect(not other, "wake-claim", "a second claimer got a claimed wake")
+    claimed = await _queue(ctx, 1).unwoken(10)
+    _expect(list(claimed) == [], "wake-claim", f"a wake under a live claim is listed: {claimed}")
+    stolen = await _queue(ctx, 1).mark_woken(last, "claimer-b")
+    _expect(not stolen, "wake-claim", "another claimer marked the wake done")
+    done = await _queue(ctx, 1).mark_woken(last, "claimer-a")
+    _expect(done, "wake-claim", "the claimer could not mark its wake done")
+    again = await _queue(ctx, 0).mark_woken(last, "claimer-a")
+    _expect(again, "wake-claim", "a retry of the claimer's mark answered False")
+    await ctx.clock.advance(5_000)
+    after = await _queue(ctx, 0).unwoken(10)
+    _expect(list(after) == [], "wake-claim", f"a woken parent is listed again: {after}")
+    late = await _queue(ctx, 1).claim_wake(last, "claimer-c", 1_000)
+    _expect(not late, "wake-claim", "a woken parent's wake was claimed again")
+
+
+async def hands_a_run_out_wake_claim_to_another_claimer(ctx: CaseContext) -> None:
+    """A claim lives `claim_ms` on the application clock: until then nobody else gets the
+    wake and it is not listed; from then on it is listed, another claimer takes it, and the
+    first claimer's late mark is refused."""
+    _, last = await _two_finished_children(ctx)
+    _expect(await _queue(ctx, 0).claim_wake(last, "slow", 1_000), "wake-claim", "claim refused")
+    await ctx.clock.advance(999)
+    early = await _queue(ctx, 1).claim_wake(last, "sweep", 1_000)
+    _expect(not early, "wake-claim-expiry", "a claim was taken over 1 ms before it ran out")
+    hidden = await _queue(ctx, 1).unwoken(10)
+    _expect(list(hidden) == [], "wake-claim-expiry", f"a live claim is listed: {hidden}")
+    await ctx.clock.advance(1)
+    listed = [c.child_execution_id for c in await _queue(ctx, 1).unwoken(10)]
+    _expect(listed == [last], "wake-claim-expiry", f"a run-out claim is not listed: {listed}")
+    taken = await _queue(ctx, 1).claim_wake(last, "sweep", 1_000)
+    _expect(taken, "wake-claim-expiry", "a claim that ran out was not handed over")
+    late = await _queue(ctx, 0).mark_woken(last, "slow")
+    _expect(not late, "wake-claim", "the superseded claimer marked the wake done")
+    done = await _queue(ctx, 1).mark_woken(last, "sweep")
+    _expect(done, "wake-claim", "the new claimer could not mark the wake done")
+
+
+async def lets_one_of_concurrent_wake_claimers_win(ctx: CaseContext) -> None:
+    """Eight claimers of one owed wake at once through both instances, round after round:
+    exactly one holds the claim."""
+    for round_ in range(5):
+        _, last = await _two_finished_children(ctx, parent=f"parent-{round_}")
+        claims = await asyncio.gather(
+            *(_queue(ctx, i % 2).claim_wake(last, f"claimer-{i}", 60_000) for i in range(8))
+        )
+        _expect(
+            claims.count(True) == 1,
+            "wake-claim",
+            f"round {round_ + 1}: {claims.count(True)} of 8 concurrent wake claims won",
+        )
+
+
 async def lists_children_in_queue_order_and_running_ones_oldest_first(ctx: CaseContext) -> None:
     """`children(parent)` lists every child of the parent (any status) in queue order;
     `running(limit)` lists running children, oldest first, at most `limit`."""
@@ -526,6 +672,16 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         "lists children in queue order and running ones oldest first",
         lists_children_in_queue_order_and_running_ones_oldest_first,
     ),
+    (
+        "answers a retried finish of one attempt as the first",
+        answers_a_retried_finish_of_one_attempt_as_the_first,
+    ),
+    ("claims and marks the parent's wake once", claims_and_marks_the_parents_wake_once),
+    (
+        "hands a run-out wake claim to another claimer",
+        hands_a_run_out_wake_claim_to_another_claimer,
+    ),
+    ("lets one of concurrent wake claimers win", lets_one_of_concurrent_wake_claimers_win),
 ]
 
 

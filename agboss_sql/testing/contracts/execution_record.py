@@ -291,6 +291,39 @@ async def lets_one_of_two_concurrent_completes_win(ctx: CaseContext) -> None:
         )
 
 
+async def answers_a_retried_complete_as_the_first(ctx: CaseContext) -> None:
+    """A complete whose reply was lost is sent again with the same final status and outcome:
+    it answers True again, on either instance, and changes nothing; another final status or
+    another outcome is False."""
+    await _records(ctx, 0).save(_record(ctx, "exec-1", RUNNING))
+    await ctx.clock.advance(50)
+    done = await _records(ctx, 0).complete(TENANT, "exec-1", RUNNING, SUCCEEDED, {"n": [1, 2]})
+    _expect(done, "one-outcome", "complete from running was refused")
+    completed = await _records(ctx, 1).get(TENANT, "exec-1")
+    await ctx.clock.advance(50)
+    for instance in (0, 1):
+        retry = await _records(ctx, instance).complete(
+            TENANT, "exec-1", RUNNING, SUCCEEDED, {"n": [1, 2]}
+        )
+        _expect(retry, "complete-retry", f"the retry on instance {instance + 1} gave False")
+        other = await _records(ctx, instance).complete(
+            TENANT, "exec-1", RUNNING, SUCCEEDED, {"n": [2, 1]}
+        )
+        _expect(not other, "complete-retry", "a complete with another outcome answered True")
+        status = await _records(ctx, instance).complete(
+            TENANT, "exec-1", RUNNING, FAILED, {"n": [1, 2]}
+        )
+        _expect(not status, "complete-retry", "a complete as another status answered True")
+    got = await _records(ctx, 0).get(TENANT, "exec-1")
+    _expect(got == completed, "complete-retry", f"a retry changed the record: {got}")
+    none = await _records(ctx, 1).complete(TENANT, "nobody", RUNNING, SUCCEEDED, {"n": [1, 2]})
+    _expect(not none, "complete-retry", "an unknown run was completed")
+    await _records(ctx, 1).save(_record(ctx, "exec-2", RUNNING))
+    empty = await _records(ctx, 1).complete(TENANT, "exec-2", RUNNING, CANCELLED, None)
+    again = await _records(ctx, 0).complete(TENANT, "exec-2", RUNNING, CANCELLED, None)
+    _expect(empty and again, "complete-retry", "a retried complete without outcome gave False")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("reads back a saved record", reads_back_a_saved_record),
     ("refuses a duplicate execution id", refuses_a_duplicate_execution_id),
@@ -308,6 +341,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("lets one of concurrent transitions win", lets_one_of_concurrent_transitions_win),
     ("completes a run with one outcome", completes_a_run_with_one_outcome),
     ("lets one of two concurrent completes win", lets_one_of_two_concurrent_completes_win),
+    ("answers a retried complete as the first", answers_a_retried_complete_as_the_first),
 ]
 
 

@@ -2,7 +2,7 @@
 
 A pause is answered once whichever instance takes the answer (the second answer is
 `NotPausedError`), its tree's resolved pauses are drained in one pass, `take` and
-`cancel` are compare-and-set, and `purge` deletes only taken and cancelled pauses that
+`cancel` are compare-and-set (a retried take by the same taker answers as the first), and `purge` deletes only taken and cancelled pauses that
 last moved before the retention.
 """
 
@@ -219,6 +219,53 @@ async def takes_a_resolved_pause_once(ctx: CaseContext) -> None:
         )
 
 
+async def answers_a_retried_take_by_its_taker_as_the_first(ctx: CaseContext) -> None:
+    """A take whose reply was lost is sent again by the same taker: it answers True again,
+    on either instance; another taker, or a take without a taker, gets False. Among
+    concurrent takers exactly one wins, and only its retry answers True."""
+    await _pauses(ctx, 0).save(_pause(ctx, "pause-1"))
+    await _pauses(ctx, 1).resolve(TENANT, "pause-1", "yes")
+    first = await _pauses(ctx, 0).take(TENANT, "pause-1", taker="taker-a")
+    _expect(first, "take-once", "take of a resolved pause returned False")
+    for instance in (0, 1):
+        retry = await _pauses(ctx, instance).take(TENANT, "pause-1", taker="taker-a")
+        _expect(retry, "take-retry", f"the taker's retry on instance {instance + 1} gave False")
+        other = await _pauses(ctx, instance).take(TENANT, "pause-1", taker="taker-b")
+        _expect(not other, "take-retry", "another taker took a taken pause")
+        anonymous = await _pauses(ctx, instance).take(TENANT, "pause-1")
+        _expect(not anonymous, "take-retry", "a take without a taker took a taken pause")
+    got = await _pauses(ctx, 1).get(TENANT, "pause-1")
+    _expect(
+        got is not None and (got.status, got.decision) == (TAKEN, "yes"),
+        "take-retry",
+        f"the taken pause reads {got}",
+    )
+    pending = await _pauses(ctx, 0).take(TENANT, "pause-unknown", taker="taker-a")
+    _expect(not pending, "take-once", "an unknown pause was taken")
+    for round_ in range(4):
+        pause_id = f"race-{round_}"
+        await _pauses(ctx, 0).save(_pause(ctx, pause_id))
+        await _pauses(ctx, 1).resolve(TENANT, pause_id, round_)
+        takes = await asyncio.gather(
+            *(_pauses(ctx, i % 2).take(TENANT, pause_id, taker=f"taker-{i}") for i in range(6))
+        )
+        _expect(
+            takes.count(True) == 1,
+            "take-once",
+            f"round {round_ + 1}: {takes.count(True)} of 6 concurrent takers won",
+        )
+        winner = takes.index(True)
+        retries = [
+            await _pauses(ctx, (i + 1) % 2).take(TENANT, pause_id, taker=f"taker-{i}")
+            for i in range(6)
+        ]
+        _expect(
+            retries == [i == winner for i in range(6)],
+            "take-retry",
+            f"round {round_ + 1}: taker-{winner} won; the retries answered {retries}",
+        )
+
+
 async def cancels_only_a_pending_pause(ctx: CaseContext) -> None:
     """`cancel` moves pending -> cancelled once; a cancelled pause cannot be answered
     (`NotPausedError`) or taken, and a resolved one cannot be cancelled."""
@@ -334,6 +381,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         drains_a_trees_resolved_pauses_in_one_pass,
     ),
     ("takes a resolved pause once", takes_a_resolved_pause_once),
+    (
+        "answers a retried take by its taker as the first",
+        answers_a_retried_take_by_its_taker_as_the_first,
+    ),
     ("cancels only a pending pause", cancels_only_a_pending_pause),
     ("lets an answer or a cancel win, not both", lets_an_answer_or_a_cancel_win_not_both),
     (

@@ -1,0 +1,218 @@
+"""The dialect interface: what every database module implements, checked by mypy.
+
+A dialect module (`sqlite`, `postgresql`, `mysql`) is the implementation: mypy checks
+each module against `Dialect` where `dialect_for` returns it. The stores never ask which
+database they run on; they ask a `Capabilities` value, resolved once per connection
+(MariaDB's `RETURNING` on inserts is known only once a server has answered).
+
+Two kinds of driver sit under the dialects: `ServerDriver` (an async driver whose
+connections live in a pool: psycopg 3, aiomysql) and `InlineDriver` (SQLite's stdlib
+driver, run inline on the event loop's thread). `Capabilities.inline` says which one a
+dialect has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.expression import ColumnElement
+
+from agboss_sql._timeouts import Timeouts
+
+
+@dataclass(frozen=True, slots=True)
+class Suffixed:
+    """A statement with text appended after compilation (a clause SQLAlchemy will not
+    compile for this dialect, e.g. MariaDB's `INSERT … RETURNING`)."""
+
+    statement: Any
+    suffix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a database can do, as the statements need to know it.
+
+    - `inline`: the driver runs inline on the event loop's thread (SQLite), not on pooled
+      async connections.
+    - `update_returning`: `UPDATE … RETURNING`.
+    - `insert_returning`: `INSERT … RETURNING`, upserts included (MariaDB has it, MySQL 8
+      does not).
+    - `upsert_where`: the upsert takes a `WHERE` (`ON CONFLICT DO UPDATE … WHERE`); without
+      it a conditional upsert decides per column (`IF(cond, new, old)`).
+    - `row_locks`: `SELECT … FOR UPDATE` locks rows (SQLite locks the whole database with
+      `BEGIN IMMEDIATE` instead).
+    - `skip_locked`: `FOR UPDATE SKIP LOCKED`.
+    - `dml_in_with`: data-modifying statements may run inside `WITH`.
+    - `json_key_exact`: `json_key_equals` is exact for nested JSON values too.
+    - `insert_if_absent_raises`: `insert_if_absent` raises a unique violation on a duplicate
+      (the caller reads it as "already there") instead of skipping it silently.
+    - `batch_migrations`: Alembic must rewrite tables to alter them (`render_as_batch`).
+    """
+
+    inline: bool
+    update_returning: bool
+    insert_returning: bool
+    upsert_where: bool
+    row_locks: bool
+    skip_locked: bool
+    dml_in_with: bool
+    json_key_exact: bool
+    insert_if_absent_raises: bool
+    batch_migrations: bool
+
+
+class Dialect(Protocol):
+    """The statements and error classification that differ per database."""
+
+    NAME: str
+    """The backend name stores declare (`sqlite`, `postgresql`, `mysql`)."""
+    CAPABILITIES: Capabilities
+    """What every server of this dialect can do; `capabilities_of` may find more."""
+    BEGIN: str
+    """The statement that opens a write transaction (SQLite: `BEGIN IMMEDIATE`)."""
+    ASYNC_DRIVER: str
+    """The async driver's SQLAlchemy name (the stores' engine and URL)."""
+    SYNC_DRIVER: str
+    """The synchronous driver's SQLAlchemy name, for migrations."""
+
+    def compile_dialect(self) -> sa.Dialect: ...
+
+    def now_ms(self) -> ColumnElement[int]: ...
+
+    def now_source(self, database_time: bool) -> tuple[Any, ColumnElement[int]]: ...
+
+    def insert(self, table: sa.Table) -> Any: ...
+
+    def insert_if_absent(self, table: sa.Table, keys: Sequence[str]) -> Any: ...
+
+    def upsert(
+        self,
+        table: sa.Table,
+        keys: Sequence[str],
+        values: Mapping[str, Any],
+        update: Callable[[Any], Mapping[str, Any]],
+    ) -> Any: ...
+
+    def upsert_where(
+        self,
+        insert: Any,
+        keys: Sequence[str],
+        where: Callable[[Any], ColumnElement[bool]],
+        update: Callable[[Any], Sequence[tuple[str, Any]]],
+        decided_by: str,
+    ) -> Any: ...
+
+    def returning(self, statement: Any, *columns: Any) -> Any:
+        """`statement … RETURNING columns`, for a dialect whose capabilities say it has it
+        (MariaDB's insert is one SQLAlchemy will not compile: sent as a `Suffixed`)."""
+        ...
+
+    def greatest(self, *values: Any) -> ColumnElement[Any]: ...
+
+    def least(self, *values: Any) -> ColumnElement[Any]: ...
+
+    def for_update(self, select: sa.Select[Any]) -> sa.Select[Any]: ...
+
+    def for_share(self, select: sa.Select[Any]) -> sa.Select[Any]: ...
+
+    def skip_locked(self, select: sa.Select[Any]) -> sa.Select[Any]: ...
+
+    def exact_text(self, expression: ColumnElement[Any]) -> ColumnElement[Any]: ...
+
+    def skip_duplicates(self, statement: Any, keys: Sequence[str]) -> Any: ...
+
+    def replace_duplicates(
+        self, statement: Any, keys: Sequence[str], columns: Sequence[str]
+    ) -> Any: ...
+
+    def json_key_equals(self, document: Any, index: int) -> ColumnElement[bool]: ...
+
+    def json_key_params(self, index: int, key: str, value: Any) -> dict[str, Any]: ...
+
+    def analyze_sql(self, table: str) -> str: ...
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """A transient conflict (deadlock, serialization failure): the transaction, or the
+        one statement it hit, applied nothing and may run again."""
+        ...
+
+    def is_lock_timeout(self, exc: BaseException) -> bool:
+        """A lock wait passed its bound (`Timeouts.lock_ms`): nothing applied."""
+        ...
+
+    def is_statement_timeout(self, exc: BaseException) -> bool:
+        """The server ended a statement at its bound (`Timeouts.statement_ms`)."""
+        ...
+
+    def is_busy(self, exc: BaseException) -> bool: ...
+
+    def is_unique_violation(self, exc: BaseException) -> bool: ...
+
+    def is_disconnect(self, exc: BaseException) -> bool: ...
+
+    def is_storage_full(self, exc: BaseException) -> bool:
+        """The database could not write: its disk or file is full."""
+        ...
+
+    def engine_options(self, url: URL, timeouts: Timeouts) -> dict[str, Any]:
+        """Keyword arguments for `create_async_engine` on this dialect under `timeouts`."""
+        ...
+
+    def lock_database(self, connection: sa.Connection) -> contextlib.AbstractContextManager[None]:
+        """The migration lock around one transaction on a synchronous connection."""
+        ...
+
+
+class ServerDriver(Protocol):
+    """A pooled async driver (psycopg 3, aiomysql)."""
+
+    async def connect(self, url: URL, timeouts: Timeouts) -> Any:
+        """A new autocommit connection whose session bounds statements and lock waits by
+        `timeouts` (no extra round trip where the driver allows)."""
+        ...
+
+    def capabilities_of(self, raw: Any) -> Capabilities:
+        """The capabilities of the server `raw` is connected to."""
+        ...
+
+    async def execute(
+        self, raw: Any, sql: str, params: Mapping[str, Any] | None
+    ) -> tuple[list[Any] | None, int]: ...
+
+    async def run_text(self, raw: Any, sql: str) -> None: ...
+
+    async def close(self, raw: Any) -> None: ...
+
+    def abort(self, raw: Any) -> None:
+        """Close `raw`'s socket at once, without a word to the server (a connection whose
+        protocol state is unknown, e.g. after a statement's deadline)."""
+        ...
+
+    def is_usable(self, raw: Any) -> bool: ...
+
+
+class InlineDriver(Protocol):
+    """SQLite's stdlib driver, run inline on the event loop's thread."""
+
+    def connect_sync(self, path: str) -> sqlite3.Connection: ...
+
+    def execute_sync(
+        self, raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None
+    ) -> tuple[list[Any] | None, int]: ...
+
+    def inline_aiosqlite_creator(self, path: str, lock_ms: int) -> Any: ...
+
+
+class ServerDialect(Dialect, ServerDriver, Protocol):
+    """A server database: its statements and its pooled driver."""
+
+
+class InlineDialect(Dialect, InlineDriver, Protocol):
+    """An embedded database: its statements and its inline driver."""

@@ -1,0 +1,302 @@
+"""The pool runner: a server's raw async connections, one per running step, every wait bounded.
+
+Each step gets one pooled connection; each statement is one await on it, inside
+`BEGIN … COMMIT` when the step needs a transaction. The waits and their bounds
+(`Timeouts`):
+
+- a pooled connection: `pool_ms`, then `StoreTimeoutError(what="pool")`;
+- connecting: `connect_ms` (the driver's own timeout too), then `what="connect"`;
+- a statement: the server ends it at `statement_ms` and a lock wait at `lock_ms` (set in
+  the session at connect); the client also gives up `_GRACE_S` past `statement_ms`, for a
+  server that stopped answering (a black-holed connection). The connection is then
+  dropped, never reused: its protocol state is unknown. A driver that answers a
+  cancellation by talking to the server (psycopg asks it to cancel the query) is
+  cancelled again, so giving up never waits on the network.
+
+Lease operations take their connections from a lane of their own (`priority=True`), so a
+holder's renewal never queues behind business work waiting on row locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import URL
+
+from agboss_sql._dialects import Capabilities, ServerDialect
+from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.sql._progress import Progress, feed
+from agboss_sql.sql.statements import StatementCache, Step
+
+T = TypeVar("T")
+
+_GRACE_S = 0.5
+PRIORITY_LANE_SIZE = 2
+
+
+class DeadlinePassed(Exception):
+    """The client stopped waiting for the server's answer to a statement."""
+
+
+class _Lane:
+    """Idle connections and a count of open ones, up to `size`."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.idle: list[Any] = []
+        self.open = 0
+        self.available: asyncio.Condition | None = None
+
+    def condition(self) -> asyncio.Condition:
+        if self.available is None:
+            self.available = asyncio.Condition()
+        return self.available
+
+
+class PoolRunner:
+    """Pooled raw connections to one server database."""
+
+    def __init__(
+        self,
+        dialect: ServerDialect,
+        url: URL,
+        timeouts: Timeouts,
+        cache: StatementCache,
+        pool_size: int,
+    ) -> None:
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size must be a positive whole number, got {pool_size!r}")
+        self.dialect = dialect
+        self.url = url
+        self.timeouts = timeouts
+        self.cache = cache
+        self.capabilities: Capabilities = dialect.CAPABILITIES
+        self.pinned = False
+        self.closed = False
+        self._lanes = {False: _Lane(pool_size), True: _Lane(PRIORITY_LANE_SIZE)}
+        self._statement_s = timeouts.statement_ms / 1000 + _GRACE_S
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, both lanes."""
+        return sum(lane.open for lane in self._lanes.values())
+
+    # --- checkout ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def connection(self, priority: bool = False) -> AsyncIterator[Any]:
+        """A pooled connection for one step; returned when the step ends, dropped when the
+        step failed with the connection in doubt."""
+        if self.closed:
+            raise StoreUnavailableError("the connection is closed")
+        lane = self._lanes[priority]
+        raw = await self._checkout(lane)
+        reusable = False
+        try:
+            yield raw
+            reusable = True
+        except Exception as exc:
+            # A failed step's connection is kept when alive and idle (its ROLLBACK done).
+            reusable = (
+                not isinstance(exc, DeadlinePassed)
+                and not self.dialect.is_disconnect(exc)
+                and self._usable(raw)
+            )
+            raise
+        finally:
+            # Cancelled mid-statement, the protocol state is unknown: the connection goes.
+            await self._checkin(lane, raw, reusable)
+
+    def _usable(self, raw: Any) -> bool:
+        try:
+            return bool(self.dialect.is_usable(raw))
+        except Exception:
+            return False
+
+    async def _checkout(self, lane: _Lane) -> Any:
+        """An idle connection still usable, else a new one while fewer than the lane's size
+        are open, else the next one returned, waiting at most `pool_ms`."""
+        available = lane.condition()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeouts.pool_ms / 1000
+        while True:
+            async with available:
+                try:
+                    while not self.closed and not lane.idle and lane.open >= lane.size:
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:
+                            raise StoreTimeoutError(
+                                "pool",
+                                self.timeouts.pool_ms,
+                                f"all {lane.size} pooled connections stayed busy for "
+                                f"{self.timeouts.pool_ms} ms (Timeouts.pool_ms); nothing was "
+                                "sent",
+                            )
+                        # `asyncio.timeout`, not `wait_for`: a cancellation that meets the
+                        # wake-up must stay a cancellation.
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(remaining):
+                                await available.wait()
+                except BaseException:
+                    # Woken and then cancelled (or timed out), this waiter would swallow the
+                    # wake-up meant for the connection just returned: pass it on.
+                    available.notify()
+                    raise
+                if self.closed:
+                    raise StoreUnavailableError("the connection is closed")
+                raw = lane.idle.pop() if lane.idle else None
+                if raw is None:
+                    lane.open += 1
+            if raw is None:
+                return await self._connect(lane)
+            if self._usable(raw):
+                return raw
+            await self._discard(lane, raw)
+
+    async def _connect(self, lane: _Lane) -> Any:
+        """A new raw connection, for a slot already counted in the lane."""
+        bound_s = self.timeouts.connect_ms / 1000
+        try:
+            async with asyncio.timeout(bound_s):
+                raw = await self.dialect.connect(self.url, self.timeouts)
+        except BaseException as exc:
+            await self._release_slot(lane)
+            if isinstance(exc, TimeoutError):
+                raise StoreTimeoutError(
+                    "connect",
+                    self.timeouts.connect_ms,
+                    f"no connection to {self._safe_url()} within {self.timeouts.connect_ms} ms "
+                    "(Timeouts.connect_ms); nothing was sent",
+                ) from exc
+            if not isinstance(exc, Exception):
+                raise  # cancelled (e.g. a readiness timeout): never turned into an error
+            raise StoreUnavailableError(
+                f"cannot connect to {self._safe_url()}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if self.closed:
+            await self._discard(lane, raw)
+            raise StoreUnavailableError("the connection is closed")
+        if not self.pinned:
+            self.capabilities = self.dialect.capabilities_of(raw)
+        return raw
+
+    async def _release_slot(self, lane: _Lane) -> None:
+        # The condition's lock is never held across an await: taking it does not suspend,
+        # so a cancellation cannot interrupt this bookkeeping.
+        available = lane.condition()
+        async with available:
+            lane.open -= 1
+            available.notify()
+
+    async def _discard(self, lane: _Lane, raw: Any) -> None:
+        await self._release_slot(lane)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.dialect.close(raw), _GRACE_S)
+
+    async def _checkin(self, lane: _Lane, raw: Any, reusable: bool) -> None:
+        if reusable and not self.closed:
+            available = lane.condition()
+            async with available:
+                lane.idle.append(raw)
+                available.notify()
+        else:
+            await self._discard(lane, raw)
+
+    # --- statements -------------------------------------------------------------------
+
+    async def bounded_execute(
+        self, raw: Any, sql: str, params: Mapping[str, Any] | None
+    ) -> tuple[list[Any] | None, int]:
+        """`dialect.execute` given up `_GRACE_S` past the statement bound."""
+        answer: tuple[list[Any] | None, int] = await self.bounded(
+            self.dialect.execute(raw, sql, params), raw
+        )
+        return answer
+
+    async def bounded(self, awaitable: Any, raw: Any) -> Any:
+        """Await `awaitable` (a call on `raw`) at most the statement bound; past it, stop the
+        call, drop `raw`'s socket and raise `DeadlinePassed`."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self._statement_s)
+        except asyncio.CancelledError:
+            await self._stop(task, raw)
+            raise
+        if done:
+            return task.result()
+        await self._stop(task, raw)
+        raise DeadlinePassed(
+            f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
+            "(Timeouts.statement_ms)"
+        )
+
+    async def _stop(self, task: asyncio.Future[Any], raw: Any) -> None:
+        """Cancel `task`, and cancel it again while the driver's clean-up waits on the network;
+        then close `raw`'s socket."""
+        for _ in range(4):
+            if task.done():
+                break
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait((task,), timeout=0.05)
+        self.dialect.abort(raw)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the call's own error is of no interest now
+
+    async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
+        async with self.connection(priority) as raw:
+            return await self.drive(raw, step, transaction, progress)
+
+    async def drive(self, raw: Any, step: Step[T], transaction: bool, progress: Progress) -> T:
+        """Run `step` on `raw` (in a transaction of its own when `transaction`, rolled back
+        when the step or a statement raises). After a cancellation or a passed deadline no
+        `ROLLBACK` is sent (the connection may be mid-statement): `raw` is dropped."""
+        cache = self.cache
+        bounded = self.bounded
+        text = self.dialect.run_text
+        if transaction:
+            if cache.listeners:
+                cache.notify(self.dialect.BEGIN, {})
+            await bounded(text(raw, self.dialect.BEGIN), raw)
+        try:
+            answer = await feed(cache, step, raw, self.bounded_execute, progress)
+            if transaction:
+                if cache.listeners:
+                    cache.notify("COMMIT", {})
+                progress.committing = True
+                await bounded(text(raw, "COMMIT"), raw)
+        except DeadlinePassed:
+            step.close()
+            raise
+        except Exception:
+            step.close()
+            # A failed COMMIT ended the transaction already.
+            if transaction and not progress.committing:
+                if cache.listeners:
+                    cache.notify("ROLLBACK", {})
+                with contextlib.suppress(Exception):
+                    await bounded(text(raw, "ROLLBACK"), raw)
+            raise
+        except BaseException:
+            step.close()
+            raise
+        return answer
+
+    def _safe_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+    async def close(self) -> None:
+        self.closed = True
+        for lane in self._lanes.values():
+            idle, lane.idle = lane.idle, []
+            lane.open -= len(idle)
+            if lane.available is not None:
+                async with lane.available:
+                    lane.available.notify_all()  # waiters for a connection fail now
+            for raw in idle:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.dialect.close(raw), _GRACE_S)

@@ -1,0 +1,47 @@
+"""How far one attempt of a step got, and the loop that feeds a step its results."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from agboss_sql.sql.statements import Result, StatementCache, Step
+
+T = TypeVar("T")
+
+Execute = Callable[[Any, str, Mapping[str, Any] | None], Awaitable[tuple[Any, int]]]
+
+
+class Progress:
+    """How far one attempt of a step got: statements answered, whether a statement that
+    may write was sent, and whether COMMIT was sent."""
+
+    __slots__ = ("applied", "committing", "sent_write")
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.sent_write = False
+        self.committing = False
+
+
+async def feed(
+    cache: StatementCache, step: Step[T], raw: Any, execute: Execute, progress: Progress
+) -> T:
+    """Drive `step`: send each statement it yields through `execute` on `raw`, and feed its
+    result back, until the step returns its answer."""
+    listeners = cache.listeners
+    result: Result | None = None
+    while True:
+        try:
+            request = step.send(result) if result is not None else next(step)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        compiled = cache.compiled(request.statement)
+        params = cache.params(compiled, request.params)
+        if listeners:
+            cache.notify(compiled.sql, params)
+        if not compiled.reads_only:
+            progress.sent_write = True
+        rows, count = await execute(raw, compiled.sql, params)
+        progress.applied += 1
+        result = Result(list(rows) if rows is not None else None, count)
