@@ -68,6 +68,18 @@ class InvalidBusinessKeyError(AgbossError):
     code = "fenced-effect.invalid-business-key"
 
 
+class InvalidStepError(AgbossError):
+    """A step is a StepRef: an execution id (an identifier), an idempotency key and a name."""
+
+    code = "fenced-effect.invalid-step"
+
+
+class InvalidFingerprintError(AgbossError):
+    """A fingerprint is a text (or None) a database can store: no NUL character."""
+
+    code = "fenced-effect.invalid-fingerprint"
+
+
 class InvalidIdentifierError(AgbossError):
     """An identifier must be a non-empty text of at most 255 characters."""
 

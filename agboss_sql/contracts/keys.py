@@ -13,7 +13,9 @@ from agboss_sql.contracts.errors import (
     IdempotencyKeyConflictError,
     InvalidBusinessKeyError,
     InvalidFencedEffectNameError,
+    InvalidFingerprintError,
     InvalidIdentifierError,
+    InvalidStepError,
 )
 from agboss_sql.contracts.types import (
     AttemptOwner,
@@ -30,6 +32,13 @@ MAX_IDENTIFIER_LENGTH = 255
 _EFFECT_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 EFFECT_NAME_RULE = "an effect name is 1-100 characters of [A-Za-z0-9._-]"
 KEY_TEXT_RULE = "a key's text is 1-255 characters, not blank, with no control characters"
+STEP_RULE = (
+    "a step is a StepRef of an execution id (an identifier), an idempotency key and a name "
+    "(non-empty texts a database can store: no NUL character, no lone surrogate)"
+)
+FINGERPRINT_RULE = (
+    "a fingerprint is None or a text a database can store (no NUL character, no lone surrogate)"
+)
 
 
 def _joined(*parts: object) -> str:
@@ -37,14 +46,34 @@ def _joined(*parts: object) -> str:
     return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
 
+def unstorable_text_rule_of(text: str) -> str | None:
+    """Why no database here can store `text` as it is, or `None` when every one can.
+
+    PostgreSQL refuses a NUL character in a text; no database stores a lone surrogate
+    (it has no UTF-8 form). Refused on every backend, so a value never commits in one
+    store and fails in another.
+    """
+    if "\x00" in text:
+        return "a NUL character"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone surrogate"
+    return None
+
+
 def checked_identifier(what: str, value: object) -> str:
-    """`value` if it is an identifier (1-255 characters of text, not ending with a space),
-    else `InvalidIdentifierError`."""
+    """`value` if it is an identifier (1-255 characters of text a database can store, not
+    ending with a space), else `InvalidIdentifierError`."""
     if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_LENGTH:
         raise InvalidIdentifierError(
             f"{what} must be a non-empty text of at most {MAX_IDENTIFIER_LENGTH} characters, "
             f"got {value!r:.80}"
         )
+    unstorable = unstorable_text_rule_of(value)
+    if unstorable is not None:
+        raise InvalidIdentifierError(f"{what} must not hold {unstorable}, got {value!r:.80}")
     if value[-1] == " ":
         # MySQL and MariaDB compare texts with trailing spaces as equal ("e" = "e "): refused
         # on every backend, so a key never means one row here and two rows there.
@@ -69,6 +98,9 @@ def key_text_rule_of(text: object) -> str | None:
         return f"{KEY_TEXT_RULE}; got a blank text"
     if any(unicodedata.category(ch) == "Cc" for ch in text):
         return f"{KEY_TEXT_RULE}; got a control character"
+    unstorable = unstorable_text_rule_of(text)
+    if unstorable is not None:
+        return f"{KEY_TEXT_RULE}; got {unstorable}"
     return None
 
 
@@ -79,6 +111,45 @@ def checked_business_key(key: FencedEffectKey) -> FencedEffectKey:
         if rule is not None:
             raise InvalidBusinessKeyError(f"business key refused: {rule}")
     return key
+
+
+def checked_step(step: object) -> StepRef:
+    """`step` if it is a `StepRef` whose parts a stored row can give back (`replayed_from_of`
+    requires three non-empty texts), else `InvalidStepError`."""
+    if not isinstance(step, StepRef):
+        raise InvalidStepError(f"{STEP_RULE}; got a {type(step).__name__}")
+    execution_id = step.execution_id
+    if (
+        not isinstance(execution_id, str)
+        or not execution_id
+        or len(execution_id) > MAX_IDENTIFIER_LENGTH
+        or execution_id[-1] == " "
+    ):
+        raise InvalidStepError(f"{STEP_RULE}; got the execution id {execution_id!r:.80}")
+    for what, part in (
+        ("execution id", execution_id),
+        ("idempotency key", step.idempotency_key),
+        ("name", step.name),
+    ):
+        if not isinstance(part, str) or not part:
+            raise InvalidStepError(f"{STEP_RULE}; got the {what} {part!r:.80}")
+        unstorable = unstorable_text_rule_of(part)
+        if unstorable is not None:
+            raise InvalidStepError(f"{STEP_RULE}; got {unstorable} in the {what} {part!r:.80}")
+    return step
+
+
+def checked_fingerprint(fingerprint: object) -> str | None:
+    """`fingerprint` if it is `None` or a text a database can store (a stored row gives it
+    back as the same text), else `InvalidFingerprintError`."""
+    if fingerprint is None:
+        return None
+    if not isinstance(fingerprint, str):
+        raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got a {type(fingerprint).__name__}")
+    unstorable = unstorable_text_rule_of(fingerprint)
+    if unstorable is not None:
+        raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got {unstorable}")
+    return fingerprint
 
 
 def scope_key_of(tenant_id: str, execution_id: str) -> str:
@@ -100,10 +171,10 @@ def fenced_effect_key_of(
         lease_execution_id=lease.execution_id,
         token=lease.lease_epoch,
         scope_key=scope_key_of(lease.tenant_id, lease.execution_id),
-        step=ctx.step,
+        step=checked_step(ctx.step),
         name=checked_effect_name(name),
         business_key=business_key,
-        fingerprint=fingerprint,
+        fingerprint=checked_fingerprint(fingerprint),
     )
     return checked_business_key(key)
 

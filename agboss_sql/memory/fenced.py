@@ -7,7 +7,6 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import ClassVar, TypeVar
 
-from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.keys import (
     checked_identifier,
     fenced_key_identity_of,
@@ -15,9 +14,17 @@ from agboss_sql.contracts.keys import (
     replayed_from_of,
     stored_key_facts_of,
 )
+from agboss_sql.contracts.rules import (
+    LeaseClosedReason,
+    checked_attempt,
+    checked_attempt_owner,
+    checked_fenced_key,
+    checked_time,
+    checked_token,
+    lease_state_at,
+)
 from agboss_sql.contracts.stores import FencedEffectRepository, OutboundCallRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     AttemptRef,
     FencedEffectKey,
     FencedEffectResult,
@@ -28,19 +35,9 @@ from agboss_sql.contracts.types import (
     OutboundCallStatus,
     StoredKeyFacts,
 )
-from agboss_sql.memory._fencing import (
-    SUPERSEDED,
-    checked_application,
-    checked_key,
-    checked_store_clock,
-    checked_token,
-    fence,
-    raise_mark,
-    store_now,
-)
+from agboss_sql.memory._fencing import StoreClockStore, fence, raise_mark, store_now
 from agboss_sql.memory.backend import (
     FencedResultRow,
-    InMemoryBackend,
     InMemoryTransaction,
     json_copy,
     json_text,
@@ -50,29 +47,18 @@ from agboss_sql.memory.leases import InMemoryExecutionLeaseRepository
 T = TypeVar("T")
 
 
-class InMemoryFencedEffectRepository(FencedEffectRepository[InMemoryTransaction]):
+class InMemoryFencedEffectRepository(StoreClockStore, FencedEffectRepository[InMemoryTransaction]):
     """Fenced effects in an `InMemoryBackend`: the lease check, the mark, the stored result
     and the work's business rows (staged on an `InMemoryTransaction`) in one atomic step."""
 
-    backend: str | None = "in-memory"
     lease_repository: ClassVar[type[InMemoryExecutionLeaseRepository] | None] = (
         InMemoryExecutionLeaseRepository
     )
 
-    def __init__(
-        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.store_clock = checked_store_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
-
     async def save_result_if_absent(
         self, key: FencedEffectKey, work: Callable[[InMemoryTransaction], Awaitable[T]]
     ) -> FencedEffectResult[T]:
-        checked_key(key)
+        checked_fenced_key(key)
         identity = fenced_key_identity_of(key)
         async with self.memory.atomic():
             now = store_now(self.store_clock)
@@ -111,7 +97,7 @@ def _call_out(call: OutboundCall) -> OutboundCall:
     )
 
 
-class InMemoryOutboundCallRepository(OutboundCallRepository):
+class InMemoryOutboundCallRepository(StoreClockStore, OutboundCallRepository):
     """Outbound calls in an `InMemoryBackend`: every fenced method checks the lease and the
     scope's mark in the same step as its read or write of the intent.
 
@@ -122,20 +108,9 @@ class InMemoryOutboundCallRepository(OutboundCallRepository):
     holder gave it up, but nobody has taken it and it has not run out).
     """
 
-    backend: str | None = "in-memory"
     lease_repository: ClassVar[type[InMemoryExecutionLeaseRepository] | None] = (
         InMemoryExecutionLeaseRepository
     )
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.store_clock = checked_store_clock(clock)
-        self.application = checked_application(application)
-
-    async def ping(self) -> None:
-        return None
 
     def _fenced(self, key: FencedEffectKey) -> int:
         """The lease and mark check, the mark raised; the store's time of the step."""
@@ -145,14 +120,15 @@ class InMemoryOutboundCallRepository(OutboundCallRepository):
         return now
 
     async def get(self, key: FencedEffectKey) -> OutboundCall | None:
-        checked_key(key)
+        checked_fenced_key(key)
         call = self.memory.outbound_calls.get(fenced_key_identity_of(key))
         return None if call is None else _call_out(call)
 
     async def save_if_absent(
         self, key: FencedEffectKey, intent: JsonValue, recorded_at: int
     ) -> OutboundCallSaved:
-        checked_key(key)
+        checked_fenced_key(key)
+        checked_time("recorded_at", recorded_at)
         identity = fenced_key_identity_of(key)
         intent = json_copy(intent)
         async with self.memory.atomic():
@@ -167,9 +143,9 @@ class InMemoryOutboundCallRepository(OutboundCallRepository):
             return OutboundCallSaved(_call_out(call), True)
 
     async def mark_pending(self, key: FencedEffectKey, expected: AttemptRef, owner: str) -> bool:
-        checked_key(key)
-        if not isinstance(owner, str) or not owner:
-            raise ValueError(f"an attempt owner is a non-empty text, got {owner!r:.80}")
+        checked_fenced_key(key)
+        checked_attempt(expected)
+        checked_attempt_owner(owner)
         identity = fenced_key_identity_of(key)
         async with self.memory.atomic():
             now = self._fenced(key)
@@ -195,7 +171,8 @@ class InMemoryOutboundCallRepository(OutboundCallRepository):
         response: JsonValue,
         error: JsonValue,
     ) -> bool:
-        checked_key(key)
+        checked_fenced_key(key)
+        checked_attempt(attempt)
         identity = fenced_key_identity_of(key)
         response = json_copy(response)
         error = json_copy(error)
@@ -230,22 +207,19 @@ class InMemoryOutboundCallRepository(OutboundCallRepository):
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             row = self.memory.leases.get((tenant_id, execution_id))
-            if row is None or row.lease_epoch < token:
-                # No lease was ever granted at that token.
+            if row is None:
                 return LeaseState.ABSENT
-            if row.lease_epoch > token:
-                return LeaseState.SUPERSEDED
-            if row.finished:
-                return LeaseState.FINISHED
-            if row.released:
-                return (
-                    LeaseState.SUPERSEDED
-                    if row.closed_reason == SUPERSEDED
-                    else LeaseState.RELEASED
-                )
-            if row.expires_at <= now:
+            found = lease_state_at(
+                token,
+                epoch=row.lease_epoch,
+                released=row.released,
+                finished=row.finished,
+                closed_reason=row.closed_reason,
+                expires_at=row.expires_at,
+                now=now,
+            )
+            if found.close:
                 # Closed in the same step, so a late renewal can no longer revive it.
                 row.released = True
-                row.closed_reason = SUPERSEDED
-                return LeaseState.SUPERSEDED
-            return LeaseState.LIVE
+                row.closed_reason = LeaseClosedReason.SUPERSEDED
+            return found.state

@@ -7,6 +7,14 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.clocks import Clock, StoreClock, remaining_of
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    LeaseClosedReason,
+    checked_count,
+    checked_dependencies,
+    checked_lease,
+    checked_lease_event,
+    checked_positive_ms,
+)
 from agboss_sql.contracts.stores import ExecutionLeaseEventRepository, ExecutionLeaseRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -15,19 +23,11 @@ from agboss_sql.contracts.types import (
     LeaseEventKind,
     LeaseHolder,
 )
-from agboss_sql.memory._fencing import (
-    SUPERSEDED,
-    checked_application,
-    checked_count,
-    checked_int,
-    checked_positive,
-    checked_store_clock,
-    store_now,
-)
+from agboss_sql.memory._fencing import InMemoryStore, StoreClockStore, store_now
 from agboss_sql.memory.backend import InMemoryBackend, LeaseRow
 
 
-class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
+class InMemoryExecutionLeaseRepository(StoreClockStore, ExecutionLeaseRepository):
     """Leases in an `InMemoryBackend`, decided by the store's time.
 
     Every move is one step under the backend's lock, so it is ordered with the fenced
@@ -36,24 +36,13 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
     whole number of ms.
     """
 
-    backend: str | None = "in-memory"
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        self.memory = backend
-        self.store_clock = checked_store_clock(clock)
-        self.application = checked_application(application)
-
     @property
     def instance_id(self) -> str:
         return self.application.instance_id
 
-    async def ping(self) -> None:
-        return None
-
     def _held(self, lease: ExecutionLease) -> LeaseRow | None:
         """The lease's row when this instance holds it at the lease's epoch."""
+        checked_lease(lease)
         row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
         if (
             row is None
@@ -81,7 +70,7 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
     ) -> ExecutionLease | None:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
-        checked_positive("lease_ms", lease_ms)
+        checked_positive_ms("lease_ms", lease_ms)
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             key = (tenant_id, execution_id)
@@ -95,7 +84,9 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
             if not (row.released or row.yielded or row.expires_at <= now):
                 return None
             taken_over_from = None
-            if (not row.released and not row.yielded) or row.closed_reason == SUPERSEDED:
+            if (
+                not row.released and not row.yielded
+            ) or row.closed_reason == LeaseClosedReason.SUPERSEDED:
                 # The epoch ran out without its holder letting go: a takeover (also from
                 # this instance itself, and also when `lease_state_of` closed it).
                 taken_over_from = LeaseHolder(row.holder_instance_id, row.lease_epoch)
@@ -108,7 +99,7 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
             return self._lease_of(row, now, taken_over_from)
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
-        checked_positive("lease_ms", lease_ms)
+        checked_positive_ms("lease_ms", lease_ms)
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             row = self._held(lease)
@@ -129,7 +120,7 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
             if row is None or row.released or row.finished:
                 return False
             row.released = True
-            row.closed_reason = "released"
+            row.closed_reason = LeaseClosedReason.RELEASED
             return True
 
     async def yield_lease(self, lease: ExecutionLease) -> bool:
@@ -148,7 +139,7 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
             return True
 
     async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
-        checked_positive("lease_ms", lease_ms)
+        checked_positive_ms("lease_ms", lease_ms)
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             row = self._held(lease)
@@ -172,7 +163,7 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
                 return False
             row.finished = True
             row.released = True
-            row.closed_reason = "finished"
+            row.closed_reason = LeaseClosedReason.FINISHED
             return True
 
     async def save_execution_id_if_absent(self, tenant_id: str, execution_id: str) -> bool:
@@ -184,10 +175,8 @@ class InMemoryExecutionLeaseRepository(ExecutionLeaseRepository):
         return True
 
 
-class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
+class InMemoryExecutionLeaseEventRepository(InMemoryStore, ExecutionLeaseEventRepository):
     """The lease log in an `InMemoryBackend`: events kept as saved, in save order."""
-
-    backend: str | None = "in-memory"
 
     def __init__(
         self,
@@ -195,30 +184,13 @@ class InMemoryExecutionLeaseEventRepository(ExecutionLeaseEventRepository):
         clock: StoreClock | Clock | None = None,
         application: ApplicationContext | None = None,
     ) -> None:
-        # The clock and the application are accepted for the uniform constructor only.
-        self.memory = backend
-        self.clock = clock
-        self.application = application
-
-    async def ping(self) -> None:
-        return None
+        # The clock is accepted for the uniform constructor only: events carry their time.
+        self.memory, self.clock, self.application = checked_dependencies(
+            self, backend, InMemoryBackend, clock, application, clock_kind="unused"
+        )
 
     async def save(self, event: ExecutionLeaseEvent) -> None:
-        if not isinstance(event, ExecutionLeaseEvent):
-            raise TypeError(f"expected an ExecutionLeaseEvent, got {type(event).__name__}")
-        holder = event.taken_over_from
-        if holder is not None and not isinstance(holder, LeaseHolder):
-            raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
-        if event.reason is not None and not isinstance(event.reason, str):
-            raise TypeError(f"reason is a text or None, got {event.reason!r:.80}")
-        checked_identifier("tenant_id", event.tenant_id)
-        checked_identifier("execution_id", event.execution_id)
-        checked_identifier("instance_id", event.instance_id)
-        checked_int("lease_epoch", event.lease_epoch)
-        checked_int("at", event.at)
-        if holder is not None:
-            checked_identifier("taken_over_from.instance_id", holder.instance_id)
-            checked_int("taken_over_from.lease_epoch", holder.lease_epoch)
+        checked_lease_event(event)
         kind = LeaseEventKind(event.kind)
         self.memory.lease_events.append(dataclasses.replace(event, kind=kind))
 

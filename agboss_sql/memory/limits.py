@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_cost_entry,
+    checked_count,
+    checked_int,
+    checked_positive_ms,
+    checked_time,
+)
 from agboss_sql.contracts.stores import CostLedgerRepository, RateLimitRepository
 from agboss_sql.contracts.types import (
     BudgetScope,
@@ -10,12 +17,7 @@ from agboss_sql.contracts.types import (
     CostTotal,
     WindowResult,
 )
-from agboss_sql.memory._fencing import (
-    ApplicationClockStore,
-    checked_count,
-    checked_int,
-    checked_positive,
-)
+from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import WindowRow
 
 
@@ -38,7 +40,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         checked_identifier("key", key)
         checked_identifier("holder", holder)
         checked_count("max_slots", max_slots)
-        checked_positive("ttl_ms", ttl_ms)
+        checked_positive_ms("ttl_ms", ttl_ms)
         now = self.clock.now()
         slots = self._live_slots(key, now)
         if holder in slots:
@@ -52,7 +54,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
     async def renew_slot(self, key: str, holder: str, ttl_ms: int) -> bool:
         checked_identifier("key", key)
         checked_identifier("holder", holder)
-        checked_positive("ttl_ms", ttl_ms)
+        checked_positive_ms("ttl_ms", ttl_ms)
         now = self.clock.now()
         slots = self._live_slots(key, now)
         if holder not in slots:
@@ -69,7 +71,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         self, key: str, window_ms: int, amount: int, limit: int
     ) -> WindowResult:
         checked_identifier("key", key)
-        checked_positive("window_ms", window_ms)
+        checked_positive_ms("window_ms", window_ms)
         checked_count("amount", amount)
         checked_count("limit", limit)
         now = self.clock.now()
@@ -85,6 +87,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
 
     async def pause_until(self, key: str, until: int) -> None:
         checked_identifier("key", key)
+        checked_time("until", until)
         current = self.memory.rate_pauses.get(key)
         if current is None or until > current:
             self.memory.rate_pauses[key] = until
@@ -113,14 +116,7 @@ class InMemoryCostLedgerRepository(ApplicationClockStore, CostLedgerRepository):
     """
 
     async def record(self, entry: CostEntry) -> bool:
-        checked_identifier("entry_id", entry.entry_id)
-        checked_identifier("tenant_id", entry.tenant_id)
-        checked_identifier("execution_id", entry.execution_id)
-        checked_identifier("application", entry.application)
-        checked_int("tokens_in", entry.tokens_in)
-        checked_int("tokens_out", entry.tokens_out)
-        checked_int("cost_micros", entry.cost_micros)
-        checked_int("at", entry.at)
+        checked_cost_entry(entry)
         if entry.entry_id in self.memory.cost_entries:
             return False
         self.memory.cost_entries[entry.entry_id] = entry

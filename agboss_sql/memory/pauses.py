@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_pause, checked_time
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
     JsonValue,
     PausedExecution,
     PauseStatus,
 )
-from agboss_sql.memory._fencing import ApplicationClockStore, checked_int
+from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import PauseRow, json_copy
 
 _PURGEABLE = frozenset({PauseStatus.TAKEN, PauseStatus.CANCELLED})
@@ -38,12 +39,7 @@ class InMemoryPausedExecutionRepository(ApplicationClockStore, PausedExecutionRe
         return self.memory.pauses.get((tenant_id, pause_id))
 
     async def save(self, pause: PausedExecution) -> None:
-        checked_identifier("tenant_id", pause.tenant_id)
-        checked_identifier("pause_id", pause.pause_id)
-        checked_identifier("execution_id", pause.execution_id)
-        checked_identifier("root_execution_id", pause.root_execution_id)
-        if pause.thread_id is not None:
-            checked_identifier("thread_id", pause.thread_id)
+        checked_pause(pause)
         stored = dataclasses.replace(
             pause,
             status=PauseStatus(pause.status),
@@ -125,7 +121,7 @@ class InMemoryPausedExecutionRepository(ApplicationClockStore, PausedExecutionRe
         return True
 
     async def purge(self, older_than: int) -> int:
-        checked_int("older_than", older_than)
+        checked_time("older_than", older_than)
         old = [
             key
             for key, row in self.memory.pauses.items()

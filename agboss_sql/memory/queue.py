@@ -6,6 +6,12 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_int,
+    checked_positive_ms,
+    checked_queued_child,
+)
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ChildExecution,
@@ -15,7 +21,7 @@ from agboss_sql.contracts.types import (
     JsonValue,
     QueuedChild,
 )
-from agboss_sql.memory._fencing import ApplicationClockStore, checked_count, checked_int
+from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import ChildRow, json_copy
 
 
@@ -57,12 +63,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
     """
 
     async def enqueue(self, child: QueuedChild) -> None:
-        checked_identifier("tenant_id", child.tenant_id)
-        checked_identifier("root_execution_id", child.root_execution_id)
-        checked_identifier("parent_execution_id", child.parent_execution_id)
-        checked_identifier("child_execution_id", child.child_execution_id)
-        if isinstance(child.depth, bool) or not isinstance(child.depth, int):
-            raise ValueError(f"a child's depth is an int, got {child.depth!r}")
+        checked_queued_child(child)
         payload = json_copy(child.payload)
         if child.child_execution_id in self.memory.children:
             raise DuplicateChildError(
@@ -160,7 +161,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
     async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
         checked_identifier("child_execution_id", child_execution_id)
         checked_identifier("claimer", claimer)
-        checked_int("claim_ms", claim_ms, minimum=1)
+        checked_positive_ms("claim_ms", claim_ms)
         row = self.memory.children.get(child_execution_id)
         if row is None or row.finish_remaining != 0 or row.parent_woken_at is not None:
             return False

@@ -8,6 +8,13 @@ from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicateExecutionError, IdempotencyKeyConflictError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_mesh_request,
+    checked_record,
+    checked_snapshot,
+    checked_time,
+)
 from agboss_sql.contracts.stores import (
     ExecutionHistoryRepository,
     ExecutionRecordRepository,
@@ -23,11 +30,7 @@ from agboss_sql.contracts.types import (
     MeshRequest,
     MeshRequestSaved,
 )
-from agboss_sql.memory._fencing import (
-    ApplicationClockStore,
-    checked_count,
-    checked_int,
-)
+from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import RecordRow, json_copy, json_text
 
 TERMINAL_STATUSES = frozenset(
@@ -52,19 +55,7 @@ class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRe
     """
 
     async def save(self, record: ExecutionRecord) -> None:
-        checked_identifier("tenant_id", record.tenant_id)
-        checked_identifier("execution_id", record.execution_id)
-        checked_identifier("root_execution_id", record.root_execution_id)
-        checked_identifier("workflow", record.workflow)
-        for what, optional in (
-            ("parent_execution_id", record.parent_execution_id),
-            ("thread_id", record.thread_id),
-            ("owner", record.owner),
-        ):
-            if optional is not None:
-                checked_identifier(what, optional)
-        checked_int("created_at", record.created_at)
-        checked_int("updated_at", record.updated_at)
+        checked_record(record)
         stored = ExecutionRecordStatus(record.status)
         record = dataclasses.replace(record, status=stored, outcome=json_copy(record.outcome))
         key = (record.tenant_id, record.execution_id)
@@ -214,12 +205,7 @@ class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
-        checked_identifier("idempotency_key", idempotency_key)
-        checked_identifier("tenant_id", tenant_id)
-        if not isinstance(fingerprint, str):
-            raise ValueError(f"a fingerprint is a text, got {fingerprint!r:.80}")
-        if isinstance(received_at, bool) or not isinstance(received_at, int):
-            raise ValueError(f"received_at is a time in ms (int), got {received_at!r:.80}")
+        checked_mesh_request(idempotency_key, tenant_id, fingerprint, received_at)
         existing = self.memory.mesh_requests.get(idempotency_key)
         if existing is not None:
             if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
@@ -257,13 +243,7 @@ class InMemoryExecutionHistoryRepository(ApplicationClockStore, ExecutionHistory
     """Finished runs in an `InMemoryBackend`, listed newest first with keyset pages."""
 
     async def save(self, snapshot: ExecutionSnapshot) -> None:
-        checked_identifier("tenant_id", snapshot.tenant_id)
-        checked_identifier("execution_id", snapshot.execution_id)
-        checked_identifier("workflow", snapshot.workflow)
-        if not isinstance(snapshot.status, str) or not 1 <= len(snapshot.status) <= 32:
-            raise ValueError(f"a status is a text of 1-32 characters, got {snapshot.status!r:.80}")
-        checked_int("started_at", snapshot.started_at)
-        checked_int("finished_at", snapshot.finished_at)
+        checked_snapshot(snapshot)
         stored = dataclasses.replace(snapshot, record=json_copy(snapshot.record))
         self.memory.history[(snapshot.tenant_id, snapshot.execution_id)] = stored
 
@@ -286,9 +266,9 @@ class InMemoryExecutionHistoryRepository(ApplicationClockStore, ExecutionHistory
         checked_count("limit", limit)
         for what, time in (("since", since), ("until", until)):
             if time is not None:
-                checked_int(what, time)
+                checked_time(what, time)
         if after is not None:
-            checked_int("after.finished_at", after.finished_at)
+            checked_time("after.finished_at", after.finished_at)
             checked_identifier("after.execution_id", after.execution_id)
         found = [
             snapshot
@@ -306,7 +286,7 @@ class InMemoryExecutionHistoryRepository(ApplicationClockStore, ExecutionHistory
         return [_snapshot_out(snapshot) for snapshot in found[:limit]]
 
     async def purge(self, older_than: int) -> int:
-        checked_int("older_than", older_than)
+        checked_time("older_than", older_than)
         old = [key for key, s in self.memory.history.items() if s.finished_at < older_than]
         for key in old:
             del self.memory.history[key]

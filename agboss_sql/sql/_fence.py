@@ -19,22 +19,13 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import StoreClock
-from agboss_sql.contracts.errors import ExecutionFencedError
-from agboss_sql.contracts.keys import (
-    checked_business_key,
-    checked_effect_name,
-    checked_identifier,
-)
-from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey
+from agboss_sql.contracts.rules import FenceRefusal, fence_refusal_of, fenced_error
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import execution_leases
 
 T = TypeVar("T")
 
 L = execution_leases
-
-SUPERSEDED = "superseded"
-"""The `closed_reason` of a lease `lease_state_of` closed after it expired at its token."""
 
 MAX_CLAIM_ATTEMPTS = 12
 """How often a step that lost a race for a unique key is run again before giving up."""
@@ -90,42 +81,42 @@ class FenceStatements:
         ).where(this_lease)
 
 
-def refusal_of(row: Any | None, token: int) -> str:
+def refusal_of(row: Any | None, token: int) -> FenceRefusal:
     """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token`."""
     if row is None:
-        return "lease-absent"
+        return FenceRefusal.LEASE_ABSENT
     epoch, released, yielded, finished, closed_reason, expires_at, mark, now = row
-    if epoch > token:
-        return SUPERSEDED
-    if epoch < token:
-        return "token-not-granted"
-    if finished:
-        return "finished"
-    if released:
-        return SUPERSEDED if closed_reason == SUPERSEDED else "released"
-    if yielded:
-        return "yielded"
-    if expires_at <= now:
-        return "expired"
-    if mark > token:
-        return "mark-above-token"
+    reason = fence_refusal_of(
+        token,
+        epoch=epoch,
+        released=bool(released),
+        yielded=bool(yielded),
+        finished=bool(finished),
+        closed_reason=closed_reason,
+        expires_at=expires_at,
+        now=now,
+        mark=mark,
+    )
     # Epochs and marks only grow and a lease that ended never comes back at its epoch:
     # the one condition a later read can see otherwise is the time, when the database
     # clock stepped back between the two statements.
-    return "expired"
+    return FenceRefusal.EXPIRED if reason is None else reason
 
 
-def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
-    """The fence's parameters for `key`, with the store's time when a test clock is injected
-    (read once per operation, so every statement of it sees the same time)."""
-    params: dict[str, Any] = {
-        "tenant_id": key.tenant_id,
-        "execution_id": key.lease_execution_id,
-        "token": key.token,
-    }
+def store_time_params(clock: StoreClock, **params: Any) -> dict[str, Any]:
+    """`params`, with the store's time bound as `now` when a test clock is injected (read
+    once per operation, so every statement of it sees the same time); database time is
+    read inside each statement instead."""
     if not clock.is_database_time:
         params["now"] = clock.now()
     return params
+
+
+def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
+    """The fence's parameters for `key` (`store_time_params`)."""
+    return store_time_params(
+        clock, tenant_id=key.tenant_id, execution_id=key.lease_execution_id, token=key.token
+    )
 
 
 def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[None]:
@@ -133,43 +124,7 @@ def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[
     if (yield Exec(sql.fence, params)).rowcount == 1:
         return None
     row = (yield Exec(sql.diagnose, params)).first()
-    raise ExecutionFencedError(key.scope_key, key.token, refusal_of(row, key.token))
-
-
-def checked_key(key: FencedEffectKey) -> FencedEffectKey:
-    """The key's rules, before any statement: its name, its business key, its identifiers
-    and its token."""
-    checked_effect_name(key.name)
-    checked_business_key(key)
-    checked_identifier("tenant_id", key.tenant_id)
-    checked_identifier("lease_execution_id", key.lease_execution_id)
-    checked_token(key.token)
-    return key
-
-
-def checked_token(token: object) -> int:
-    """`token` if it is a lease epoch (an int), else `ValueError`."""
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise ValueError(f"a lease token is an int, got {token!r:.80}")
-    return token
-
-
-def checked_store_clock(clock: object) -> StoreClock:
-    """`clock` if it is a `StoreClock`, else `TypeError`: fencing decides by the store's time."""
-    if not isinstance(clock, StoreClock):
-        raise TypeError(
-            "this store decides by the store's time: pass a StoreClock (StoreClock() for "
-            f"database time, StoreClock(clock) in tests), got {type(clock).__name__}"
-        )
-    return clock
-
-
-def checked_application(application: object) -> ApplicationContext:
-    """`application` if it is an `ApplicationContext` with a valid instance id."""
-    if not isinstance(application, ApplicationContext):
-        raise TypeError(f"expected an ApplicationContext, got {type(application).__name__}")
-    checked_identifier("application.instance_id", application.instance_id)
-    return application
+    raise fenced_error(key, refusal_of(row, key.token))
 
 
 async def run_claiming(connection: SqlConnection, factory: Callable[[], Step[T]]) -> T:

@@ -26,6 +26,12 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_cost_entry,
+    checked_count,
+    checked_dependencies,
+    checked_int,
+)
 from agboss_sql.contracts.stores import CostLedgerRepository
 from agboss_sql.contracts.types import ApplicationContext, BudgetScope, CostEntry, CostTotal
 from agboss_sql.sql._base import SqlStore
@@ -115,14 +121,6 @@ class CostStatements:
         )
 
 
-def _checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r:.80}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{what} must be >= {minimum}, got {value!r}")
-    return value
-
-
 class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
     """Spend on SQL: entries recorded once by id; reservations per `(scope, key)` added
     under that row's lock, never past the limit.
@@ -134,22 +132,25 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(CostStatements)
 
     async def record(self, entry: CostEntry) -> bool:
         """Insert the entry unless its `entry_id` is stored (one statement): a replayed step
         does not count twice. True when this call recorded it."""
+        checked_cost_entry(entry)
         params: dict[str, Any] = {
-            "entry_id": checked_identifier("entry_id", entry.entry_id),
-            "tenant_id": checked_identifier("tenant_id", entry.tenant_id),
-            "execution_id": checked_identifier("execution_id", entry.execution_id),
-            "application": checked_identifier("application", entry.application),
-            "tokens_in": _checked_int("tokens_in", entry.tokens_in),
-            "tokens_out": _checked_int("tokens_out", entry.tokens_out),
-            "cost_micros": _checked_int("cost_micros", entry.cost_micros),
-            "at": _checked_int("at", entry.at),
+            "entry_id": entry.entry_id,
+            "tenant_id": entry.tenant_id,
+            "execution_id": entry.execution_id,
+            "application": entry.application,
+            "tokens_in": entry.tokens_in,
+            "tokens_out": entry.tokens_out,
+            "cost_micros": entry.cost_micros,
+            "at": entry.at,
         }
         return await self.connection.insert_if_absent(self._sql.record, params)
 
@@ -163,7 +164,7 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         if since is None:
             statement = statements.total
         else:
-            params["since"] = _checked_int("since", since)
+            params["since"] = checked_int("since", since)
             statement = statements.total_since
         row = (await self.connection.execute(statement, params)).first()
         assert row is not None  # an aggregate always answers one row
@@ -181,9 +182,9 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         params: dict[str, Any] = {
             "scope": scope.value,
             "key": key,
-            "amount_micros": _checked_int("amount_micros", amount_micros, minimum=0),
+            "amount_micros": checked_count("amount_micros", amount_micros),
         }
-        limit = _checked_int("limit_micros", limit_micros, minimum=0)
+        limit = checked_count("limit_micros", limit_micros)
         statements = self._sql.scopes[scope]
         return await self.connection.run(
             lambda: self._reserve(statements, params, limit), transaction=True

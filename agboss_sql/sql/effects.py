@@ -45,17 +45,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import CorruptStoredRowError
 from agboss_sql.contracts.keys import fenced_key_identity_of, replayed_from_of
+from agboss_sql.contracts.rules import checked_dependencies, checked_fenced_key
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
 from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey, FencedEffectResult
 from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
-from agboss_sql.sql._fence import (
-    FenceStatements,
-    checked_application,
-    checked_key,
-    checked_store_clock,
-    fence_params,
-    fenced,
-)
+from agboss_sql.sql._fence import FenceStatements, fence_params, fenced
 from agboss_sql.sql.connection import MAX_ATTEMPTS, Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import fenced_effect_results
@@ -134,9 +128,11 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
     def __init__(
         self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
     ) -> None:
-        self._attach(connection, checked_application(application))
-        self.store_clock = checked_store_clock(clock)
-        database_time = clock.is_database_time
+        connection, self.store_clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="store"
+        )
+        self._attach(connection, application)
+        database_time = self.store_clock.is_database_time
         self._fence = connection.prepared(FenceStatements, database_time=database_time)
         self._sql = connection.prepared(EffectStatements, database_time=database_time)
 
@@ -150,7 +146,7 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
         `IdempotencyKeyConflictError`); else run `work(tx)` on the open transaction and
         store its JSON result. The answer's value is the stored JSON's value. Any refusal
         or exception rolls everything back, the work's rows included."""
-        checked_key(key)
+        checked_fenced_key(key)
         identity = fenced_key_identity_of(key)
         facts = {
             "identity_hash": identity_hash(identity),

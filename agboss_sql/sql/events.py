@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_count, checked_dependencies, checked_lease_event
 from agboss_sql.contracts.stores import ExecutionLeaseEventRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -74,12 +75,6 @@ def _event_of(row: Any) -> ExecutionLeaseEvent:
     )
 
 
-def _checked_int(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is an int, got {value!r:.80}")
-    return value
-
-
 class SqlExecutionLeaseEventRepository(SqlStore, ExecutionLeaseEventRepository):
     """The lease log on SQL: one `INSERT` per event, read back exactly as saved, in save
     order (the table's ascending id)."""
@@ -91,36 +86,26 @@ class SqlExecutionLeaseEventRepository(SqlStore, ExecutionLeaseEventRepository):
         application: ApplicationContext | None = None,
     ) -> None:
         # The clock is accepted for the uniform constructor only: events carry their time.
-        self._attach(connection, application or ApplicationContext("lease-log"))
+        connection, _, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="unused"
+        )
+        self._attach(connection, application)
         self._sql = connection.prepared(LeaseEventStatements)
 
     async def save(self, event: ExecutionLeaseEvent) -> None:
         """Append `event` (one statement). A field the log could not give back exactly is
         refused before anything is sent."""
-        if not isinstance(event, ExecutionLeaseEvent):
-            raise TypeError(f"expected an ExecutionLeaseEvent, got {type(event).__name__}")
+        checked_lease_event(event)
         holder = event.taken_over_from
-        if holder is not None and not isinstance(holder, LeaseHolder):
-            raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
-        if event.reason is not None and not isinstance(event.reason, str):
-            raise TypeError(f"reason is a text or None, got {event.reason!r:.80}")
         params = {
-            "tenant_id": checked_identifier("tenant_id", event.tenant_id),
-            "execution_id": checked_identifier("execution_id", event.execution_id),
-            "instance_id": checked_identifier("instance_id", event.instance_id),
-            "lease_epoch": _checked_int("lease_epoch", event.lease_epoch),
+            "tenant_id": event.tenant_id,
+            "execution_id": event.execution_id,
+            "instance_id": event.instance_id,
+            "lease_epoch": event.lease_epoch,
             "kind": LeaseEventKind(event.kind).value,
-            "at": _checked_int("at", event.at),
-            "taken_over_from_instance_id": (
-                None
-                if holder is None
-                else checked_identifier("taken_over_from.instance_id", holder.instance_id)
-            ),
-            "taken_over_from_epoch": (
-                None
-                if holder is None
-                else _checked_int("taken_over_from.lease_epoch", holder.lease_epoch)
-            ),
+            "at": event.at,
+            "taken_over_from_instance_id": None if holder is None else holder.instance_id,
+            "taken_over_from_epoch": None if holder is None else holder.lease_epoch,
             "reason": event.reason,
         }
         await self.connection.execute(self._sql.save, params)
@@ -137,8 +122,7 @@ class SqlExecutionLeaseEventRepository(SqlStore, ExecutionLeaseEventRepository):
     async def recent(self, limit: int) -> Sequence[ExecutionLeaseEvent]:
         """The newest `limit` events of every execution, newest first (one statement; none
         for `limit == 0`)."""
-        if _checked_int("limit", limit) < 0:
-            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        checked_count("limit", limit)
         if limit == 0:
             return []
         result = await self.connection.execute(self._sql.recent, {"limit": limit})

@@ -20,6 +20,12 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_dependencies,
+    checked_snapshot,
+    checked_time,
+)
 from agboss_sql.contracts.stores import ExecutionHistoryRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionSnapshot, HistoryCursor
 from agboss_sql.sql._base import SqlStore, dumps, loads
@@ -105,12 +111,6 @@ def _snapshot_of(row: Any) -> ExecutionSnapshot:
     )
 
 
-def _checked_time(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is a time in ms (int), got {value!r:.80}")
-    return value
-
-
 class SqlExecutionHistoryRepository(SqlStore, ExecutionHistoryRepository):
     """Finished runs on SQL, one row per `(tenant_id, execution_id)`; the `record` is kept
     as its JSON text, so it reads back exactly as saved (`steps[].decision`, `input_hash`,
@@ -119,25 +119,23 @@ class SqlExecutionHistoryRepository(SqlStore, ExecutionHistoryRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(HistoryStatements)
 
     async def save(self, snapshot: ExecutionSnapshot) -> None:
         """Insert the snapshot, or replace every field of the stored one with the same
         tenant and execution id (one upsert)."""
-        checked_identifier("tenant_id", snapshot.tenant_id)
-        checked_identifier("execution_id", snapshot.execution_id)
-        checked_identifier("workflow", snapshot.workflow)
-        if not isinstance(snapshot.status, str) or not 1 <= len(snapshot.status) <= 32:
-            raise ValueError(f"a status is a text of 1-32 characters, got {snapshot.status!r:.80}")
+        checked_snapshot(snapshot)
         params = {
             "tenant_id": snapshot.tenant_id,
             "execution_id": snapshot.execution_id,
             "workflow": snapshot.workflow,
             "status": str(snapshot.status),
-            "started_at": _checked_time("started_at", snapshot.started_at),
-            "finished_at": _checked_time("finished_at", snapshot.finished_at),
+            "started_at": snapshot.started_at,
+            "finished_at": snapshot.finished_at,
             "record": dumps(snapshot.record),
         }
         await self.connection.execute(self._sql.save, params)
@@ -166,15 +164,14 @@ class SqlExecutionHistoryRepository(SqlStore, ExecutionHistoryRepository):
         cursor `after` (the last snapshot of the previous page) in that order. One
         statement."""
         checked_identifier("tenant_id", tenant_id)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        checked_count("limit", limit)
         params: dict[str, Any] = {"tenant_id": tenant_id, "limit": limit}
         if since is not None:
-            params["since"] = _checked_time("since", since)
+            params["since"] = checked_time("since", since)
         if until is not None:
-            params["until"] = _checked_time("until", until)
+            params["until"] = checked_time("until", until)
         if after is not None:
-            params["after_finished_at"] = _checked_time("after.finished_at", after.finished_at)
+            params["after_finished_at"] = checked_time("after.finished_at", after.finished_at)
             params["after_execution_id"] = checked_identifier(
                 "after.execution_id", after.execution_id
             )
@@ -187,6 +184,6 @@ class SqlExecutionHistoryRepository(SqlStore, ExecutionHistoryRepository):
     async def purge(self, older_than: int) -> int:
         """Delete the snapshots (every tenant's) finished before `older_than`, in one
         statement. How many it deleted."""
-        older_than = _checked_time("older_than", older_than)
+        older_than = checked_time("older_than", older_than)
         result = await self.connection.execute(self._sql.purge, {"older_than": older_than})
         return result.rowcount

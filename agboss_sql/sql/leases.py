@@ -18,9 +18,11 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_dependencies, checked_lease, checked_positive_ms
 from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import SqlStore
+from agboss_sql.sql._fence import store_time_params
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import execution_ids, execution_leases
 
@@ -46,14 +48,6 @@ def _held(now: Any, *, live: bool) -> sa.ColumnElement[bool]:
         L.c.finished.is_(sa.false()),
     )
     return sa.and_(condition, L.c.expires_at > now) if live else condition
-
-
-def _checked_lease_ms(lease_ms: object) -> int:
-    """`lease_ms` if it is a positive whole number of ms, else `ValueError` (before any
-    statement: a zero or negative lease would be granted already over)."""
-    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
-        raise ValueError(f"lease_ms must be a positive number of ms, got {lease_ms!r}")
-    return lease_ms
 
 
 class LeaseStatements:
@@ -182,16 +176,19 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
     def __init__(
         self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
     ) -> None:
+        connection, self.store_clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="store"
+        )
         self._attach(connection, application)
-        self.store_clock = clock
-        self._sql = connection.prepared(LeaseStatements, database_time=clock.is_database_time)
+        self._sql = connection.prepared(
+            LeaseStatements, database_time=self.store_clock.is_database_time
+        )
 
     def _params(self, **params: Any) -> dict[str, Any]:
-        if not self.store_clock.is_database_time:
-            params["now"] = self.store_clock.now()
-        return params
+        return store_time_params(self.store_clock, **params)
 
     def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
+        checked_lease(lease)
         return self._params(
             tenant_id=lease.tenant_id,
             execution_id=lease.execution_id,
@@ -224,7 +221,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
             tenant_id=tenant_id,
             execution_id=execution_id,
             holder=self.application.instance_id,
-            lease_ms=_checked_lease_ms(lease_ms),
+            lease_ms=checked_positive_ms("lease_ms", lease_ms),
             take_id=take_id,
         )
         row = await self.connection.run(
@@ -243,7 +240,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return (yield Exec(self._sql.read, params)).first()
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
-        params = self._lease_params(lease, lease_ms=_checked_lease_ms(lease_ms))
+        params = self._lease_params(lease, lease_ms=checked_positive_ms("lease_ms", lease_ms))
         if self._sql.returning:
             row = (await self.connection.execute(self._sql.renew, params, priority=True)).first()
             return None if row is None else remaining_of(row[0], row[1])
@@ -274,7 +271,7 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
 
     async def reclaim(self, lease: ExecutionLease, lease_ms: int) -> ExecutionLease | None:
         params = self._lease_params(
-            lease, lease_ms=_checked_lease_ms(lease_ms), take_id=secrets.token_hex(16)
+            lease, lease_ms=checked_positive_ms("lease_ms", lease_ms), take_id=secrets.token_hex(16)
         )
         result = await self.connection.execute(self._sql.reclaim, params, priority=True)
         if self._sql.returning:

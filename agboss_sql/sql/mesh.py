@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_dependencies, checked_mesh_request
 from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -82,8 +83,10 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(MeshStatements)
 
     async def save_if_absent(
@@ -92,12 +95,7 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
         """Insert the request unless its key is stored (one statement); else read the stored
         row. The stored request and whether this call created it; the same key with another
         tenant or fingerprint is `IdempotencyKeyConflictError`."""
-        checked_identifier("idempotency_key", idempotency_key)
-        checked_identifier("tenant_id", tenant_id)
-        if not isinstance(fingerprint, str):
-            raise ValueError(f"a fingerprint is a text, got {fingerprint!r:.80}")
-        if isinstance(received_at, bool) or not isinstance(received_at, int):
-            raise ValueError(f"received_at is a time in ms (int), got {received_at!r:.80}")
+        checked_mesh_request(idempotency_key, tenant_id, fingerprint, received_at)
         params = {
             "idempotency_key": idempotency_key,
             "tenant_id": tenant_id,

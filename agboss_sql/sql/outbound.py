@@ -40,6 +40,16 @@ from agboss_sql.contracts.keys import (
     pending_outbound_call_of,
     replayed_from_of,
 )
+from agboss_sql.contracts.rules import (
+    LeaseClosedReason,
+    checked_attempt,
+    checked_attempt_owner,
+    checked_dependencies,
+    checked_fenced_key,
+    checked_time,
+    checked_token,
+    lease_state_at,
+)
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, OutboundCallRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -54,15 +64,11 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
 from agboss_sql.sql._fence import (
-    SUPERSEDED,
     FenceStatements,
-    checked_application,
-    checked_key,
-    checked_store_clock,
-    checked_token,
     fence_params,
     fenced,
     run_claiming,
+    store_time_params,
 )
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
@@ -178,7 +184,11 @@ class OutboundStatements:
                 L.c.finished.is_(sa.false()),
                 L.c.expires_at <= closed_at,
             )
-            .values(released=sa.true(), closed_reason=SUPERSEDED, updated_at=closed_at)
+            .values(
+                released=sa.true(),
+                closed_reason=LeaseClosedReason.SUPERSEDED.value,
+                updated_at=closed_at,
+            )
         )
 
 
@@ -235,18 +245,6 @@ def _facts_of(row: Any) -> dict[str, Any]:
     }
 
 
-def _checked_attempt(attempt: object) -> AttemptRef:
-    if not isinstance(attempt, AttemptRef):
-        raise TypeError(f"expected an AttemptRef, got {type(attempt).__name__}")
-    return attempt
-
-
-def _checked_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not owner:
-        raise ValueError(f"an attempt owner is a non-empty text, got {owner!r:.80}")
-    return owner
-
-
 class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
     """Outbound calls on SQL: every fenced method is one transaction whose first statement
     checks the lease and raises the scope's mark (locking the lease row), then writes the
@@ -257,15 +255,17 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
     def __init__(
         self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
     ) -> None:
-        self._attach(connection, checked_application(application))
-        self.store_clock = checked_store_clock(clock)
-        database_time = clock.is_database_time
+        connection, self.store_clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="store"
+        )
+        self._attach(connection, application)
+        database_time = self.store_clock.is_database_time
         self._fence = connection.prepared(FenceStatements, database_time=database_time)
         self._sql = connection.prepared(OutboundStatements, database_time=database_time)
 
     async def get(self, key: FencedEffectKey) -> OutboundCall | None:
         """The stored intent for the key, or `None` (one statement, no fence)."""
-        checked_key(key)
+        checked_fenced_key(key)
         result = await self.connection.execute(
             self._sql.get, {"identity_hash": identity_hash(fenced_key_identity_of(key))}
         )
@@ -279,9 +279,8 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
         (`pending_outbound_call_of`) if no row has the key. The stored row and whether this
         call created it; under a business key, a row of another fingerprint is
         `IdempotencyKeyConflictError`."""
-        checked_key(key)
-        if isinstance(recorded_at, bool) or not isinstance(recorded_at, int):
-            raise ValueError(f"recorded_at is a time in ms (an int), got {recorded_at!r:.80}")
+        checked_fenced_key(key)
+        checked_time("recorded_at", recorded_at)
         intent_text = dumps(intent)
         call = pending_outbound_call_of(key, loads(intent_text), recorded_at)
         row_params = {
@@ -332,14 +331,14 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
         """In one transaction, after the lease and mark check: when the row is still at
         `expected` (status, attempt, owner), claim the next attempt for `owner`, status
         pending, response and error cleared. True when one row changed."""
-        checked_key(key)
-        _checked_attempt(expected)
+        checked_fenced_key(key)
+        checked_attempt(expected)
         params = {
             "identity_hash": identity_hash(fenced_key_identity_of(key)),
             "expected_status": OutboundCallStatus(expected.status).value,
             "expected_attempt": expected.attempt,
             "expected_owner": expected.attempt_owner,
-            "owner": _checked_owner(owner),
+            "owner": checked_attempt_owner(owner),
         }
         return await self._fenced_update(key, self._sql.mark_pending, params)
 
@@ -365,8 +364,8 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
         response: str | None,
         error: str | None,
     ) -> bool:
-        checked_key(key)
-        _checked_attempt(attempt)
+        checked_fenced_key(key)
+        checked_attempt(attempt)
         params = {
             "identity_hash": identity_hash(fenced_key_identity_of(key)),
             "expected_status": OutboundCallStatus(attempt.status).value,
@@ -402,26 +401,23 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
         sql = self._sql
 
         def step() -> Step[LeaseState]:
-            params: dict[str, Any] = {
-                "tenant_id": tenant_id,
-                "execution_id": execution_id,
-                "token": token,
-            }
-            if not self.store_clock.is_database_time:
-                params["now"] = self.store_clock.now()
+            params = store_time_params(
+                self.store_clock, tenant_id=tenant_id, execution_id=execution_id, token=token
+            )
             row = (yield Exec(sql.lock_lease, params)).first()
             if row is None:
                 return LeaseState.ABSENT
             epoch, released, finished, closed_reason, expires_at, now = row
-            if epoch < token:
-                return LeaseState.ABSENT
-            if epoch > token:
-                return LeaseState.SUPERSEDED
-            if finished:
-                return LeaseState.FINISHED
-            if released:
-                return LeaseState.SUPERSEDED if closed_reason == SUPERSEDED else LeaseState.RELEASED
-            if expires_at <= now:
+            found = lease_state_at(
+                token,
+                epoch=int(epoch),
+                released=bool(released),
+                finished=bool(finished),
+                closed_reason=closed_reason,
+                expires_at=expires_at,
+                now=now,
+            )
+            if found.close:
                 # Closed in the same transaction, under the lock: a late renewal waits for
                 # the commit and then finds the lease released.
                 closed = yield Exec(sql.close_lease, {**params, "closed_at": int(now)})
@@ -429,7 +425,6 @@ class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
                     raise CorruptStoredRowError(
                         f"the lease of {execution_id!r} moved under its lock"
                     )
-                return LeaseState.SUPERSEDED
-            return LeaseState.LIVE
+            return found.state
 
         return await self.connection.run(step, transaction=True)

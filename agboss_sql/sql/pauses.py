@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_dependencies, checked_pause, checked_time
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -146,19 +147,16 @@ class SqlPausedExecutionRepository(SqlStore, PausedExecutionRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(PauseStatements)
 
     async def save(self, pause: PausedExecution) -> None:
         """Insert the pause (one statement); an existing `(tenant_id, pause_id)` is
         `DuplicatePauseError` and leaves the stored pause as it was."""
-        checked_identifier("tenant_id", pause.tenant_id)
-        checked_identifier("pause_id", pause.pause_id)
-        checked_identifier("execution_id", pause.execution_id)
-        checked_identifier("root_execution_id", pause.root_execution_id)
-        if pause.thread_id is not None:
-            checked_identifier("thread_id", pause.thread_id)
+        checked_pause(pause)
         params = {
             "tenant_id": pause.tenant_id,
             "pause_id": pause.pause_id,
@@ -273,7 +271,6 @@ class SqlPausedExecutionRepository(SqlStore, PausedExecutionRepository):
     async def purge(self, older_than: int) -> int:
         """Delete taken and cancelled pauses last moved (`updated_at`) before `older_than`,
         in one statement. How many it deleted; pending and resolved pauses are kept."""
-        if isinstance(older_than, bool) or not isinstance(older_than, int):
-            raise ValueError(f"older_than is a time in ms (int), got {older_than!r:.80}")
+        checked_time("older_than", older_than)
         result = await self.connection.execute(self._sql.purge, {"older_than": older_than})
         return result.rowcount

@@ -42,6 +42,13 @@ import sqlalchemy as sa
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_dependencies,
+    checked_int,
+    checked_positive_ms,
+    checked_queued_child,
+)
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -289,14 +296,6 @@ def _listed(row: Any) -> ChildExecution:
     )
 
 
-def _checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r:.80}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     """The child queue on SQL, on the application's clock: a child is claimed by one
     claimer, restarted by compare-and-set on its attempt, finished once (by its current
@@ -306,18 +305,16 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(QueueStatements)
 
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's
         now) in one statement; a child id already queued is `DuplicateChildError`."""
-        checked_identifier("tenant_id", child.tenant_id)
-        checked_identifier("root_execution_id", child.root_execution_id)
-        checked_identifier("parent_execution_id", child.parent_execution_id)
-        checked_identifier("child_execution_id", child.child_execution_id)
-        _checked_int("a child's depth", child.depth)
+        checked_queued_child(child)
         params = {
             "tenant_id": child.tenant_id,
             "root_execution_id": child.root_execution_id,
@@ -365,7 +362,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
 
     async def running(self, limit: int) -> Sequence[ChildExecution]:
         """Up to `limit` running children, oldest queued first."""
-        _checked_int("limit", limit, minimum=0)
+        checked_count("limit", limit)
         if limit == 0:
             return []
         result = await self.connection.execute(
@@ -377,7 +374,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         """For a running child still at `attempt`: this store's instance becomes its claimer
         at `attempt + 1` (compare-and-set). The claimed child, or `None`."""
         checked_identifier("child_execution_id", child_execution_id)
-        _checked_int("attempt", attempt)
+        checked_int("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "attempt": attempt,
@@ -408,7 +405,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
-            _checked_int("attempt", attempt)
+            checked_int("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "outcome": dumps(outcome),
@@ -443,7 +440,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
         """Up to `limit` finished children whose finish saw none left and whose parent's
         wake is neither done nor under a live claim, oldest finish first (one statement)."""
-        _checked_int("limit", limit, minimum=0)
+        checked_count("limit", limit)
         if limit == 0:
             return []
         result = await self.connection.execute(
@@ -458,7 +455,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         of the (then settled) claim tells a retry by the same claimer (True) from a loser."""
         checked_identifier("child_execution_id", child_execution_id)
         checked_identifier("claimer", claimer)
-        _checked_int("claim_ms", claim_ms, minimum=1)
+        checked_positive_ms("claim_ms", claim_ms)
         now = self.clock.now()
         params = {
             "child_execution_id": child_execution_id,

@@ -34,6 +34,12 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_dependencies,
+    checked_positive_ms,
+    checked_time,
+)
 from agboss_sql.contracts.stores import RateLimitRepository
 from agboss_sql.contracts.types import ApplicationContext, WindowResult
 from agboss_sql.sql._base import SqlStore
@@ -134,12 +140,6 @@ class RateLimitStatements:
         )
 
 
-def _checked_int(what: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r:.80}")
-    return value
-
-
 class SqlRateLimitRepository(SqlStore, RateLimitRepository):
     """Rate limits on SQL, on the application's clock: a key's slots are counted and taken
     under its row's lock and never exceed `max_slots`; a fixed window (aligned to multiples
@@ -148,8 +148,10 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(RateLimitStatements)
 
     async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
@@ -158,8 +160,8 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
         refreshed (never shortened) and always admitted. Never more than `max_slots`."""
         checked_identifier("key", key)
         checked_identifier("holder", holder)
-        _checked_int("max_slots", max_slots, minimum=0)
-        _checked_int("ttl_ms", ttl_ms, minimum=1)
+        checked_count("max_slots", max_slots)
+        checked_positive_ms("ttl_ms", ttl_ms)
         params = {"key": key, "holder": holder, "ttl_ms": ttl_ms, "now": self.clock.now()}
         return await self.connection.run(lambda: self._acquire_slot(params, max_slots))
 
@@ -182,7 +184,7 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
         statement. False when it has none (never held, released, or expired)."""
         checked_identifier("key", key)
         checked_identifier("holder", holder)
-        _checked_int("ttl_ms", ttl_ms, minimum=1)
+        checked_positive_ms("ttl_ms", ttl_ms)
         params = {"key": key, "holder": holder, "ttl_ms": ttl_ms, "now": self.clock.now()}
         return (await self.connection.execute(self._sql.renew_slot, params)).rowcount == 1
 
@@ -200,9 +202,9 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
         `used + amount <= limit`; a refused amount is not added. The answer names whether
         it was added, the window's use after the call and when the window resets."""
         checked_identifier("key", key)
-        _checked_int("window_ms", window_ms, minimum=1)
-        _checked_int("amount", amount, minimum=0)
-        _checked_int("limit", limit, minimum=0)
+        checked_positive_ms("window_ms", window_ms)
+        checked_count("amount", amount)
+        checked_count("limit", limit)
         now = self.clock.now()
         params = {
             "key": key,
@@ -232,8 +234,7 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
     async def pause_until(self, key: str, until: int) -> None:
         """Pause `key` until `until` in one statement; a longer pause already set stands."""
         checked_identifier("key", key)
-        if isinstance(until, bool) or not isinstance(until, int):
-            raise ValueError(f"until is a time in ms (int), got {until!r:.80}")
+        checked_time("until", until)
         await self.connection.execute(self._sql.pause_until, {"key": key, "until": until})
 
     async def paused_until(self, key: str) -> int | None:

@@ -20,6 +20,11 @@ import sqlalchemy as sa
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateExecutionError
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import (
+    checked_count,
+    checked_dependencies,
+    checked_record,
+)
 from agboss_sql.contracts.stores import ExecutionRecordRepository
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -110,17 +115,6 @@ def _record(row: Any) -> ExecutionRecord:
     return ExecutionRecord(**values)
 
 
-def _optional_identifier(what: str, value: str | None) -> None:
-    if value is not None:
-        checked_identifier(what, value)
-
-
-def _checked_time(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is a time in ms (int), got {value!r:.80}")
-    return value
-
-
 class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
     """Execution records on SQL: tenant-isolated, status moved only by compare-and-set, one
     outcome per run."""
@@ -128,20 +122,16 @@ class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(RecordStatements)
 
     async def save(self, record: ExecutionRecord) -> None:
         """Insert the record in one statement; an existing `(tenant_id, execution_id)` is
         `DuplicateExecutionError` (the stored record is untouched)."""
-        checked_identifier("tenant_id", record.tenant_id)
-        checked_identifier("execution_id", record.execution_id)
-        checked_identifier("root_execution_id", record.root_execution_id)
-        checked_identifier("workflow", record.workflow)
-        _optional_identifier("parent_execution_id", record.parent_execution_id)
-        _optional_identifier("thread_id", record.thread_id)
-        _optional_identifier("owner", record.owner)
+        checked_record(record)
         params = {
             "tenant_id": record.tenant_id,
             "execution_id": record.execution_id,
@@ -151,8 +141,8 @@ class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
             "workflow": record.workflow,
             "owner": record.owner,
             "status": ExecutionRecordStatus(record.status).value,
-            "created_at": _checked_time("created_at", record.created_at),
-            "updated_at": _checked_time("updated_at", record.updated_at),
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
             "outcome": None if record.outcome is None else dumps(record.outcome),
         }
         if not await self.connection.insert_if_absent(self._sql.save, params):
@@ -185,8 +175,7 @@ class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
     ) -> Sequence[ExecutionRecord]:
         """Up to `limit` records in `status` (every tenant's), oldest update first."""
         status = ExecutionRecordStatus(status)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"limit must be an int >= 0, got {limit!r:.80}")
+        checked_count("limit", limit)
         if limit == 0:
             return []
         result = await self.connection.execute(

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_dependencies
 from agboss_sql.contracts.stores import ExecutionTreeRepository
 from agboss_sql.contracts.types import ApplicationContext, JsonValue
 from agboss_sql.sql._base import SqlStore, dumps, loads
@@ -82,8 +83,10 @@ class SqlExecutionTreeRepository(SqlStore, ExecutionTreeRepository):
     def __init__(
         self, connection: SqlConnection, clock: Clock, application: ApplicationContext
     ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
         self._attach(connection, application)
-        self.clock = clock
         self._sql = connection.prepared(TreeStatements)
 
     @staticmethod

@@ -25,6 +25,8 @@ from agboss_sql.contracts import (
     replayed_from_of,
     stored_key_facts_of,
 )
+from agboss_sql.contracts.rules import LeaseClosedReason
+from agboss_sql.contracts.rules import checked_fenced_key as checked_key
 from agboss_sql.memory import (
     InMemoryExecutionLeaseEventRepository,
     InMemoryExecutionLeaseRepository,
@@ -32,12 +34,12 @@ from agboss_sql.memory import (
     InMemoryOutboundCallRepository,
     InMemoryTransaction,
 )
-from agboss_sql.memory._fencing import SUPERSEDED, checked_key, fence, raise_mark, store_now
+from agboss_sql.memory._fencing import fence, raise_mark, store_now
 from agboss_sql.memory.backend import FencedResultRow, LeaseRow, json_text
 
 
 def _taken_over_from(row: LeaseRow) -> LeaseHolder | None:
-    if (not row.released and not row.yielded) or row.closed_reason == SUPERSEDED:
+    if (not row.released and not row.yielded) or row.closed_reason == LeaseClosedReason.SUPERSEDED:
         return LeaseHolder(row.holder_instance_id, row.lease_epoch)
     return None
 
@@ -216,13 +218,17 @@ class ReadThenCloseCalls(InMemoryOutboundCallRepository):
         if row.finished:
             return LeaseState.FINISHED
         if row.released:
-            return LeaseState.SUPERSEDED if row.closed_reason == SUPERSEDED else LeaseState.RELEASED
+            return (
+                LeaseState.SUPERSEDED
+                if row.closed_reason == LeaseClosedReason.SUPERSEDED
+                else LeaseState.RELEASED
+            )
         if row.expires_at > now:
             return LeaseState.LIVE
         await asyncio.sleep(0)  # the gap: a round trip between the read and the close
         async with self.memory.atomic():
             row.released = True
-            row.closed_reason = SUPERSEDED
+            row.closed_reason = LeaseClosedReason.SUPERSEDED
         return LeaseState.SUPERSEDED
 
 

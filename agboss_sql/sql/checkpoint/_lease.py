@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from langchain_core.runnables import RunnableConfig
 
 from agboss_sql.contracts.keys import checked_identifier, scope_key_of
+from agboss_sql.contracts.rules import checked_token
 from agboss_sql.contracts.types import ExecutionLease
-from agboss_sql.sql._fence import checked_token
 
 LEASE_KEY = "agboss_lease"
 """The `configurable` key that carries the writer's lease to a fenced saver: an

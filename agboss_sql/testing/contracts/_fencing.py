@@ -4,12 +4,18 @@ running two operations at once in both orders."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agboss_sql.contracts.clocks import SystemClock
+from agboss_sql.contracts.errors import (
+    InvalidFingerprintError,
+    InvalidIdentifierError,
+    InvalidStepError,
+)
 from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.stores import (
     ExecutionLeaseEventRepository,
@@ -332,3 +338,56 @@ __all__ = [
     "skew_text",
     "step_of",
 ]
+
+
+def unreplayable_keys(key: FencedEffectKey) -> list[tuple[str, FencedEffectKey, type[Exception]]]:
+    """Keys built by hand from `key` that a first write could store but no later read could
+    give back as they were (an empty step part, a step that is not a `StepRef`, a fingerprint
+    that is not a text, a text no database stores, a scope that is not its lease's): what
+    each is and the typed error that must refuse it before anything is written."""
+    step = key.step
+    # Built with replace(**Any) on purpose: these are the values the types forbid.
+    hand: Any = dataclasses.replace
+
+    def with_step(**change: Any) -> FencedEffectKey:
+        return dataclasses.replace(key, step=dataclasses.replace(step, **change))
+
+    return [
+        ("an empty step idempotency key", with_step(idempotency_key=""), InvalidStepError),
+        ("an empty step name", with_step(name=""), InvalidStepError),
+        ("an empty step execution id", with_step(execution_id=""), InvalidStepError),
+        ("a step execution id ending with a space", with_step(execution_id="e "), InvalidStepError),
+        ("a NUL in the step name", with_step(name="a\x00b"), InvalidStepError),
+        ("a lone surrogate in the step key", with_step(idempotency_key="\ud800"), InvalidStepError),
+        (
+            "a step idempotency key that is not a text",
+            with_step(idempotency_key=7),
+            InvalidStepError,
+        ),
+        (
+            "a step that is not a StepRef",
+            hand(key, step=(step.execution_id, step.idempotency_key, step.name)),
+            InvalidStepError,
+        ),
+        ("an int fingerprint", hand(key, fingerprint=5), InvalidFingerprintError),
+        (
+            "a bytes fingerprint",
+            hand(key, fingerprint=b"fp"),
+            InvalidFingerprintError,
+        ),
+        (
+            "a NUL in the fingerprint",
+            dataclasses.replace(key, fingerprint="fp\x00"),
+            InvalidFingerprintError,
+        ),
+        (
+            "a scope that is not the lease's",
+            dataclasses.replace(key, scope_key=key.scope_key + "-other"),
+            InvalidIdentifierError,
+        ),
+        (
+            "a NUL in the tenant id",
+            dataclasses.replace(key, tenant_id=key.tenant_id + "\x00"),
+            InvalidIdentifierError,
+        ),
+    ]

@@ -12,7 +12,9 @@ both orders. The other instance's own clock is skewed by +-lease/2, +-lease and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.types import ExecutionLease, LeaseHolder
@@ -163,6 +165,45 @@ async def invalid_identifiers_refused(ctx: CaseContext) -> None:
             f"save_execution_id_if_absent({tenant[:20]!r}, {execution[:20]!r}…) answered {saved} instead of InvalidIdentifierError",
         )
     await w.take(tree, 1)
+
+
+async def handed_back_leases_checked(ctx: CaseContext) -> None:
+    """A lease handed back to renew, release, yield, reclaim or finish that is not an
+    `ExecutionLease` of an identified execution at an int epoch (a text or bool epoch, an
+    empty id, a tuple) is refused (`ValueError`, `InvalidIdentifierError`, `TypeError`)
+    before anything moves: the real lease is still held, and renews."""
+    w = World(ctx)
+    tree = w.name()
+    lease = await w.take(tree, 0)
+    leases = w.leases(0)
+    hand: Any = dataclasses.replace
+    wrong: list[object] = [
+        hand(lease, lease_epoch=str(lease.lease_epoch)),
+        hand(lease, lease_epoch=True),
+        hand(lease, execution_id=""),
+        hand(lease, tenant_id=None),
+        (lease.tenant_id, lease.execution_id, lease.lease_epoch),
+    ]
+    moves: list[tuple[str, Callable[[Any], Awaitable[object]]]] = [
+        ("renew", lambda bad: leases.renew(bad, LEASE_MS)),
+        ("release", leases.release),
+        ("yield_lease", leases.yield_lease),
+        ("reclaim", lambda bad: leases.reclaim(bad, LEASE_MS)),
+        ("finish", leases.finish),
+    ]
+    for bad in wrong:
+        for method, move in moves:
+            try:
+                got = await move(bad)
+            except (ValueError, TypeError, InvalidIdentifierError):
+                continue
+            fail("arguments-checked", f"{method}({bad!r:.120}) answered {got}, expected a refusal")
+    renewed = await leases.renew(lease, LEASE_MS)
+    expect(
+        renewed is not None,
+        "arguments-checked",
+        "the real lease could not be renewed after the refused moves",
+    )
 
 
 # --- boundaries ---------------------------------------------------------------------------
@@ -1047,6 +1088,10 @@ def cases() -> list[Case]:
         ("the same execution in another tenant is another lease", other_tenant_is_another_lease),
         ("255-character identifiers round-trip", long_identifiers_round_trip),
         ("invalid identifiers are refused", invalid_identifiers_refused),
+        (
+            "a lease handed back that is not one is refused before anything moves",
+            handed_back_leases_checked,
+        ),
     ]
     for offset, label in BOUNDARIES:
         outcome = "is refused" if offset < 0 else "takes the lease over"

@@ -39,6 +39,7 @@ from agboss_sql.testing.contracts._fencing import (
     race,
     skew_text,
     step_of,
+    unreplayable_keys,
 )
 
 CONTRACT = "fenced_effect"
@@ -306,6 +307,56 @@ async def invalid_business_keys_refused_first(ctx: CaseContext) -> None:
         f"the 255-character business key from another step answered {again}",
     )
     expect(await w.rows() == ["longest"], "one-effect-per-key", f"business rows {await w.rows()}")
+
+
+async def unreplayable_keys_refused_first(ctx: CaseContext) -> None:
+    """A key whose first write would store what no later read gives back (an empty step
+    part, a step that is not a `StepRef`, a fingerprint that is not a text, a NUL, a scope
+    that is not its lease's) is refused with its typed error before any statement, even at
+    a stale token: nothing runs, nothing is written, and the key's valid write then runs
+    once and replays, so the tree can still finish."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    for good in (key_of(lease), key_of(lease, business_key=w.name("b"), fingerprint="fp")):
+        for base in (good, dataclasses.replace(good, token=good.token + 5)):
+            for what, bad, error in unreplayable_keys(base):
+                work = w.work("unreplayable", None)
+                try:
+                    got = await w.effects(0).save_result_if_absent(bad, work)
+                except error:
+                    pass
+                except ExecutionFencedError:
+                    fail(
+                        "writes-validate-what-reads-require",
+                        f"{what} at a stale token was fenced before the key was checked",
+                    )
+                except Exception as exc:
+                    fail(
+                        "writes-validate-what-reads-require",
+                        f"{what} raised {exc!r:.200}, expected {error.__name__}",
+                    )
+                else:
+                    fail(
+                        "writes-validate-what-reads-require",
+                        f"{what} was accepted ({got}): every later call of the key would fail",
+                    )
+                expect(
+                    work.calls == 0, "writes-validate-what-reads-require", f"{what}: the work ran"
+                )
+        label = "valid-" + ("business" if good.business_key else "step")
+        first = await _write(w, good, label, 1)
+        await _expect_ran(w, first, 1, f"the valid key after its refused variants ({label})")
+        again = await _write(w, good, label + "-again", 2)
+        expect(
+            again == FencedEffectResult(1, True, None),
+            "writes-validate-what-reads-require",
+            f"the valid key's replay after its refused variants answered {again}",
+        )
+    expect(
+        await w.rows() == ["valid-step", "valid-business"],
+        "writes-validate-what-reads-require",
+        f"business rows {await w.rows()}",
+    )
 
 
 # --- all or nothing -----------------------------------------------------------------------
@@ -698,6 +749,11 @@ def cases() -> list[Case]:
         (
             "invalid business keys are refused before anything is written",
             invalid_business_keys_refused_first,
+            False,
+        ),
+        (
+            "keys no later read could give back are refused before anything is written",
+            unreplayable_keys_refused_first,
             False,
         ),
         (

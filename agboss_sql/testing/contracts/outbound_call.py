@@ -51,6 +51,7 @@ from agboss_sql.testing.contracts._fencing import (
     past_database_lease,
     race,
     skew_text,
+    unreplayable_keys,
 )
 
 CONTRACT = "outbound_call"
@@ -311,6 +312,9 @@ async def _expect_key_refused(
     key: FencedEffectKey,
     ref: AttemptRef,
     error: type[Exception],
+    *,
+    what: str = "",
+    rule: str = "key-checked-first",
 ) -> None:
     operations: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
         ("save_if_absent", lambda: calls.save_if_absent(key, INTENT, w.now)),
@@ -318,7 +322,7 @@ async def _expect_key_refused(
         ("mark_completed", lambda: calls.mark_completed(key, ref, None)),
         ("mark_failed", lambda: calls.mark_failed(key, ref, None)),
     ]
-    what = f"name {key.name!r:.30} / business key {key.business_key!r:.30}"
+    what = what or f"name {key.name!r:.30} / business key {key.business_key!r:.30}"
     for method, operation in operations:
         try:
             got = await operation()
@@ -326,10 +330,12 @@ async def _expect_key_refused(
             continue
         except ExecutionFencedError:
             fail(
-                "key-checked-first",
+                rule,
                 f"{method} with {what} at a stale token was fenced before the key was checked",
             )
-        fail("key-checked-first", f"{method} with {what} answered {got}, expected {error.__name__}")
+        except Exception as exc:
+            fail(rule, f"{method} with {what} raised {exc!r:.200}, expected {error.__name__}")
+        fail(rule, f"{method} with {what} answered {got}, expected {error.__name__}")
 
 
 async def invalid_keys_refused_first(ctx: CaseContext) -> None:
@@ -354,6 +360,46 @@ async def invalid_keys_refused_first(ctx: CaseContext) -> None:
     for key, error in bad:
         await _expect_key_refused(w, calls, key, ref, error)
     expect(await calls.get(good) is None, "key-checked-first", "an invalid key recorded an intent")
+
+
+async def unreplayable_keys_refused_first(ctx: CaseContext) -> None:
+    """Every fenced method refuses, with its typed error and before any statement (even at
+    a stale token), a key whose record no later read could give back (an empty step part,
+    a step that is not a `StepRef`, a fingerprint that is not a text, a NUL, a scope that is
+    not its lease's); `save_if_absent` refuses a `recorded_at` that is not an int, and
+    `mark_pending` an owner that is not a non-empty text. Nothing is recorded, and the valid
+    key then records its intent once."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    calls = w.calls(0)
+    rule = "writes-validate-what-reads-require"
+    goods = (key_of(lease), key_of(lease, business_key=w.name("b"), fingerprint="fp"))
+    for good in goods:
+        ref = AttemptRef(OutboundCallStatus.PENDING, 0, attempt_owner_of(good))
+        for base in (good, dataclasses.replace(good, token=good.token + 5)):
+            for what, bad, error in unreplayable_keys(base):
+                await _expect_key_refused(w, calls, bad, ref, error, what=what, rule=rule)
+        for recorded_at in (1.5, "1", True, None):
+            try:
+                got: Any = await calls.save_if_absent(good, INTENT, recorded_at)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            fail(rule, f"save_if_absent at recorded_at {recorded_at!r} answered {got}")
+        expect(await calls.get(good) is None, rule, "a refused write recorded an intent")
+        saved = await calls.save_if_absent(good, INTENT, w.now)
+        expect(saved.created, rule, f"the valid key after its refused variants: {saved}")
+        for owner in ("", 7, None, "a\x00b"):
+            try:
+                got = await calls.mark_pending(good, saved.call.attempt_ref, owner)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            fail(rule, f"mark_pending for owner {owner!r} answered {got}")
+        again = await calls.save_if_absent(good, INTENT, w.now)
+        expect(
+            not again.created and again.call == saved.call,
+            rule,
+            f"the valid key's second record answered {again}, expected {saved}",
+        )
 
 
 # --- lease_state_of -----------------------------------------------------------------------
@@ -1023,6 +1069,11 @@ def cases() -> list[Case]:
         (
             "invalid names and business keys are refused before anything is written",
             invalid_keys_refused_first,
+            False,
+        ),
+        (
+            "keys, times and owners no later read could give back are refused first",
+            unreplayable_keys_refused_first,
             False,
         ),
         ("lease_state_of answers each state", lease_states, False),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agboss_sql.contracts.types import LeaseState
 from agboss_sql.testing.explorer._sim import (
     ACQUIRE,
     CLAIM,
@@ -145,8 +146,8 @@ RACES: tuple[Race, ...] = (
         _TAKEN_PAST_LEASE,
         Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
         Side("take", (_a(1, ACQUIRE),)),
-        (_is("superseded"), _is(TAKEOVER)),
-        (_is(TAKEOVER), _is("superseded")),
+        (_is(LeaseState.SUPERSEDED.value), _is(TAKEOVER)),
+        (_is(TAKEOVER), _is(LeaseState.SUPERSEDED.value)),
         needs_lease_state_of=True,
     ),
     Race(
@@ -155,7 +156,7 @@ RACES: tuple[Race, ...] = (
         _TAKEN_PAST_LEASE,
         Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
         Side("finish", (_a(0, FINISH),)),
-        (_is("superseded"), _is(REFUSED, NO_STALE_WRITE)),
+        (_is(LeaseState.SUPERSEDED.value), _is(REFUSED, NO_STALE_WRITE)),
         (_is("finished"), _is("finished")),
         needs_lease_state_of=True,
     ),
@@ -165,8 +166,8 @@ RACES: tuple[Race, ...] = (
         _TAKEN_PAST_LEASE,
         Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
         Side("renewal", (_a(0, RENEW),)),
-        (_is("superseded"), _is("over", NO_STALE_WRITE)),
-        (_is("over", NO_STALE_WRITE), _is("superseded")),
+        (_is(LeaseState.SUPERSEDED.value), _is("over", NO_STALE_WRITE)),
+        (_is("over", NO_STALE_WRITE), _is(LeaseState.SUPERSEDED.value)),
         needs_lease_state_of=True,
     ),
     Race(

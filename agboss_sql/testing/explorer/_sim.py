@@ -31,6 +31,7 @@ from agboss_sql.contracts.keys import (
     fenced_key_identity_of,
     parse_attempt_owner,
 )
+from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import (
     ExecutionLeaseRepository,
     FencedEffectRepository,
@@ -248,17 +249,17 @@ class TreeModel:
         if epoch > self.epoch:
             return "never granted"
         if epoch < self.epoch or holder != self.holder:
-            return "superseded"
+            return FenceRefusal.SUPERSEDED
         if self.finished:
-            return "finished"
+            return FenceRefusal.FINISHED
         if self.closed:
             return "closed (superseded)"
         if self.released:
-            return "released"
+            return FenceRefusal.RELEASED
         if self.yielded and not yielded_ok:
-            return "yielded"
+            return FenceRefusal.YIELDED
         if live and self.expires_at <= now:
-            return "expired"
+            return FenceRefusal.EXPIRED
         return None
 
     def state_at(self, token: int, now: int) -> LeaseState:
@@ -912,7 +913,7 @@ class Sim:
         if not done:
             return
         reason = tree.refusal(epoch, inst.index, self.now, live=False, yielded_ok=True)
-        if check and reason in ("superseded", "never granted"):
+        if check and reason in (FenceRefusal.SUPERSEDED, "never granted"):
             raise Broken(
                 NO_STALE_WRITE,
                 f"{inst.name}'s {what} of epoch {epoch} of {tree.name} was accepted at "
