@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
@@ -85,6 +85,10 @@ class Measurement:
     p99_ms: float
     statements_per_op: float
     round_trips_per_op: float
+    cpu_us_per_op: float
+    """This process's CPU time per operation (median over the runs), in µs: what the client
+    side costs, apart from the database's and the network's time and from other processes
+    competing for the machine."""
     ops: int
     runs: int
     ratio: float | None = None
@@ -165,31 +169,42 @@ async def open_floor(connection: SqlConnection) -> Floor:
     return ServerFloor(server, await server.connect(connection.url, connection.timeouts))
 
 
-async def _timed(op: Op, start: int, count: int) -> tuple[float, list[float]]:
+class Timing(NamedTuple):
+    """What `measure` found."""
+
+    ops_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_op: float
+
+
+async def _timed(op: Op, start: int, count: int) -> tuple[float, float, list[float]]:
     latencies: list[float] = []
+    cpu = time.process_time()
     began = time.perf_counter()
     for i in range(start, start + count):
         t0 = time.perf_counter()
         await op(i)
         latencies.append((time.perf_counter() - t0) * 1000)
-    return count / (time.perf_counter() - began), latencies
+    elapsed = time.perf_counter() - began
+    return count / elapsed, (time.process_time() - cpu) / count * 1e6, latencies
 
 
-async def measure(
-    op: Op, *, ops: int, runs: int, warmup: int, base: int
-) -> tuple[float, float, float]:
-    """Median ops/s over `runs`, and p50/p99 latency (ms) over every op."""
+async def measure(op: Op, *, ops: int, runs: int, warmup: int, base: int) -> Timing:
+    """Median ops/s and CPU µs per op over `runs`, and p50/p99 latency (ms) over every op."""
     await _timed(op, base, warmup)
     rates: list[float] = []
+    cpus: list[float] = []
     latencies: list[float] = []
     for run in range(runs):
-        rate, lat = await _timed(op, base + warmup + run * ops, ops)
+        rate, cpu, lat = await _timed(op, base + warmup + run * ops, ops)
         rates.append(rate)
+        cpus.append(cpu)
         latencies.extend(lat)
     latencies.sort()
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return statistics.median(rates), p50, p99
+    return Timing(statistics.median(rates), p50, p99, statistics.median(cpus))
 
 
 @dataclass
@@ -248,24 +263,26 @@ class Bench:
     def _record(
         self,
         operation: str,
-        ours: tuple[float, float, float, float],
-        raw: tuple[float, float, float, float],
+        ours: tuple[Timing, float],
+        raw: tuple[Timing, float],
         *,
         target: float,
         note: str = "",
         total_ops: int,
     ) -> None:
-        ratio = ours[0] / raw[0] if raw[0] else None
-        for impl, figures in (("raw", raw), ("agboss", ours)):
+        """Report `ours` beside `raw`, each a timing and the statements sent per op."""
+        ratio = ours[0].ops_per_s / raw[0].ops_per_s if raw[0].ops_per_s else None
+        for impl, (timing, statements) in (("raw", raw), ("agboss", ours)):
             measurement = Measurement(
                 operation=operation,
                 database=self.database,
                 impl=impl,
-                ops_per_s=round(figures[0], 1),
-                p50_ms=round(figures[1], 3),
-                p99_ms=round(figures[2], 3),
-                statements_per_op=round(figures[3], 2),
-                round_trips_per_op=round(figures[3], 2),
+                ops_per_s=round(timing.ops_per_s, 1),
+                p50_ms=round(timing.p50_ms, 3),
+                p99_ms=round(timing.p99_ms, 3),
+                statements_per_op=round(statements, 2),
+                round_trips_per_op=round(statements, 2),
+                cpu_us_per_op=round(timing.cpu_us_per_op, 1),
                 ops=total_ops,
                 runs=self.runs,
                 note=note,
@@ -305,8 +322,8 @@ class Bench:
         )
         self._record(
             operation,
-            (*our_figures, len(counted) / total),
-            (*raw_figures, floor.statements / total),
+            (our_figures, len(counted) / total),
+            (raw_figures, floor.statements / total),
             target=target,
             note=note,
             total_ops=total,
@@ -605,12 +622,12 @@ class Bench:
     async def child_claim(self, connection: SqlConnection, floor: Floor) -> None:
         count = self.runs * self.ops
         for workers in (1, 2, 8):
-            ours_rate = await self._claim_ours(connection, count, workers)
-            raw_rate = await self._claim_raw(connection, count, workers)
+            ours = await self._claim_ours(connection, count, workers)
+            raw = await self._claim_raw(connection, count, workers)
             self._record(
                 f"child.claim x{workers}",
-                (ours_rate, 0.0, 0.0, 0.0),
-                (raw_rate, 0.0, 0.0, 0.0),
+                (ours, 0.0),
+                (raw, 0.0),
                 target=0.7,
                 note=f"{count} queued children, {workers} workers, no double claims",
                 total_ops=count,
@@ -626,7 +643,7 @@ class Bench:
         # Fresh planner statistics, as autovacuum (or its peers) would have in steady state.
         await connection.execute(connection.dialect.analyze_sql(child_executions.name))
 
-    async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> float:
+    async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> Timing:
         await self._enqueue(connection, count, "c")
         connections = [SqlConnection(self.url) for _ in range(workers)]
         stores = [
@@ -640,17 +657,17 @@ class Bench:
                 claimed.append(child.child_execution_id)
 
         try:
-            began = time.perf_counter()
+            cpu, began = time.process_time(), time.perf_counter()
             await asyncio.gather(*(worker(s) for s in stores))
-            rate = count / (time.perf_counter() - began)
+            timing = _claims_timing(count, began, cpu)
         finally:
             for c in connections:
                 await c.close()
         if sorted(claimed) != sorted(f"c-{i}" for i in range(count)):
             raise AssertionError("child claims lost or doubled")
-        return rate
+        return timing
 
-    async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> float:
+    async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> Timing:
         await self._enqueue(connection, count, "r")
         sql = connection.prepared(QueueStatements)
         one_statement = sql.update_returning
@@ -679,15 +696,15 @@ class Bench:
                 claimed.append(rows[0][4])
 
         try:
-            began = time.perf_counter()
+            cpu, began = time.process_time(), time.perf_counter()
             await asyncio.gather(*(worker(f, f"raw{w}") for w, f in enumerate(floors)))
-            rate = count / (time.perf_counter() - began)
+            timing = _claims_timing(count, began, cpu)
         finally:
             for f in floors:
                 await f.close()
         if sorted(claimed) != sorted(f"r-{i}" for i in range(count)):
             raise AssertionError("raw child claims lost or doubled")
-        return rate
+        return timing
 
 
 async def fresh_tables(connection: SqlConnection, *more: sa.Table) -> None:
@@ -784,8 +801,8 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = No
             async def take(i: int, size: int = size) -> None:
                 assert await leases.acquire("t", f"s{size}-{i}", 30_000) is not None
 
-            _, p50, _ = await measure(take, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("lease.acquire", size, p50))
+            timing = await measure(take, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("lease.acquire", size, timing.p50_ms))
             await fresh_tables(connection)
             await fill_children(connection, size)
             await connection.execute(connection.dialect.analyze_sql(child_executions.name))
@@ -793,8 +810,8 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = No
             async def claim(_i: int) -> None:
                 assert await queue.claim("bench") is not None
 
-            _, p50, _ = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("child.claim", size, p50))
+            timing = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("child.claim", size, timing.p50_ms))
     finally:
         await fresh_tables(connection)
         await connection.close()
@@ -851,17 +868,24 @@ def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> C
     return remove
 
 
+def _claims_timing(count: int, began: float, cpu: float) -> Timing:
+    """The rate and CPU per claim of `count` claims since `began` (`perf_counter`) and `cpu`
+    (`process_time`); the workers' latencies are not kept."""
+    rate = count / (time.perf_counter() - began)
+    return Timing(rate, 0.0, 0.0, (time.process_time() - cpu) / count * 1e6)
+
+
 def table(results: list[Measurement]) -> str:
     """The readable table of a run."""
     header = (
         f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
+        f"{'p99 ms':>8} {'cpu µs':>7} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
     )
     lines = [header, "-" * len(header)]
     for m in results:
         lines.append(
             f"{m.operation:<26} {m.database:<10} {m.impl:<7} {m.ops_per_s:>9.0f} "
-            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.statements_per_op:>6.2f} "
+            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.cpu_us_per_op:>7.0f} {m.statements_per_op:>6.2f} "
             f"{'' if m.ratio is None else f'{m.ratio:.2f}':>6} "
             f"{'' if m.target is None else f'{m.target:.2f}':>6} {m.verdict or ''}"
         )

@@ -71,6 +71,7 @@ async def test_every_benchmark_runs_ours_beside_the_floor(empty_url: str) -> Non
         ours, raw = pair["agboss"], pair["raw"]
         assert ours.ratio is not None and ours.ratio > 0, operation
         assert ours.ops_per_s > 0 and raw.ops_per_s > 0, operation
+        assert ours.cpu_us_per_op > 0 and raw.cpu_us_per_op > 0, operation
         if operation in SAME_STATEMENTS:
             assert ours.statements_per_op == raw.statements_per_op >= 1, operation
     ours_fx, raw_fx = by_operation["fenced_effect"]["agboss"], by_operation["fenced_effect"]["raw"]
