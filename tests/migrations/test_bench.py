@@ -16,7 +16,7 @@ from migration_support import connected, table_names
 
 from agboss_sql.bench import Bench, Measurement, bench_rows, fresh_tables, run_scale
 from agboss_sql.contracts.clocks import StoreClock, SystemClock
-from agboss_sql.contracts.types import ApplicationContext, QueuedChild
+from agboss_sql.contracts.types import ApplicationContext, ClaimedChild, QueuedChild
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
@@ -121,3 +121,32 @@ async def test_scale_reports_each_size(empty_url: str) -> None:
     assert all(r["p50_ms"] > 0 for r in records)
     assert "vs smallest" in text
     assert set(_row_counts(empty_url).values()) == {0}
+
+
+async def test_a_doubled_claim_fails_the_claim_benchmark(
+    empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim benchmark checks its own answer: a broken queue that hands one child out
+    twice makes it fail rather than report a rate."""
+    migrate.upgrade(empty_url)
+    claim = SqlChildExecutionQueueRepository.claim
+    handed_out: list[ClaimedChild] = []
+
+    async def claims_one_child_twice(
+        self: SqlChildExecutionQueueRepository, instance_id: str
+    ) -> ClaimedChild | None:
+        if len(handed_out) == 1:
+            handed_out.append(handed_out[0])
+            return handed_out[0]
+        child = await claim(self, instance_id)
+        if child is not None and not handed_out:
+            handed_out.append(child)
+        return child
+
+    async with SqlConnection(empty_url) as connection:
+        bench = Bench(empty_url)
+        assert (await bench._claim_ours(connection, 5, 2)).ops_per_s > 0  # the real queue
+        monkeypatch.setattr(SqlChildExecutionQueueRepository, "claim", claims_one_child_twice)
+        with pytest.raises(AssertionError, match="lost or doubled"):
+            await bench._claim_ours(connection, 5, 2)
+    assert len(handed_out) == 2
