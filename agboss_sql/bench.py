@@ -1,12 +1,15 @@
 """The benchmark: our stores beside the raw driver doing the same atomic work, in one run.
 
 For each hot operation it runs the store, then the raw driver sending the same
-statements (compiled once from the store's own statement set, executed on a
-driver connection with no SQLAlchemy in between: psycopg async, aiomysql, and
-the stdlib `sqlite3` synchronously in the event loop's thread), and reports
-ops/s, p50/p99 latency, the ratio ours/raw, and statements and round trips per
-operation. Each figure is the median of several runs. One JSON line per
-measurement, then a table.
+statements (compiled once from the store's own statement set, or recorded from one of
+its calls, and sent on a driver connection with no SQLAlchemy, no pool and no deadline
+in between: psycopg async, aiomysql, and the stdlib `sqlite3` synchronously in the
+event loop's thread), and reports ops/s, p50/p99 latency, the ratio ours/raw, and
+statements per operation. Each figure is the median of several runs. One JSON line
+per measurement, then a table.
+
+The database is migrated to head first, and every agboss table is emptied before each
+operation: point it at a database of its own, never at one in use.
 
     agboss-sql bench --url postgresql://postgres@127.0.0.1:5432/agboss_bench
 """
@@ -15,15 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from agboss_sql._dialects import dialect_for
-from agboss_sql.contracts.clocks import StoreClock
+import sqlalchemy as sa
+
+from agboss_sql._dialects import inline_dialect, server_dialect
+from agboss_sql._dialects.base import InlineDriver, ServerDriver
+from agboss_sql.contracts.clocks import StoreClock, SystemClock
 from agboss_sql.contracts.keys import fenced_effect_key_of, fenced_key_identity_of
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -33,9 +40,35 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     StepRef,
 )
+from agboss_sql.sql import migrate
 from agboss_sql.sql._base import identity_hash
+from agboss_sql.sql._fence import FenceStatements
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.testing.database import create_schema, truncate_all
+from agboss_sql.sql.effects import EffectStatements, SqlFencedEffectRepository
+from agboss_sql.sql.leases import LeaseStatements, SqlExecutionLeaseRepository
+from agboss_sql.sql.outbound import SqlOutboundCallRepository
+from agboss_sql.sql.queue import (
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    QueueStatements,
+    SqlChildExecutionQueueRepository,
+)
+from agboss_sql.sql.rate_limits import SqlRateLimitRepository
+from agboss_sql.sql.schema import child_executions, execution_leases, metadata
+
+bench_metadata = sa.MetaData()
+bench_rows = sa.Table(
+    "agboss_bench_rows",
+    bench_metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+    sa.Column("row", sa.String(255), nullable=False),
+)
+"""The business table the fenced effects of the bench write their rows to. It is not part of
+the project's schema: the bench creates it, and drops it when done."""
+
+_INSERT_ROW = sa.insert(bench_rows).values(row=sa.bindparam("row"))
+_STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
 
 Op = Callable[[int], Awaitable[Any]]
 
@@ -52,6 +85,10 @@ class Measurement:
     p99_ms: float
     statements_per_op: float
     round_trips_per_op: float
+    cpu_us_per_op: float
+    """This process's CPU time per operation (median over the runs), in µs: what the client
+    side costs, apart from the database's and the network's time and from other processes
+    competing for the machine."""
     ops: int
     runs: int
     ratio: float | None = None
@@ -60,113 +97,114 @@ class Measurement:
     note: str = ""
 
 
-@dataclass
-class Floor:
-    """The raw driver connection the floor runs on (no SQLAlchemy)."""
+class Floor(Protocol):
+    """A raw driver connection the floor runs on (no SQLAlchemy, no pool, no deadlines):
+    the same thin driver calls our runners make, and nothing around them."""
 
-    dialect: str
+    statements: int
+    """Statements sent so far (`BEGIN`/`COMMIT` included)."""
+
+    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+        """Send `sql` with `params`; its rows (none for a statement without) and rowcount."""
+        ...
+
+    async def text(self, sql: str) -> None:
+        """Send `sql` as written (`BEGIN`, `COMMIT`)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class InlineFloor:
+    """An embedded database's stdlib driver, called synchronously on the event loop's
+    thread."""
+
+    driver: InlineDriver
+    raw: sqlite3.Connection
+    statements: int = 0
+
+    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
+        self.statements += 1
+        rows, count = self.driver.execute_sync(self.raw, sql, params)
+        return rows or [], count
+
+    async def text(self, sql: str) -> None:
+        self.statements += 1
+        self.driver.execute_sync(self.raw, sql, None)
+
+    async def close(self) -> None:
+        self.raw.close()
+
+
+@dataclass
+class ServerFloor:
+    """A server's async driver connection, in autocommit, awaited directly."""
+
+    driver: ServerDriver
     raw: Any
     statements: int = 0
 
     async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
         self.statements += 1
-        if self.dialect == "sqlite":
-            cursor = self.raw.execute(sql, params)
-            rows = cursor.fetchall() if cursor.description is not None else []
-            return rows, cursor.rowcount
-        if self.dialect == "postgresql":
-            cursor = self.raw.cursor()
-            await cursor.execute(sql, params)
-            rows = await cursor.fetchall() if cursor.description is not None else []
-            count = cursor.rowcount
-            await cursor.close()
-            return rows, count
-        cursor = await self.raw.cursor()
-        count = await cursor.execute(sql, params or None)
-        rows = list(await cursor.fetchall()) if cursor.description is not None else []
-        await cursor.close()
-        return rows, count
+        rows, count = await self.driver.execute(self.raw, sql, params)
+        return rows or [], count
 
     async def text(self, sql: str) -> None:
         self.statements += 1
-        if self.dialect == "sqlite":
-            self.raw.execute(sql)
-        elif self.dialect == "postgresql":
-            await self.raw.execute(sql)
-        else:
-            cursor = await self.raw.cursor()
-            await cursor.execute(sql)
-            await cursor.close()
+        await self.driver.run_text(self.raw, sql)
 
     async def close(self) -> None:
-        if self.dialect == "sqlite" or self.dialect == "mysql":
-            self.raw.close()
-        else:
-            await self.raw.close()
+        await self.driver.close(self.raw)
 
 
 async def open_floor(connection: SqlConnection) -> Floor:
-    """A raw driver connection to the same database, set up as our stores' connections are."""
-    dialect = connection.dialect_name
-    url = connection.url
-    raw: Any
-    if dialect == "sqlite":
-        import sqlite3
-
-        raw = sqlite3.connect(url.database or "", isolation_level=None)
-        raw.execute("PRAGMA journal_mode = WAL")
-        raw.execute("PRAGMA synchronous = NORMAL")
-        raw.execute("PRAGMA busy_timeout = 10000")
-    elif dialect == "postgresql":
-        import psycopg
-
-        from agboss_sql._dialects.postgresql import conninfo
-
-        raw = await psycopg.AsyncConnection.connect(
-            **conninfo(url, connection.timeouts), autocommit=True
-        )
-    else:
-        import aiomysql
-        from pymysql.constants import CLIENT
-
-        raw = await aiomysql.connect(
-            host=url.host or "localhost",
-            port=url.port or 3306,
-            user=url.username or "root",
-            password=url.password or "",
-            db=url.database,
-            autocommit=True,
-            charset="utf8mb4",
-            client_flag=CLIENT.FOUND_ROWS,
-        )
-    return Floor(dialect, raw)
+    """A raw driver connection to the same database, set up as our stores' connections are
+    (the dialect's own connect: same session settings and bounds)."""
+    name = connection.dialect.NAME
+    if connection.capabilities.inline:
+        inline = inline_dialect(name)
+        return InlineFloor(inline, inline.connect_sync(connection.url.database or ""))
+    server = server_dialect(name)
+    return ServerFloor(server, await server.connect(connection.url, connection.timeouts))
 
 
-async def _timed(op: Op, start: int, count: int) -> tuple[float, list[float]]:
+class Timing(NamedTuple):
+    """What `measure` found."""
+
+    ops_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_op: float
+
+
+async def _timed(op: Op, start: int, count: int) -> tuple[float, float, list[float]]:
     latencies: list[float] = []
+    cpu = time.process_time()
     began = time.perf_counter()
     for i in range(start, start + count):
         t0 = time.perf_counter()
         await op(i)
         latencies.append((time.perf_counter() - t0) * 1000)
-    return count / (time.perf_counter() - began), latencies
+    elapsed = time.perf_counter() - began
+    return count / elapsed, (time.process_time() - cpu) / count * 1e6, latencies
 
 
-async def measure(
-    op: Op, *, ops: int, runs: int, warmup: int, base: int
-) -> tuple[float, float, float]:
-    """Median ops/s over `runs`, and p50/p99 latency (ms) over every op."""
+async def measure(op: Op, *, ops: int, runs: int, warmup: int, base: int) -> Timing:
+    """Median ops/s and CPU µs per op over `runs`, and p50/p99 latency (ms) over every op."""
     await _timed(op, base, warmup)
     rates: list[float] = []
+    cpus: list[float] = []
     latencies: list[float] = []
     for run in range(runs):
-        rate, lat = await _timed(op, base + warmup + run * ops, ops)
+        rate, cpu, lat = await _timed(op, base + warmup + run * ops, ops)
         rates.append(rate)
+        cpus.append(cpu)
         latencies.extend(lat)
     latencies.sort()
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return statistics.median(rates), p50, p99
+    return Timing(statistics.median(rates), p50, p99, statistics.median(cpus))
 
 
 @dataclass
@@ -178,25 +216,35 @@ class Bench:
     runs: int = 3
     warmup: int = 50
     results: list[Measurement] = field(default_factory=list)
-    out: Any = sys.stdout
+    out: Any = None
+    """Where the JSON lines go (`None`: `sys.stdout` at the time of writing)."""
+    database: str = ""
+    inline: bool = False
 
     async def run(self, only: set[str] | None = None) -> list[Measurement]:
-        create_schema(self.url)
-        connection = SqlConnection(self.url)
-        floor = await open_floor(connection)
-        dialect = connection.dialect_name
-        await connection.ping()  # the server's capabilities are known from here on
-        self.database = connection.dialect_name
+        """Run the benchmarks (those named in `only`, else all) on a migrated database and
+        return their measurements, ours beside the floor's for each."""
+        await asyncio.to_thread(prepare_database, self.url)
         try:
-            for name, case in self.cases():
-                if only and name not in only:
-                    continue
-                await fresh_tables(connection)
-                await case(connection, floor)
+            connection = SqlConnection(self.url)
+            try:
+                await connection.ping()  # the server's capabilities are known from here on
+                self.database = connection.dialect.NAME
+                self.inline = connection.capabilities.inline
+                floor = await open_floor(connection)
+                try:
+                    for name, case in self.cases():
+                        if only and name not in only:
+                            continue
+                        await fresh_tables(connection, bench_rows)
+                        await case(connection, floor)
+                finally:
+                    await floor.close()
+                    await fresh_tables(connection)
+            finally:
+                await connection.close()
         finally:
-            await floor.close()
-            await connection.close()
-        _ = dialect
+            await asyncio.to_thread(drop_bench_tables, self.url)
         return self.results
 
     def cases(self) -> list[tuple[str, Callable[[SqlConnection, Floor], Awaitable[None]]]]:
@@ -215,24 +263,26 @@ class Bench:
     def _record(
         self,
         operation: str,
-        ours: tuple[float, float, float, float],
-        raw: tuple[float, float, float, float],
+        ours: tuple[Timing, float],
+        raw: tuple[Timing, float],
         *,
         target: float,
         note: str = "",
         total_ops: int,
     ) -> None:
-        ratio = ours[0] / raw[0] if raw[0] else None
-        for impl, figures in (("raw", raw), ("agboss", ours)):
+        """Report `ours` beside `raw`, each a timing and the statements sent per op."""
+        ratio = ours[0].ops_per_s / raw[0].ops_per_s if raw[0].ops_per_s else None
+        for impl, (timing, statements) in (("raw", raw), ("agboss", ours)):
             measurement = Measurement(
                 operation=operation,
                 database=self.database,
                 impl=impl,
-                ops_per_s=round(figures[0], 1),
-                p50_ms=round(figures[1], 3),
-                p99_ms=round(figures[2], 3),
-                statements_per_op=round(figures[3], 2),
-                round_trips_per_op=round(figures[3], 2),
+                ops_per_s=round(timing.ops_per_s, 1),
+                p50_ms=round(timing.p50_ms, 3),
+                p99_ms=round(timing.p99_ms, 3),
+                statements_per_op=round(statements, 2),
+                round_trips_per_op=round(statements, 2),
+                cpu_us_per_op=round(timing.cpu_us_per_op, 1),
                 ops=total_ops,
                 runs=self.runs,
                 note=note,
@@ -242,7 +292,7 @@ class Bench:
                 measurement.target = target
                 measurement.verdict = "pass" if ratio is not None and ratio >= target else "short"
             self.results.append(measurement)
-            print(json.dumps(asdict(measurement)), file=self.out, flush=True)
+            print(json.dumps(asdict(measurement)), file=self.out or sys.stdout, flush=True)
 
     async def _pair(
         self,
@@ -272,34 +322,33 @@ class Bench:
         )
         self._record(
             operation,
-            (*our_figures, len(counted) / total),
-            (*raw_figures, floor.statements / total),
+            (our_figures, len(counted) / total),
+            (raw_figures, floor.statements / total),
             target=target,
             note=note,
             total_ops=total,
         )
 
     def _lease_target(self) -> float:
-        # Against the raw *sync* sqlite3 driver an async store cannot come as close.
-        return 0.5 if dialect_for(self.database).CAPABILITIES.inline else 0.8
+        # Against a raw *sync* inline driver (sqlite3) an async store cannot come as close.
+        return 0.5 if self.inline else 0.8
 
     # --- the operations ----------------------------------------------------------------------
 
     async def lease_acquire(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-
         store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
+        statements = _lease_statements(connection)
         statement = (
-            store._sql.acquire_returning if connection.capabilities.insert_returning else None
+            statements.acquire_returning if connection.capabilities.insert_returning else None
         )
 
         async def ours(i: int) -> None:
             assert await store.acquire("t", f"a-{i}", 30_000) is not None
 
-        if statement is None:  # MySQL 8: the take and its read-back
+        if statement is None:  # no RETURNING on an insert (MySQL 8): the take and its read-back
             take, read = (
-                connection.compiled(store._sql.acquire),
-                connection.compiled(store._sql.read),
+                connection.compiled(statements.acquire),
+                connection.compiled(statements.read),
             )
 
             async def raw(i: int) -> None:
@@ -341,8 +390,6 @@ class Bench:
         )
 
     async def _held_leases(self, connection: SqlConnection, count: int, prefix: str) -> list[Any]:
-        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-
         store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
         leases = []
         for i in range(count):
@@ -352,14 +399,13 @@ class Bench:
         return leases
 
     async def lease_renew(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-
         store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
         ours_lease = (await self._held_leases(connection, 1, "renew"))[0]
         raw_lease = (await self._held_leases(connection, 1, "renew-raw"))[0]
-        compiled = connection.compiled(store._sql.renew)
-        two_trips = not store._sql.returning
-        read = connection.compiled(store._sql.read)
+        statements = _lease_statements(connection)
+        compiled = connection.compiled(statements.renew)
+        two_trips = not statements.returning
+        read = connection.compiled(statements.read)
 
         async def ours(_i: int) -> None:
             assert await store.renew(ours_lease, 600_000) is not None
@@ -382,13 +428,11 @@ class Bench:
         await self._pair("lease.renew", connection, floor, ours, raw, target=self._lease_target())
 
     async def lease_release(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-
         store = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
         total = self.warmup + self.runs * self.ops
         ours_leases = await self._held_leases(connection, total, "rel")
         raw_leases = await self._held_leases(connection, total, "rel-raw")
-        compiled = connection.compiled(store._sql.release)
+        compiled = connection.compiled(_lease_statements(connection).release)
 
         async def ours(i: int) -> None:
             assert await store.release(ours_leases[i])
@@ -420,17 +464,13 @@ class Bench:
         return fenced_effect_key_of(context, name)
 
     async def fenced_effect(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql._fence import FenceStatements
-        from agboss_sql.sql.effects import EffectStatements, SqlFencedEffectRepository
-        from agboss_sql.testing.database import _INSERT, insert_business_row
-
         store = SqlFencedEffectRepository(connection, StoreClock(), ApplicationContext("bench"))
         ours_lease = (await self._held_leases(connection, 1, "fx"))[0]
         raw_lease = (await self._held_leases(connection, 1, "fx-raw"))[0]
 
         async def ours(i: int) -> None:
             async def work(tx: Any) -> str:
-                await insert_business_row(tx, f"row-{i}")
+                await tx.execute(_INSERT_ROW, {"row": f"row-{i}"})
                 return "ok"
 
             result = await store.save_result_if_absent(self._key(ours_lease, i, "charge"), work)
@@ -440,9 +480,9 @@ class Bench:
         effect_sql = connection.prepared(EffectStatements, database_time=True)
         fence = connection.compiled(fence_sql.fence)
         claim = connection.compiled(effect_sql.claim)
-        business = connection.compiled(_INSERT)
+        business = connection.compiled(_INSERT_ROW)
         stored = connection.compiled(effect_sql.store)
-        begin = connection.ops.BEGIN
+        begin = connection.dialect.BEGIN
 
         async def raw(i: int) -> None:
             key = self._key(raw_lease, i, "charge")
@@ -494,8 +534,6 @@ class Bench:
         )
 
     async def outbound_record(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.sql.outbound import SqlOutboundCallRepository
-
         store = SqlOutboundCallRepository(connection, StoreClock(), ApplicationContext("bench"))
         ours_lease = (await self._held_leases(connection, 1, "ob"))[0]
 
@@ -549,9 +587,6 @@ class Bench:
         )
 
     async def slot_acquire(self, connection: SqlConnection, floor: Floor) -> None:
-        from agboss_sql.contracts.clocks import SystemClock
-        from agboss_sql.sql.rate_limits import SqlRateLimitRepository
-
         store = SqlRateLimitRepository(connection, SystemClock(), ApplicationContext("bench"))
 
         async def ours(i: int) -> None:
@@ -587,36 +622,32 @@ class Bench:
     async def child_claim(self, connection: SqlConnection, floor: Floor) -> None:
         count = self.runs * self.ops
         for workers in (1, 2, 8):
-            ours_rate = await self._claim_ours(connection, count, workers)
-            raw_rate = await self._claim_raw(connection, count, workers)
+            ours = await self._claim_ours(connection, count, workers)
+            raw = await self._claim_raw(connection, count, workers)
             self._record(
                 f"child.claim x{workers}",
-                (ours_rate, 0.0, 0.0, 0.0),
-                (raw_rate, 0.0, 0.0, 0.0),
+                (ours, 0.0),
+                (raw, 0.0),
                 target=0.7,
                 note=f"{count} queued children, {workers} workers, no double claims",
                 total_ops=count,
             )
 
     async def _enqueue(self, connection: SqlConnection, count: int, prefix: str) -> None:
-        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-
         await fresh_tables(connection)
         queue = SqlChildExecutionQueueRepository(
-            connection, _SystemClockStub(), ApplicationContext("bench")
+            connection, SystemClock(), ApplicationContext("bench")
         )
         for i in range(count):
             await queue.enqueue(QueuedChild("t", "root", "parent", f"{prefix}-{i}", i % 4))
         # Fresh planner statistics, as autovacuum (or its peers) would have in steady state.
-        await connection.execute(connection.ops.analyze_sql("agboss_child_executions"))
+        await connection.execute(connection.dialect.analyze_sql(child_executions.name))
 
-    async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> float:
-        from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-
+    async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> Timing:
         await self._enqueue(connection, count, "c")
         connections = [SqlConnection(self.url) for _ in range(workers)]
         stores = [
-            SqlChildExecutionQueueRepository(c, _SystemClockStub(), ApplicationContext(f"w{w}"))
+            SqlChildExecutionQueueRepository(c, SystemClock(), ApplicationContext(f"w{w}"))
             for w, c in enumerate(connections)
         ]
         claimed: list[str] = []
@@ -626,24 +657,19 @@ class Bench:
                 claimed.append(child.child_execution_id)
 
         try:
-            began = time.perf_counter()
+            cpu, began = time.process_time(), time.perf_counter()
             await asyncio.gather(*(worker(s) for s in stores))
-            rate = count / (time.perf_counter() - began)
+            timing = _claims_timing(count, began, cpu)
         finally:
             for c in connections:
                 await c.close()
         if sorted(claimed) != sorted(f"c-{i}" for i in range(count)):
             raise AssertionError("child claims lost or doubled")
-        return rate
+        return timing
 
-    async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> float:
-        from agboss_sql.sql.queue import _STATUS_PARAMS, SqlChildExecutionQueueRepository
-
+    async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> Timing:
         await self._enqueue(connection, count, "r")
-        store = SqlChildExecutionQueueRepository(
-            connection, _SystemClockStub(), ApplicationContext("bench")
-        )
-        sql = store._sql
+        sql = connection.prepared(QueueStatements)
         one_statement = sql.update_returning
         claim = connection.compiled(sql.claim if one_statement else sql.lock_next)
         locked = None if one_statement else connection.compiled(sql.claim_locked)
@@ -660,7 +686,7 @@ class Bench:
                         return
                     claimed.append(rows[0][3])
                     continue
-                await floor.text(connection.ops.BEGIN)
+                await floor.text(connection.dialect.BEGIN)
                 rows, _ = await floor.execute(claim.sql, {**claim.defaults, **params})
                 if not rows:
                     await floor.text("COMMIT")
@@ -670,38 +696,42 @@ class Bench:
                 claimed.append(rows[0][4])
 
         try:
-            began = time.perf_counter()
+            cpu, began = time.process_time(), time.perf_counter()
             await asyncio.gather(*(worker(f, f"raw{w}") for w, f in enumerate(floors)))
-            rate = count / (time.perf_counter() - began)
+            timing = _claims_timing(count, began, cpu)
         finally:
             for f in floors:
                 await f.close()
         if sorted(claimed) != sorted(f"r-{i}" for i in range(count)):
             raise AssertionError("raw child claims lost or doubled")
-        return rate
+        return timing
 
 
-async def fresh_tables(connection: SqlConnection) -> None:
-    """Empty every table and give its storage back (TRUNCATE on a server): a DELETE would
-    leave the dead rows of earlier runs in the indexes, and the figures would measure them."""
-    from agboss_sql.sql.schema import metadata
-    from agboss_sql.testing.database import business_metadata
+async def fresh_tables(connection: SqlConnection, *more: sa.Table) -> None:
+    """Empty every agboss table (and the tables `more`) and give their storage back
+    (TRUNCATE where the database has it): a DELETE would leave the dead rows of earlier
+    runs in the indexes, and the figures would measure them."""
+    names = [table.name for table in (*metadata.sorted_tables, *more)]
+    for statement in connection.dialect.truncate_sql(names):
+        await connection.execute(statement)
 
-    names = [t.name for t in (*metadata.sorted_tables, *business_metadata.sorted_tables)]
-    if connection.dialect_name == "postgresql":
-        await connection.execute("TRUNCATE " + ", ".join(names))
-    elif connection.dialect_name == "mysql":
-        for name in names:
-            await connection.execute(f"TRUNCATE TABLE {name}")
-    else:
-        await truncate_all(connection)
+
+def prepare_database(url: str) -> None:
+    """Migrate the database at `url` to head and create the bench's business table."""
+    migrate.upgrade(url)
+    with migrate.connect(url) as connection, connection.begin():
+        bench_metadata.create_all(connection)
+
+
+def drop_bench_tables(url: str) -> None:
+    """Drop the bench's business table (the project's tables stay, emptied)."""
+    with migrate.connect(url) as connection, connection.begin():
+        bench_metadata.drop_all(connection)
 
 
 def _numbers(n: int) -> Any:
     """A derived table of the integers 0..n-1 (n a power of ten): a cross join of digits,
     portable to all three databases and free of recursion limits."""
-    import sqlalchemy as sa
-
     digits = sa.union_all(*(sa.select(sa.literal(d).label("d")) for d in range(10)))
     places = max(1, len(str(n)) - 1)
     tables = [digits.subquery(f"p{k}") for k in range(places)]
@@ -714,10 +744,7 @@ def _numbers(n: int) -> Any:
 
 async def fill_leases(connection: SqlConnection, n: int) -> None:
     """`n` expired leases of other executions (one statement)."""
-    import sqlalchemy as sa
-
-    from agboss_sql.sql.schema import execution_leases as t
-
+    t = execution_leases
     numbers = _numbers(n)
     name = sa.literal("fill-") + sa.cast(numbers.c.n, sa.String)
     columns: dict[str, Any] = {
@@ -739,10 +766,7 @@ async def fill_leases(connection: SqlConnection, n: int) -> None:
 async def fill_children(connection: SqlConnection, n: int) -> None:
     """`n` children already claimed and finished, and as many more queued (one statement
     each): the claim must find the queued ones by its index, not by a scan."""
-    import sqlalchemy as sa
-
-    from agboss_sql.sql.schema import child_executions as t
-
+    t = child_executions
     for status, prefix in (("finished", "done-"), ("queued", "wait-")):
         numbers = _numbers(n)
         columns: dict[str, Any] = {
@@ -759,40 +783,35 @@ async def fill_children(connection: SqlConnection, n: int) -> None:
         await connection.execute(sa.insert(t).from_select(list(columns), select))
 
 
-async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sys.stdout) -> str:
+async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = None) -> str:
     """p50 of a lease take and of a child claim with `size` rows already in the table, for
     each size: the cost must stay flat (an index lookup, never a scan)."""
-    from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-    from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-
-    create_schema(url)
+    await asyncio.to_thread(migrate.upgrade, url)
     connection = SqlConnection(url)
     leases = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
-    queue = SqlChildExecutionQueueRepository(
-        connection, _SystemClockStub(), ApplicationContext("b")
-    )
+    queue = SqlChildExecutionQueueRepository(connection, SystemClock(), ApplicationContext("b"))
     rows: list[tuple[str, int, float]] = []
     try:
         for size in sizes:
             await fresh_tables(connection)
             await fill_leases(connection, size)
             # As autovacuum (or its peers) would have by now: plans from fresh statistics.
-            await connection.execute(connection.ops.analyze_sql("agboss_execution_leases"))
+            await connection.execute(connection.dialect.analyze_sql(execution_leases.name))
 
             async def take(i: int, size: int = size) -> None:
                 assert await leases.acquire("t", f"s{size}-{i}", 30_000) is not None
 
-            _, p50, _ = await measure(take, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("lease.acquire", size, p50))
+            timing = await measure(take, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("lease.acquire", size, timing.p50_ms))
             await fresh_tables(connection)
             await fill_children(connection, size)
-            await connection.execute(connection.ops.analyze_sql("agboss_child_executions"))
+            await connection.execute(connection.dialect.analyze_sql(child_executions.name))
 
             async def claim(_i: int) -> None:
                 assert await queue.claim("bench") is not None
 
-            _, p50, _ = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("child.claim", size, p50))
+            timing = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
+            rows.append(("child.claim", size, timing.p50_ms))
     finally:
         await fresh_tables(connection)
         await connection.close()
@@ -809,25 +828,25 @@ async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = sy
             "target": 1.5,
             "verdict": verdict,
         }
-        print(json.dumps(record), file=out, flush=True)
+        print(json.dumps(record), file=out or sys.stdout, flush=True)
         lines.append(f"{name:<16} {size:>9} {p50:>8.3f} {ratio:>11.2f} {verdict}")
     return "\n".join(lines)
 
 
 def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> Callable[[], None]:
     """Count what goes through the SQLAlchemy engine too (a fenced effect's transaction and its
-    work): each statement, each COMMIT/ROLLBACK, and PostgreSQL's BEGIN (psycopg sends it
-    before the first statement; MySQL starts a transaction without one, SQLite's BEGIN
-    IMMEDIATE is itself a statement)."""
-    import sqlalchemy as sa
-
+    work): each statement, each COMMIT/ROLLBACK, and the BEGIN a driver sends on its own
+    before the first statement (`Dialect.DRIVER_SENDS_BEGIN`; where the engine sends the
+    BEGIN itself, it is a statement)."""
     engine = connection.engine.sync_engine
 
     def statement(*_args: Any) -> None:
         counted.append("statement")
 
+    sends_begin = connection.dialect.DRIVER_SENDS_BEGIN
+
     def begin(*_args: Any) -> None:
-        if connection.dialect_name == "postgresql":
+        if sends_begin:
             counted.append("BEGIN")
 
     def end(*_args: Any) -> None:
@@ -849,28 +868,24 @@ def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> C
     return remove
 
 
-class _SystemClockStub:
-    def now(self) -> int:
-        return time.time_ns() // 1_000_000
-
-    def monotonic(self) -> int:
-        return time.monotonic_ns() // 1_000_000
-
-    async def sleep(self, ms: int) -> None:
-        await asyncio.sleep(ms / 1000)
+def _claims_timing(count: int, began: float, cpu: float) -> Timing:
+    """The rate and CPU per claim of `count` claims since `began` (`perf_counter`) and `cpu`
+    (`process_time`); the workers' latencies are not kept."""
+    rate = count / (time.perf_counter() - began)
+    return Timing(rate, 0.0, 0.0, (time.process_time() - cpu) / count * 1e6)
 
 
 def table(results: list[Measurement]) -> str:
     """The readable table of a run."""
     header = (
         f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
+        f"{'p99 ms':>8} {'cpu µs':>7} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
     )
     lines = [header, "-" * len(header)]
     for m in results:
         lines.append(
             f"{m.operation:<26} {m.database:<10} {m.impl:<7} {m.ops_per_s:>9.0f} "
-            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.statements_per_op:>6.2f} "
+            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.cpu_us_per_op:>7.0f} {m.statements_per_op:>6.2f} "
             f"{'' if m.ratio is None else f'{m.ratio:.2f}':>6} "
             f"{'' if m.target is None else f'{m.target:.2f}':>6} {m.verdict or ''}"
         )
@@ -878,6 +893,13 @@ def table(results: list[Measurement]) -> str:
 
 
 async def run_bench(url: str, *, ops: int, runs: int, only: set[str] | None = None) -> str:
+    """Run the benchmarks on `url` (one JSON line per measurement on stdout) and return the
+    readable table."""
     bench = Bench(url, ops=ops, runs=runs, warmup=max(10, ops // 10))
     results = await bench.run(only)
     return table(results)
+
+
+def _lease_statements(connection: SqlConnection) -> LeaseStatements:
+    """The lease store's statement set, as a store on database time (`StoreClock()`) uses it."""
+    return connection.prepared(LeaseStatements, database_time=StoreClock().is_database_time)

@@ -409,7 +409,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         _leases,
     ),
     "bench": Subcommand(
-        "benchmark the hot operations beside the raw driver on the same database",
+        "benchmark the hot operations beside the raw driver on the same database (it is "
+        "migrated and its agboss tables emptied: use a database of its own)",
         _bench_arguments,
         _bench,
     ),

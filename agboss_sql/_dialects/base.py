@@ -81,6 +81,9 @@ class Dialect(Protocol):
     """The async driver's SQLAlchemy name (the stores' engine and URL)."""
     SYNC_DRIVER: str
     """The synchronous driver's SQLAlchemy name, for migrations."""
+    DRIVER_SENDS_BEGIN: bool
+    """In a SQLAlchemy transaction, the async driver sends `BEGIN` on its own before the
+    first statement (a round trip no statement event reports)."""
 
     def compile_dialect(self) -> sa.Dialect: ...
 
@@ -137,6 +140,11 @@ class Dialect(Protocol):
     def json_key_params(self, index: int, key: str, value: Any) -> dict[str, Any]: ...
 
     def analyze_sql(self, table: str) -> str: ...
+
+    def truncate_sql(self, tables: Sequence[str]) -> list[str]:
+        """The statements that delete every row of `tables` (given parents first) and, where
+        the database can, give their storage back (`TRUNCATE`)."""
+        ...
 
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient conflict (deadlock, serialization failure): the transaction, or the

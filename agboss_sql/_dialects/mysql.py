@@ -41,6 +41,7 @@ CAPABILITIES = Capabilities(
 MARIADB_CAPABILITIES = dataclasses.replace(CAPABILITIES, insert_returning=True)
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "aiomysql"
+DRIVER_SENDS_BEGIN = False  # outside autocommit, the first statement starts the transaction
 
 insert = my.insert
 
@@ -423,3 +424,8 @@ def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
 def analyze_sql(table: str) -> str:
     """The statement that refreshes the planner's statistics of `table`."""
     return f"ANALYZE TABLE {table}"
+
+
+def truncate_sql(tables: Sequence[str]) -> list[str]:
+    """A `TRUNCATE TABLE` per table, children first."""
+    return [f"TRUNCATE TABLE {table}" for table in reversed(tables)]

@@ -31,6 +31,7 @@ CAPABILITIES = Capabilities(
 )
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"
+DRIVER_SENDS_BEGIN = True  # psycopg outside autocommit, before a transaction's first statement
 
 insert = pg.insert
 
@@ -370,3 +371,8 @@ def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
 def analyze_sql(table: str) -> str:
     """The statement that refreshes the planner's statistics of `table`."""
     return f"ANALYZE {table}"
+
+
+def truncate_sql(tables: Sequence[str]) -> list[str]:
+    """One `TRUNCATE` of them all (references between them allowed)."""
+    return ["TRUNCATE " + ", ".join(tables)] if tables else []

@@ -36,6 +36,9 @@ CAPABILITIES = Capabilities(
 )
 BEGIN = "BEGIN IMMEDIATE"
 ASYNC_DRIVER = "aiosqlite"
+# The engine's connections run with no implicit transactions: its BEGIN IMMEDIATE is a
+# statement of its own (`SqlConnection`'s begin hook).
+DRIVER_SENDS_BEGIN = False
 
 insert = sq.insert
 
@@ -345,3 +348,9 @@ def inline_aiosqlite_creator(path: str, lock_ms: int) -> Any:
 def analyze_sql(table: str) -> str:
     """The statement that refreshes the planner's statistics of `table`."""
     return f"ANALYZE {table}"
+
+
+def truncate_sql(tables: Sequence[str]) -> list[str]:
+    """No `TRUNCATE` in SQLite: a `DELETE` without `WHERE` per table, children first (its
+    truncate optimisation drops the pages at once)."""
+    return [f"DELETE FROM {table}" for table in reversed(tables)]
