@@ -22,14 +22,14 @@ from agboss_sql.contracts import (
 )
 from agboss_sql.contracts.rules import checked_dependencies
 from agboss_sql.memory import InMemoryBackend, memory_stores
-from agboss_sql.sql import SqlConnection, sql_store_classes
+from agboss_sql.sql import SqlConnection, sql_stores
 
 APP = ApplicationContext("constructor-test")
 UNANSWERED = {
     "postgresql": "postgresql://nobody@127.0.0.1:1/none",
     "mysql": "mysql://nobody@127.0.0.1:1/none",
 }
-STORES: list[type[Any]] = [*memory_stores(), *sql_store_classes(checkpoint_saver=False)]
+STORES: list[type[Any]] = [*memory_stores(), *sql_stores(checkpoint_saver=False)]
 
 
 def _clock_kind(store: type[Any]) -> str:
@@ -48,7 +48,7 @@ def _good_clock(store: type[Any]) -> Any:
 
 
 def _is_sql(store: type[Any]) -> bool:
-    return store in sql_store_classes(checkpoint_saver=False)
+    return store in sql_stores(checkpoint_saver=False)
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
