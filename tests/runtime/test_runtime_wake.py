@@ -182,7 +182,7 @@ async def cluster(
 
         yield Cluster(world.clock, memory_node)
         return
-    url: str = request.getfixturevalue("runtime_sql_url")
+    url: str = request.getfixturevalue("sql_url")
     clock = VirtualClock(START)
     connections: list[SqlConnection] = []
 
