@@ -40,7 +40,9 @@ BITES = [
         "zombie",
         "zombie-fenced",
         pieces={"keeper": f"{BROKEN}:NeverFencingKeeper"},
-        settings={"wait_s": 10.0},
+        # Short enough that the wait for the self-fencing that never comes fails soon, long
+        # enough that a loaded machine reaches the hold first (10 s was not, at load 8).
+        settings={"wait_s": 30.0},
     ),
     Bite(
         "an effect store that writes its business row outside the transaction",
