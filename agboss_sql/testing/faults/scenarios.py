@@ -302,6 +302,21 @@ SCENARIOS: dict[str, Scenario] = {
             tags=("freeze",),
         ),
         Scenario(
+            name="kill-after-complete",
+            doc="SIGKILL a pod right after the COMMIT that completed its tree, before it "
+            "reported the end or finished the lease: the tree has ended (the database says "
+            "so), no pod resumes it, and its lease runs out",
+            act=_kill_when_held("kill-after-complete"),
+            holds=(
+                Hold(
+                    "kill-after-complete",
+                    StoreHoldPoint("execution_record.complete", "after"),
+                    FIRST_TREE,
+                ),
+            ),
+            tags=("kill",),
+        ),
+        Scenario(
             name="kill-during-pause",
             doc="SIGKILL a pod while its tree waits on a pause: another pod resolves the "
             "pause and the tree's next holder takes the decision",
