@@ -247,20 +247,27 @@ def network_scenarios() -> dict[str, Any]:
     scenarios = importlib.import_module("agboss_sql.testing.faults.scenarios")
     return {
         name: scenarios.Scenario(
-            name=name, doc=doc, act=act, dialects=("postgresql", "mysql"), tags=("network",)
+            name=name,
+            doc=doc,
+            act=act,
+            dialects=("postgresql", "mysql"),
+            tags=("network",),
+            network=_fleet_for,
         )
         for name, (doc, act) in NETWORK_SCENARIO_ACTS.items()
     }
+
+
+def _fleet_for(url: str) -> ProxyFleet:
+    """A network scenario's fault: a fresh fleet (the harness closes it after the run)."""
+    return ProxyFleet()
 
 
 def run_network_scenario(url: str, name: str, **kwargs: Any) -> Any:
     """Run the network scenario `name` on `url` (the fault suite's `run_scenario`, each
     pod behind its own proxy); its `ScenarioResult`."""
     suite = importlib.import_module("agboss_sql.testing.faults.suite")
-    with ProxyFleet() as fleet:
-        return suite.run_scenario(
-            url, network_scenarios()[name], url_for_pod=fleet.url_for_pod, **kwargs
-        )
+    return suite.run_scenario(url, network_scenarios()[name], **kwargs)
 
 
 __all__ = [
