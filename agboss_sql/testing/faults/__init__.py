@@ -1,4 +1,4 @@
-"""The fault suite (SPEC §8.3): a store set run by real pod processes under real faults
+"""The fault suite (docs/testing.md): a store set run by real pod processes under real faults
 (SIGKILL at hold points, SIGSTOP past the lease, SIGTERM, a store outage inside a pod),
 then every promise audited from the database and the pods' event logs.
 
