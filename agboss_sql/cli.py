@@ -503,13 +503,15 @@ def _faults(args: argparse.Namespace) -> int:
             print(f"{scenario.name:<22} ({on}) {scenario.doc}")
         return 0
     if args.repeat < 1:
-        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+        raise CommandFailed(f"--repeat must be at least 1, got {args.repeat}", MISUSED)
     url = database_url(args)
     dialect = dialect_of(url)
     names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`")
+        raise CommandFailed(
+            f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`", MISUSED
+        )
     settings = FaultSettings(pods=args.pods, time_scale=args.time_scale)
     results = []
     width = 20

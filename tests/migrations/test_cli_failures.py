@@ -386,3 +386,16 @@ def test_leases_shows_iso_times_and_ages(
         re.match(rf"{iso} {age} {tenant}/{execution} pod-[ab] epoch [12] ", m) for m in moves
     )
     assert f"{tenant}/{execution}: pod-b at epoch 2, finished" in lease
+
+
+def test_faults_refuses_options_that_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = cli(capsys, "faults", "--repeat", "0", "--url", "sqlite:///unused.sqlite")
+    assert status == MISUSED
+    assert one_line(err, "faults") == "--repeat must be at least 1, got 0"
+
+    status, _, err = cli(capsys, "faults", "--scenario", "no-such", "--url", "sqlite:///u.sqlite")
+    assert status == MISUSED
+    assert one_line(err, "faults") == (
+        "unknown scenario(s) no-such: see `agboss-sql faults --list`"
+    )
+    assert not Path("unused.sqlite").exists() and not Path("u.sqlite").exists()
