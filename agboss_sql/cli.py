@@ -688,14 +688,17 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str:
             f"sqlite:///{written} (relative to here) or sqlite:////absolute/path; "
             "for a server postgresql://user@host/db or mysql://user@host/db"
         )
+    if isinstance(exc, ValueError) and "unsupported database" in lowered:
+        return f"{exc}: e.g. sqlite:///file.sqlite, postgresql://user@host/db, mysql://user@host/db"
     where = _server_of(url)
     if (
         "connection refused" in lowered
         or "can't connect to" in lowered
         or "could not connect to server" in lowered
     ):
+        why = "connection refused" if "refused" in lowered else "cannot connect"
         return (
-            f"nothing answers at {where} (connection refused): start the database server, "
+            f"nothing answers at {where} ({why}): start the database server, "
             "or correct the host and port in the URL"
         )
     database = _database_of(url)
