@@ -2,7 +2,9 @@
 
 The shell blocks of README.md marked `<!-- readme-test: quick-start -->` are run in a
 directory of their own with no `AGBOSS_DATABASE_URL` (so on the embedded SQLite
-default). In the default run the install steps (`python3 -m venv`, `pip install`) are
+default). The block marked `<!-- readme-test: servers -->` runs the demo on a server:
+the line for the server under test (`AGBOSS_TEST_DATABASE_URL`), with the ready
+script pointed at that server and at a database of the test's own, dropped after. In the default run the install steps (`python3 -m venv`, `pip install`) are
 taken as done by the environment running the tests, whose `agboss-sql` stands for
 `.venv/bin/agboss-sql`; the `slow` test runs every line as written, install included,
 in a copy of the checkout (it needs the package index).
@@ -19,6 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from agboss_sql.sql.migrate import sync_url
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 README = REPOSITORY / "README.md"
@@ -27,9 +33,9 @@ SCRIPTS = Path(sys.executable).parent
 INSTALL_STEP = re.compile(r"^(python3 -m venv \.venv|\.venv/bin/pip install .*)$")
 
 
-def marked_commands() -> list[str]:
+def marked_commands(mark: str = MARK) -> list[str]:
     """Each command of the marked blocks, in order (`a && b` is two commands)."""
-    blocks = re.findall(re.escape(MARK) + r"\n```sh\n(.*?)```", README.read_text(), re.S)
+    blocks = re.findall(re.escape(mark) + r"\n```sh\n(.*?)```", README.read_text(), re.S)
     commands: list[str] = []
     for block in blocks:
         for line in block.splitlines():
@@ -113,3 +119,58 @@ def test_the_quick_start_runs_with_its_install_in_a_copy_of_the_checkout(
         assert done.returncode == 0, (command, done.stdout, done.stderr)
         outputs[command] = done.stdout
     check_outputs(outputs)
+
+
+SERVERS_MARK = "<!-- readme-test: servers -->"
+
+
+def drop_database(url: sa.URL) -> None:
+    name = url.database
+    assert name is not None and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), name
+    if url.get_backend_name() == "postgresql":
+        admin, statement = (
+            url.set(database="postgres"),
+            f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+        )
+    else:
+        admin, statement = url.set(database=None), f"DROP DATABASE IF EXISTS `{name}`"
+    engine = sa.create_engine(sync_url(admin), poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
+def test_the_server_demo_runs_as_written(database_url: str, tmp_path: Path) -> None:
+    url = make_url(database_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        pytest.skip("the server lines of the README need a server under test")
+    commands = marked_commands(SERVERS_MARK)
+    assert commands[0].startswith(".venv/bin/pip install"), commands
+    script = "postgresql" if backend == "postgresql" else "mysql"
+    (line,) = [c for c in commands if f"dialects/{script}/ready.sh" in c]
+    prefix = "AGBOSS_PG" if script == "postgresql" else "AGBOSS_MYSQL"
+    own = f"{url.database}_readme"
+    env = env_without_database_url() | {
+        f"{prefix}_HOST": url.host or "127.0.0.1",
+        f"{prefix}_PORT": str(url.port or (5432 if script == "postgresql" else 3306)),
+        f"{prefix}_USER": url.username or "",
+        f"{prefix}_DB": own,
+    }
+    try:
+        done = subprocess.run(
+            ["bash", "-c", line.replace(".venv/bin/", f"{SCRIPTS}/")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPOSITORY,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+        assert f"demo on {script}://" in done.stdout and f"/{own}\n" in done.stdout
+        assert done.stdout.rstrip().endswith("one owner at a time, one effect per key: held")
+    finally:
+        drop_database(url.set(database=own))
