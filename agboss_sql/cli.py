@@ -106,16 +106,28 @@ def require_head(url: str) -> str:
 
 
 def _behind(url: str, revision: str | None, head: str) -> str:
+    """What is wrong with a database not at `head`, and what to run."""
+    if revision is None:
+        return f"{shown(url)} has no agboss schema revision recorded: {_advice(url, revision)}"
+    return f"{shown(url)} is at schema revision {revision}, behind {head}: {_advice(url, revision)}"
+
+
+def _advice(url: str, revision: str | None) -> str:
+    """The command that brings a database not at the head there: `stamp` for agboss
+    tables without a recorded revision, else `upgrade`."""
+    from agboss_sql.sql import migrate
+
+    if revision is None and migrate.agboss_tables(url):
+        return (
+            f"its agboss tables were made without these migrations: if they are the current "
+            f"schema, run `{PROG} stamp --url {shown(url)}` (it compares them first)"
+        )
     if revision is None:
         return (
-            f"{shown(url)} has no agboss schema (no revision recorded): run "
-            f"`{PROG} upgrade --url {shown(url)}` (or `{PROG} stamp` to adopt tables "
+            f"run `{PROG} upgrade --url {shown(url)}` (or `{PROG} stamp` to adopt tables "
             "made another way)"
         )
-    return (
-        f"{shown(url)} is at schema revision {revision}, behind {head}: run "
-        f"`{PROG} upgrade --url {shown(url)}`"
-    )
+    return f"run `{PROG} upgrade --url {shown(url)}`"
 
 
 # --- upgrade ---------------------------------------------------------------------------
@@ -251,10 +263,7 @@ async def _check_async(url: str, *, strict: bool) -> int:
         print(f"schema: {revision} (head)")
     else:
         healthy = False
-        print(
-            f"schema: {_revision(revision)}, head is {head}: run "
-            f"`{PROG} upgrade --url {shown(url)}`"
-        )
+        print(f"schema: {_revision(revision)}, head is {head}: {_advice(url, revision)}")
     # The report says what is wrong with the schema; start() would refuse it instead.
     app = Application(
         "agboss-sql-check",

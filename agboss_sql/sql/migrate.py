@@ -196,6 +196,15 @@ def stamp(
             return Migration(before, _current_on(connection))
 
 
+def agboss_tables(url: str | URL | None = None) -> set[str]:
+    """The tables of the project's schema that exist on the database at `url` (a read:
+    a SQLite file that does not exist is not created, and has none)."""
+    if missing_sqlite_file(url) is not None:
+        return set()
+    with connect(url) as connection:
+        return agboss_tables_on(connection)
+
+
 def agboss_tables_on(connection: sa.Connection) -> set[str]:
     """The tables of the project's schema that exist on `connection`'s database."""
     return set(sa.inspect(connection).get_table_names()) & set(metadata.tables)

@@ -249,7 +249,7 @@ def test_an_unmigrated_database_is_one_line(
 
     assert status == FAILED
     assert one_line(err, command) == (
-        f"{shown(empty_url)} has no agboss schema (no revision recorded): run "
+        f"{shown(empty_url)} has no agboss schema revision recorded: run "
         f"`agboss-sql upgrade --url {shown(empty_url)}` (or `agboss-sql stamp` to adopt "
         "tables made another way)"
     )
@@ -297,6 +297,18 @@ def test_stamp_adopts_tables_made_without_the_migrations(
 ) -> None:
     head = migrate.head()
     create_unversioned_tables(empty_url)
+
+    for command in ("current", "leases"):
+        status, _, err = cli(capsys, command, "--url", empty_url)
+        assert status == FAILED
+        assert one_line(err, command) == (
+            f"{shown(empty_url)} has no agboss schema revision recorded: its agboss tables "
+            "were made without these migrations: if they are the current schema, run "
+            f"`agboss-sql stamp --url {shown(empty_url)}` (it compares them first)"
+        )
+    status, out, _ = cli(capsys, "check", "--url", empty_url)
+    assert status == FAILED
+    assert f"schema: base (no schema), head is {head}: its agboss tables were made" in out
 
     status, _, err = cli(capsys, "upgrade", "--url", empty_url)
     assert status == FAILED
