@@ -17,7 +17,11 @@ import re
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from support.server_watch import pytest_runtest_logreport, pytest_sessionstart
+from support.server_watch import (
+    pytest_collection_finish,
+    pytest_runtest_logreport,
+    pytest_sessionstart,
+)
 
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.database import create_schema, truncate_all
@@ -25,7 +29,8 @@ from agboss_sql.testing.database import create_schema, truncate_all
 DATABASE_URL_ENV = "AGBOSS_TEST_DATABASE_URL"
 DATABASE_FIXTURE = "database_url"
 
-__all__ = ["pytest_runtest_logreport", "pytest_sessionstart"]  # hooks, found by name
+# Hooks, found by name.
+__all__ = ["pytest_collection_finish", "pytest_runtest_logreport", "pytest_sessionstart"]
 
 
 def _env_database_url() -> str | None:

@@ -17,7 +17,13 @@ TESTS = Path(__file__).resolve().parent
 CONFTEST = f"""
 import os, socket, sys
 sys.path.insert(0, {str(TESTS)!r})
-from support.server_watch import pytest_runtest_logreport, pytest_sessionstart
+from support.server_watch import (
+    pytest_collection_finish, pytest_runtest_logreport, pytest_sessionstart,
+)
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker("database")
 
 # A listening socket stands for the database server; a test closes it.
 SERVER = socket.socket()

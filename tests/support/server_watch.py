@@ -1,7 +1,8 @@
 """Stop a test run at the first sign that its database server went away.
 
-When the database under test is a server, the run checks at its start that something
-answers on the server's port, and after every failed test checks again: a server that
+When the database under test is a server, a run with tests marked `database` checks
+before its first test that something answers on the server's port, and after every
+failed database test checks again: a server that
 no longer answers stops the run there with one line (`session.shouldstop`, as `-x`
 does), instead of failing every test after it with the same refused connection.
 The check is a TCP connection to the port, never a look at process names.
@@ -56,8 +57,14 @@ _session: pytest.Session | None = None
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _session
     _session = session
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the first test: a run with tests marked `database` needs its server."""
     server = server_of(os.environ.get(DATABASE_URL_ENV))
     if server is None or session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("database") for item in session.items):
         return
     why = unanswered(server)
     if why is not None:
@@ -65,7 +72,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if not report.failed or _session is None:
+    """After a failed database test: stop the run if the server no longer answers."""
+    if not report.failed or _session is None or "database" not in report.keywords:
         return
     server = server_of(os.environ.get(DATABASE_URL_ENV))
     if server is None:
