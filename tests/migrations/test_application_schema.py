@@ -80,3 +80,21 @@ async def test_start_accepts_a_database_at_head_given_as_a_connection(empty_url:
             assert sum(c.name.startswith("schema (") for c in report.components) == 1
     finally:
         await connection.close()
+
+
+async def test_the_test_kits_schema_records_head_and_never_overwrites_an_older_revision(
+    empty_url: str,
+) -> None:
+    from agboss_sql.testing.database import create_schema, drop_schema
+
+    create_schema(empty_url)
+    assert migrate.current(empty_url) == migrate.head()
+    async with Application("support", sql_stores(), {DatabaseUrl: DatabaseUrl(empty_url)}):
+        pass
+
+    drop_schema(empty_url)
+    migrate.upgrade(empty_url, first_revision())
+    create_schema(empty_url)  # adds what is missing; the tables may still be the older ones
+    assert migrate.current(empty_url) == first_revision()
+    create_schema(empty_url, drop_first=True)  # every table made anew: the head's
+    assert migrate.current(empty_url) == migrate.head()
