@@ -9,11 +9,18 @@ the fenced-effect store (`agboss_sql.sql._fence`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
@@ -39,7 +46,7 @@ from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
-from agboss_sql.sql.checkpoint._bridge import SyncBridge
+from agboss_sql.sql.checkpoint._bridge import Pin, SyncBridge
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import (
     BLOB_KEY,
@@ -145,8 +152,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         self._owns_connection = False
 
     @classmethod
-    @contextlib.asynccontextmanager
-    async def from_conn_string(
+    def from_conn_string(
         cls,
         conn_string: str | URL,
         *,
@@ -156,28 +162,44 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         application: ApplicationContext | None = None,
         pool_size: int = 8,
         timeouts: Timeouts | None = None,
-    ) -> AsyncIterator[SqlCheckpointSaver]:
+    ) -> OwnedSaver:
         """A saver on a `SqlConnection` of its own to `conn_string` (a database URL:
         `sqlite:///path`, `postgresql://…`, `mysql://…`; `pool_size` and `timeouts` are the
-        connection's), closed with the saver when the block exits, however it exits. The
-        other options are the constructor's. The tables come from the project's migrations
-        (`agboss-sql upgrade`), which this does not run. Opening it sends nothing: the
-        first call connects."""
+        connection's), to open with `async with` or `with` (as LangGraph's
+        `AsyncPostgresSaver` / `PostgresSaver` and the SQLite ones are): the saver and every
+        connection it opened are closed when the block exits, however it exits. The other
+        options are the constructor's (a bad one is refused here, before any block runs).
+        The tables come from the project's migrations: `setup()` runs them. Opening it sends
+        nothing: the first call connects."""
         connection = SqlConnection(conn_string, pool_size=pool_size, timeouts=timeouts)
-        try:
-            saver = cls(
-                connection,
-                serde=serde,
-                fenced=fenced,
-                store_clock=store_clock,
-                application=application,
-            )
-        except BaseException:
-            await connection.close()
-            raise
+        saver = cls(
+            connection,
+            serde=serde,
+            fenced=fenced,
+            store_clock=store_clock,
+            application=application,
+        )
         saver._owns_connection = True
-        async with saver:
-            yield saver
+        saver._sync.owns = True
+        return OwnedSaver(saver)
+
+    def setup(self) -> _Done:
+        """Bring the database's schema to the project's head revision (the migrations `agboss-sql
+        upgrade` runs, under the database's migration lock, so instances starting together
+        take turns; at head it only checks). Synchronous, and awaitable too, so both
+        `saver.setup()` (as with `PostgresSaver`) and `await saver.setup()` (as with
+        `AsyncPostgresSaver`) work; from async code `await saver.asetup()` does not block the
+        event loop meanwhile."""
+        from agboss_sql.sql.migrate import upgrade
+
+        upgrade(self.connection.url)
+        return _Done()
+
+    async def asetup(self) -> None:
+        """`setup()` on a worker thread, without blocking the caller's event loop."""
+        from agboss_sql.sql.migrate import upgrade
+
+        await asyncio.to_thread(upgrade, self.connection.url)
 
     def _statements(self, connection: SqlConnection) -> CheckpointStatements:
         return connection.prepared(
@@ -231,7 +253,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Save `checkpoint` and the values of its `new_versions` in one transaction (fenced:
         only while the lease is held); answer the config that names it."""
-        return await self._put(self.connection, config, checkpoint, metadata, new_versions)
+        return await self._put(self._sync.here(), config, checkpoint, metadata, new_versions)
 
     async def _put(
         self,
@@ -353,7 +375,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         """Save a task's pending writes for the checkpoint `config` names, keyed by (task,
         index) so a retried task adds nothing; special channels (errors, interrupts, resumes)
         replace their earlier value. Fenced: only while the lease is held."""
-        await self._put_writes(self.connection, config, writes, task_id, task_path)
+        await self._put_writes(self._sync.here(), config, writes, task_id, task_path)
 
     async def _put_writes(
         self,
@@ -409,7 +431,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint `config` names (its `checkpoint_id`), or the thread namespace's
         latest (a primary-key probe), with its pending writes and parent; `None` if absent."""
-        return await self._get_tuple(self.connection, config)
+        return await self._get_tuple(self._sync.here(), config)
 
     async def _get_tuple(
         self, connection: SqlConnection, config: RunnableConfig
@@ -519,7 +541,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         """The checkpoints matching `config` (thread, and namespace when given), every key of
         `filter` equal in their metadata, older than `before`, newest first, at most `limit`."""
-        async for found in self._list(self.connection, config, filter, before, limit):
+        async for found in self._list(self._sync.here(), config, filter, before, limit):
             yield found
 
     async def _list(
@@ -632,7 +654,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, pending write and value of `thread_id`, atomically."""
-        await self._delete_thread(self.connection, thread_id)
+        await self._delete_thread(self._sync.here(), thread_id)
 
     async def _delete_thread(self, connection: SqlConnection, thread_id: str) -> None:
         sql = self._statements(connection)
@@ -642,7 +664,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, pending write and value of one thread to another, atomically
         (rows the target already has are kept)."""
-        await self._copy_thread(self.connection, source_thread_id, target_thread_id)
+        await self._copy_thread(self._sync.here(), source_thread_id, target_thread_id)
 
     async def _copy_thread(self, connection: SqlConnection, source: str, target: str) -> None:
         sql = self._statements(connection)
@@ -657,7 +679,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints whose metadata names one of `run_ids`, their pending writes,
         and the values no remaining checkpoint of their namespace reads, in one transaction."""
-        await self._delete_for_runs(self.connection, run_ids)
+        await self._delete_for_runs(self._sync.here(), run_ids)
 
     async def _delete_for_runs(self, connection: SqlConnection, run_ids: Sequence[str]) -> None:
         if isinstance(run_ids, str):
@@ -706,7 +728,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         `"delete"`: delete the threads. One transaction per thread. A thread that uses a
         `DeltaChannel` is refused for `"keep_latest"` (`NotImplementedError`), as its state
         needs the ancestors."""
-        await self._prune(self.connection, thread_ids, strategy)
+        await self._prune(self._sync.here(), thread_ids, strategy)
 
     async def _prune(
         self, connection: SqlConnection, thread_ids: Sequence[str], strategy: str
@@ -774,8 +796,14 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     # --- synchronous methods: the async ones on the saver's own event loop -----------------
 
-    def _run_sync(self, work: Callable[[SqlConnection], Coroutine[Any, Any, T]]) -> T:
-        return self._sync.run(work)
+    def _run_sync(
+        self,
+        work: Callable[[SqlConnection], Coroutine[Any, Any, T]],
+        *,
+        writes: bool = False,
+        pin: Pin | None = None,
+    ) -> T:
+        return self._sync.run(work, writes=writes, pin=pin)
 
     def put(
         self,
@@ -786,7 +814,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """`aput`, from synchronous code."""
         result: RunnableConfig = self._run_sync(
-            lambda c: self._put(c, config, checkpoint, metadata, new_versions)
+            lambda c: self._put(c, config, checkpoint, metadata, new_versions), writes=True
         )
         return result
 
@@ -798,7 +826,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """`aput_writes`, from synchronous code."""
-        self._run_sync(lambda c: self._put_writes(c, config, writes, task_id, task_path))
+        self._run_sync(
+            lambda c: self._put_writes(c, config, writes, task_id, task_path), writes=True
+        )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`aget_tuple`, from synchronous code."""
@@ -815,6 +845,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         """`alist`, from synchronous code (read a page at a time)."""
         pages: list[AsyncIterator[CheckpointTuple]] = []
+        pin = Pin()
 
         async def next_item(connection: SqlConnection) -> tuple[bool, CheckpointTuple | None]:
             if not pages:
@@ -825,7 +856,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 return False, None
 
         while True:
-            more, found = self._run_sync(next_item)
+            more, found = self._run_sync(next_item, pin=pin)
             if not more:
                 return
             assert found is not None
@@ -833,34 +864,43 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         """`adelete_thread`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_thread(c, thread_id))
+        self._run_sync(lambda c: self._delete_thread(c, thread_id), writes=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """`adelete_for_runs`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_for_runs(c, run_ids))
+        self._run_sync(lambda c: self._delete_for_runs(c, run_ids), writes=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """`acopy_thread`, from synchronous code."""
-        self._run_sync(lambda c: self._copy_thread(c, source_thread_id, target_thread_id))
+        self._run_sync(
+            lambda c: self._copy_thread(c, source_thread_id, target_thread_id), writes=True
+        )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`aprune`, from synchronous code."""
-        self._run_sync(lambda c: self._prune(c, thread_ids, strategy))
+        self._run_sync(lambda c: self._prune(c, thread_ids, strategy), writes=True)
 
     def close(self) -> None:
         """Stop the event loop of the sync methods and close its connection (a later sync
-        call starts them anew). The saver's own connection is not closed here: one given to
-        the constructor stays its owner's, one from `from_conn_string` is closed by
-        `aclose()` (on leaving the block)."""
+        call starts them anew). A sync call in flight there finishes, or after
+        `CLOSE_GRACE_S` is cancelled and raises `StoreUnavailableError`
+        (`CommitOutcomeUnknownError` for a write): no caller is left waiting. The saver's
+        own connection is not closed here: one given to the constructor stays its owner's,
+        one from `from_conn_string` is closed on leaving the block (or by `aclose()`)."""
         self._sync.close()
 
     async def aclose(self) -> None:
-        """`close()` without blocking the caller's loop; then, for a saver from
-        `from_conn_string`, its own connection too: later calls, sync or async, fail with
-        `StoreUnavailableError`. A connection given to the constructor stays open."""
+        """`close()` without blocking the caller's loop, and the connections the saver opened
+        for other event loops; then, for a saver from `from_conn_string`, its own connection
+        too: later calls, sync or async, fail with `StoreUnavailableError`. A connection
+        given to the constructor stays open."""
         await asyncio.to_thread(functools.partial(self._sync.close, final=self._owns_connection))
-        if self._owns_connection:
-            await self.connection.close()
+        await self._sync.aclose_connections(home=self._owns_connection)
+
+    def _close_owned(self) -> None:
+        """The sync `with` block's exit: `aclose()`, from synchronous code."""
+        self._sync.close(final=self._owns_connection)
+        self._sync.close_connections(home=self._owns_connection)
 
     async def __aenter__(self) -> SqlCheckpointSaver:
         return self
@@ -873,3 +913,41 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """`aclose()` on leaving `async with saver:`."""
         await self.aclose()
+
+
+class _Done:
+    """What `setup()` answers: already done, and awaitable (`await saver.setup()`)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield
+
+
+class OwnedSaver:
+    """What `SqlCheckpointSaver.from_conn_string` answers: the saver, opened by `async with`
+    or `with`, and closed with every connection it opened when the block exits."""
+
+    def __init__(self, saver: SqlCheckpointSaver) -> None:
+        self.saver = saver
+
+    def __enter__(self) -> SqlCheckpointSaver:
+        return self.saver
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.saver._close_owned()
+
+    async def __aenter__(self) -> SqlCheckpointSaver:
+        return self.saver
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.saver.aclose()
