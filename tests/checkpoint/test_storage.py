@@ -340,6 +340,26 @@ async def test_list_filters_metadata_in_sql_by_exact_json_value(sql: SqlConnecti
     assert [t.config["configurable"]["checkpoint_id"] for t in limited] == [ids[1]]
 
 
+async def test_list_filters_non_ascii_metadata_alike_on_every_database(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    first = await thread.put({"n": 1}, metadata={"user": "José", "tags": ["ü", "日本"], "clé": "é"})
+    second = await thread.put({"n": 2}, metadata={"user": "Jose", "who": {"name": "Zoë"}})
+
+    async def matching(**filter: Any) -> list[str]:
+        return [
+            t.config["configurable"]["checkpoint_id"]
+            async for t in saver.alist(_config(thread.thread), filter=filter)
+        ]
+
+    assert await matching(user="José") == [first]
+    assert await matching(user="Jose") == [second]
+    assert await matching(tags=["ü", "日本"]) == [first]
+    assert await matching(who={"name": "Zoë"}) == [second]
+    assert await matching(**{"clé": "é"}) == [first]
+    assert await matching(**{"clé": "e"}) == []
+
+
 async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
