@@ -42,7 +42,7 @@ from sqlalchemy.engine import URL
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import InvalidIdentifierError
-from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.keys import unstorable_text_rule_of
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
@@ -92,6 +92,17 @@ def _text(value: Any) -> str:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode()
     return str(value)
+
+
+def _key_text(what: str, value: Any) -> str:
+    """`value` as the text LangGraph means by it (any text: empty, long, ending in spaces:
+    it is keyed by its SHA-256), or `InvalidIdentifierError` for a text no database here can
+    store (a NUL character, a lone surrogate), before anything is sent."""
+    text = _text(value)
+    unstorable = unstorable_text_rule_of(text)
+    if unstorable is not None:
+        raise InvalidIdentifierError(f"{what} must not hold {unstorable}, got {text!r:.80}")
+    return text
 
 
 def _checked_key(what: str, value: str, limit: int) -> str:
@@ -220,11 +231,13 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 "a checkpoint config needs configurable['thread_id'] (the conversation or run "
                 "whose checkpoints these are)"
             )
-        return checked_identifier("thread_id", _text(configurable["thread_id"]))
+        return _key_text("thread_id", configurable["thread_id"])
 
     @staticmethod
     def _ns_of(config: RunnableConfig) -> str:
-        return _text((config.get("configurable") or {}).get("checkpoint_ns") or "")
+        return _key_text(
+            "checkpoint_ns", (config.get("configurable") or {}).get("checkpoint_ns") or ""
+        )
 
     def _dumps(self, value: Any) -> tuple[str, bytes | None]:
         kind, data = self.serde.dumps_typed(value)
@@ -265,6 +278,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         sql = self._statements(connection)
         thread_id = self._thread_of(config)
+        thread_hash = identity_hash(thread_id)
         ns = self._ns_of(config)
         ns_hash = identity_hash(ns)
         checkpoint_id = _checked_key("checkpoint id", _text(checkpoint["id"]), MAX_CHECKPOINT_ID)
@@ -285,7 +299,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 kind, data = self._dumps(values[channel])
                 blob_rows.append(
                     (
-                        channel,
+                        identity_hash(_key_text("channel", channel)),
                         _checked_key("channel version", str(version), MAX_VERSION),
                         kind,
                         data,
@@ -295,8 +309,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         run_id = stored_metadata.get("run_id")
         row: dict[str, Any] = {
-            "thread_id": thread_id,
+            "thread_hash": thread_hash,
             "ns_hash": ns_hash,
+            "thread_id": thread_id,
             "checkpoint_id": checkpoint_id,
             "checkpoint_ns": ns,
             "parent_checkpoint_id": parent_id or None,
@@ -306,7 +321,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             "metadata": _metadata_json(stored_metadata),
         }
         row = {f"p_{column}": value for column, value in row.items()}
-        shared: dict[str, Any] = {"p_thread_id": thread_id, "p_ns_hash": ns_hash}
+        shared: dict[str, Any] = {"p_thread_hash": thread_hash, "p_ns_hash": ns_hash}
         blob_execs: list[Exec] = []
         for chunk in chunks(blob_rows):
             params = dict(shared)
@@ -393,18 +408,20 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if not checkpoint_id:
             raise ValueError("pending writes belong to a checkpoint: configurable['checkpoint_id']")
         lease = lease_of(config) if self.fenced else None
+        task = _key_text("task_id", task_id)
         shared: dict[str, Any] = {
-            "p_thread_id": thread_id,
+            "p_thread_hash": identity_hash(thread_id),
             "p_ns_hash": identity_hash(self._ns_of(config)),
             "p_checkpoint_id": _checked_key(
                 "checkpoint id", _text(checkpoint_id), MAX_CHECKPOINT_ID
             ),
-            "p_task_id": checked_identifier("task_id", _text(task_id)),
+            "p_task_hash": identity_hash(task),
+            "p_task_id": task,
             "p_task_path": task_path,
         }
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         rows = [
-            (WRITES_IDX_MAP.get(channel, idx), channel, *self._dumps(value))
+            (WRITES_IDX_MAP.get(channel, idx), _key_text("channel", channel), *self._dumps(value))
             for idx, (channel, value) in enumerate(writes)
         ]
         execs: list[Exec] = []
@@ -440,19 +457,27 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id = self._thread_of(config)
         ns = self._ns_of(config)
         checkpoint_id = get_checkpoint_id(config)
-        params: dict[str, Any] = {"thread_id": thread_id, "ns_hash": identity_hash(ns)}
+        params: dict[str, Any] = {
+            "thread_hash": identity_hash(thread_id),
+            "ns_hash": identity_hash(ns),
+        }
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
         statement = sql.read_by_id if checkpoint_id else sql.read_latest
         # One step: on SQLite run inline without interleaving, on a server on one pooled
         # connection.
         found = await connection.run(
-            lambda: self._read(sql, statement, params, ns), transaction=False
+            lambda: self._read(sql, statement, params, thread_id, ns), transaction=False
         )
         return None if found is None else self._tuple_of(*found)
 
     def _read(
-        self, sql: CheckpointStatements, statement: Any, params: dict[str, Any], ns: str
+        self,
+        sql: CheckpointStatements,
+        statement: Any,
+        params: dict[str, Any],
+        thread_id: str,
+        ns: str,
     ) -> Step[Found | None]:
         """Read a checkpoint with its pending writes, then the values its versions name."""
         result = yield Exec(statement, params)
@@ -466,25 +491,38 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 writes.append(row)
         if found is None:
             return None
-        thread_id, ns_hash = params["thread_id"], params["ns_hash"]
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
         checkpoint_id, parent_id, metadata, _, kind, data = found
-        listed = (thread_id, ns, ns_hash, checkpoint_id, parent_id, kind, data, metadata)
+        listed = (
+            thread_id,
+            ns,
+            ns_hash,
+            checkpoint_id,
+            parent_id,
+            kind,
+            data,
+            metadata,
+            thread_hash,
+        )
         body = self._loads(kind, data)
-        keys = [(thread_id, ns_hash, ch, str(v)) for ch, v in body["channel_versions"].items()]
+        keys = [
+            (thread_hash, ns_hash, identity_hash(ch), str(v))
+            for ch, v in body["channel_versions"].items()
+        ]
         blobs = yield from self._blobs(sql, keys)
         return listed, body, blobs, writes
 
     def _blobs(
         self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, str, str]]
     ) -> Step[dict[tuple[Any, Any, Any, Any], tuple[Any, Any]]]:
-        """The stored values of these (thread, namespace hash, channel, version) keys."""
+        """The stored values of these (thread, namespace, channel hashes, version) keys."""
         found: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         columns = (*BLOB_KEY, "value_type", "value")
         for chunk in chunks(list(dict.fromkeys(keys))):
             statement = sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, BLOB_KEY))
-            for thread_id, ns_hash, channel, version, kind, value in result.rows:
-                found[(thread_id, ns_hash, channel, version)] = (kind, value)
+            for thread_hash, ns_hash, channel_hash, version, kind, value in result.rows:
+                found[(thread_hash, ns_hash, channel_hash, version)] = (kind, value)
         return found
 
     def _tuple_of(
@@ -494,10 +532,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         blobs: Mapping[tuple[str, str, str, str], tuple[Any, Any]],
         writes: Sequence[Sequence[Any]],
     ) -> CheckpointTuple:
-        thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata = row
+        thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
+        thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
         for channel, version in body["channel_versions"].items():
-            stored = blobs.get((thread_id, ns_hash, channel, str(version)))
+            stored = blobs.get((thread_hash, ns_hash, identity_hash(channel), str(version)))
             if stored is not None:
                 values[channel] = self._loads(*stored)
         body["channel_values"] = values
@@ -561,7 +600,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         namespace = thread and configurable.get("checkpoint_ns") is not None
         if thread:
             assert config is not None
-            params["thread_id"] = self._thread_of(config)
+            params["thread_hash"] = identity_hash(self._thread_of(config))
         if namespace:
             assert config is not None
             params["ns_hash"] = identity_hash(self._ns_of(config))
@@ -624,12 +663,12 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             return 0, []
         bodies = [self._loads(row[5], row[6]) for row in rows]
         blob_keys = [
-            (row[0], row[2], channel, str(version))
+            (row[8], row[2], identity_hash(channel), str(version))
             for row, body in zip(rows, bodies, strict=True)
             for channel, version in body["channel_versions"].items()
         ]
         blobs = yield from self._blobs(sql, blob_keys)
-        checkpoint_keys = [(row[0], row[2], row[3]) for row in rows]
+        checkpoint_keys = [(row[8], row[2], row[3]) for row in rows]
         writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
         columns = (
             *CHECKPOINT_KEY,
@@ -643,10 +682,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         for chunk in chunks(list(dict.fromkeys(checkpoint_keys))):
             statement = sql.keyed(checkpoint_writes, columns, CHECKPOINT_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, CHECKPOINT_KEY))
-            for thread_id, ns_hash, checkpoint_id, *write in result.rows:
-                writes.setdefault((thread_id, ns_hash, checkpoint_id), []).append(write)
+            for thread_hash, ns_hash, checkpoint_id, *write in result.rows:
+                writes.setdefault((thread_hash, ns_hash, checkpoint_id), []).append(write)
         return len(rows), [
-            (row, body, blobs, writes.get((row[0], row[2], row[3]), []))
+            (row, body, blobs, writes.get((row[8], row[2], row[3]), []))
             for row, body in zip(rows, bodies, strict=True)
         ]
 
@@ -658,7 +697,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def _delete_thread(self, connection: SqlConnection, thread_id: str) -> None:
         sql = self._statements(connection)
-        params = {"thread_id": checked_identifier("thread_id", _text(thread_id))}
+        params = {"thread_hash": identity_hash(_key_text("thread_id", thread_id))}
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -668,12 +707,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def _copy_thread(self, connection: SqlConnection, source: str, target: str) -> None:
         sql = self._statements(connection)
-        params = {
-            "source": checked_identifier("source_thread_id", _text(source)),
-            "target": checked_identifier("target_thread_id", _text(target)),
-        }
-        if params["source"] == params["target"]:
+        source = _key_text("source_thread_id", source)
+        target = _key_text("target_thread_id", target)
+        if source == target:
             return
+        params = {
+            "source_hash": identity_hash(source),
+            "target_hash": identity_hash(target),
+            "target": target,
+        }
         await self._write(connection, [Exec(s, params) for s in sql.copy_thread])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -698,21 +740,23 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 params = keyed_params(keys, CHECKPOINT_KEY)
                 yield Exec(sql.keyed_delete(checkpoints, CHECKPOINT_KEY, len(keys)), params)
                 yield Exec(sql.keyed_delete(checkpoint_writes, CHECKPOINT_KEY, len(keys)), params)
-            for thread_id, ns_hash in dict.fromkeys((row[0], row[1]) for row in doomed):
-                yield from self._collect_blobs(sql, thread_id, ns_hash)
+            for thread_hash, ns_hash in dict.fromkeys((row[0], row[1]) for row in doomed):
+                yield from self._collect_blobs(sql, thread_hash, ns_hash)
 
         await connection.run(step, transaction=True)
 
-    def _collect_blobs(self, sql: CheckpointStatements, thread_id: Any, ns_hash: Any) -> Step[None]:
+    def _collect_blobs(
+        self, sql: CheckpointStatements, thread_hash: Any, ns_hash: Any
+    ) -> Step[None]:
         """Delete the values of one thread namespace that no checkpoint of it reads."""
-        params = {"thread_id": thread_id, "ns_hash": ns_hash}
+        params = {"thread_hash": thread_hash, "ns_hash": ns_hash}
         read: set[tuple[str, str]] = set()
         for kind, data in (yield Exec(sql.namespace_bodies(), params)).rows:
             versions = self._loads(kind, data)["channel_versions"]
-            read.update((channel, str(version)) for channel, version in versions.items())
+            read.update((identity_hash(ch), str(version)) for ch, version in versions.items())
         stored = (yield Exec(sql.namespace_blob_keys(), params)).rows
         garbage = [
-            (thread_id, ns_hash, channel, version)
+            (thread_hash, ns_hash, channel, version)
             for channel, version in stored
             if (channel, version) not in read
         ]
@@ -737,7 +781,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             raise TypeError("thread_ids must be a sequence of thread ids, not a str")
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
-        threads = [checked_identifier("thread_id", _text(t)) for t in dict.fromkeys(thread_ids)]
+        threads = [_key_text("thread_id", t) for t in dict.fromkeys(thread_ids)]
         for thread_id in threads:
             if strategy == "delete":
                 await self._delete_thread(connection, thread_id)
@@ -751,14 +795,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _keep_latest(self, connection: SqlConnection, thread_id: str) -> Step[None]:
         sql = self._statements(connection)
-        rows = (yield Exec(sql.lock_thread, {"thread_id": thread_id})).rows
+        thread_hash = identity_hash(thread_id)
+        rows = (yield Exec(sql.lock_thread, {"thread_hash": thread_hash})).rows
         heads: dict[Any, Any] = {}
         for ns_hash, checkpoint_id in rows:
             # Rows come newest first per namespace, in the database's own order.
             heads.setdefault(ns_hash, checkpoint_id)
         if not heads:
             return
-        keys = [(thread_id, ns_hash, checkpoint_id) for ns_hash, checkpoint_id in heads.items()]
+        keys = [(thread_hash, ns_hash, checkpoint_id) for ns_hash, checkpoint_id in heads.items()]
         read: set[tuple[Any, str, str]] = set()
         for heads_chunk in chunks(keys):
             statement = sql.keyed(
@@ -776,15 +821,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                         "whose state is rebuilt from the ancestors pruning would delete"
                     )
                 versions = self._loads(kind, data)["channel_versions"]
-                read.update((ns_hash, ch, str(v)) for ch, v in versions.items())
+                read.update((ns_hash, identity_hash(ch), str(v)) for ch, v in versions.items())
         for ns_hash, head in heads.items():
-            params = {"thread_id": thread_id, "ns_hash": ns_hash, "checkpoint_id": head}
+            params = {"thread_hash": thread_hash, "ns_hash": ns_hash, "checkpoint_id": head}
             yield Exec(sql.prune_checkpoints, params)
             yield Exec(sql.prune_writes, params)
             yield Exec(sql.orphan_head, params)
-        stored = (yield Exec(sql.select_blob_keys, {"thread_id": thread_id})).rows
+        stored = (yield Exec(sql.select_blob_keys, {"thread_hash": thread_hash})).rows
         garbage: list[tuple[str, Any, Any, Any]] = [
-            (thread_id, ns_hash, channel, version)
+            (thread_hash, ns_hash, channel, version)
             for ns_hash, channel, version in stored
             if (ns_hash, channel, version) not in read
         ]
