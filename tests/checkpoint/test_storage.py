@@ -457,7 +457,7 @@ async def test_any_text_langgraph_accepts_is_a_key_of_its_own(sql: SqlConnection
         config = _config(thread_id, key, checkpoint_id)
         for task in ODD_KEYS:
             await saver.aput_writes(config, [(key, task), ("x" * 300, task)], task_id=task)
-    for key, thread in namespaces.items():
+    for key in namespaces:
         found = await saver.aget_tuple(_config(thread_id, key))
         assert found is not None, repr(key)
         assert found.config["configurable"]["checkpoint_ns"] == key
