@@ -66,6 +66,10 @@ async def test_async_and_sync_graphs_share_one_saver(sql: SqlConnection) -> None
     saver = SqlCheckpointSaver(sql)
     try:
         await _mixed_runs(saver)
+        # The sync calls ran on this loop, on the saver's connection: no thread, loop or
+        # connection (pool) of their own was started for them.
+        assert saver._sync._thread is None
+        assert saver._sync._others == {}
     finally:
         await saver.aclose()
 

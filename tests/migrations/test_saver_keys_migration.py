@@ -120,3 +120,22 @@ def test_downgrading_below_the_revision_refuses_to_lose_checkpoints(empty_url: s
     with pytest.raises(RuntimeError, match="holds checkpoints"):
         migrate.downgrade(empty_url, BEFORE)
     assert migrate.current(empty_url) == migrate.head()
+
+
+def test_setup_brings_the_schema_to_head_sync_and_async(empty_url: str) -> None:
+    # As LangGraph's savers: `saver.setup()` from sync code, `await saver.setup()` from async.
+    with SqlCheckpointSaver.from_conn_string(empty_url) as saver:
+        saver.setup()
+        assert migrate.current(empty_url) == migrate.head()
+        config = {"configurable": {"thread_id": "after setup", "checkpoint_ns": ""}}
+        saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+        assert saver.get_tuple(config) is not None
+
+    async def again() -> None:
+        async with SqlCheckpointSaver.from_conn_string(empty_url) as saver:
+            await saver.setup()  # at head: only checks
+            await saver.asetup()
+            assert await saver.aget_tuple({"configurable": {"thread_id": "after setup"}})
+
+    asyncio.run(again())
+    assert migrate.current(empty_url) == migrate.head()

@@ -118,17 +118,19 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     `SqlConnection` (the tables come from the project's schema and migrations).
 
     Built on a connection the caller owns (`SqlCheckpointSaver(connection)`, which stays
-    open after the saver is closed), or on one of its own, as LangGraph's savers are:
+    open after the saver is closed), or on one of its own, as LangGraph's savers are (with
+    `async with` or `with`; `setup()` runs the project's migrations):
 
         async with SqlCheckpointSaver.from_conn_string("postgresql://…") as saver:
+            await saver.setup()
             graph = builder.compile(checkpointer=saver)
 
-    The async methods run on the caller's event loop. The sync methods (`put`,
-    `get_tuple`, `list`, ...) run the async ones on an event loop the saver owns, on a
-    daemon thread started on first use, so a synchronous graph works from any thread,
-    with or without a running loop; that loop has a connection of its own to the same
-    database (a second pool on a server, a second SQLite connection), closed by
-    `close()`/`aclose()` or on leaving `async with`.
+    Any event loop, any thread: the async methods run on the caller's loop, on the saver's
+    connection on the first loop it serves and on a connection of its own on any other (a
+    second `asyncio.run`, say). The sync methods (`put`, `get_tuple`, `list`, ...) run on
+    that first loop while it runs on another thread (a sync graph in a worker thread beside
+    async ones), else on an event loop the saver starts on a daemon thread (see `_bridge`).
+    Sync and async calls mix freely; `close()` never leaves a sync call waiting.
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held (checked in the write's transaction, by
