@@ -175,3 +175,35 @@ def test_leaving_the_block_while_threads_are_inside_sync_calls(sql_url: str) -> 
         ), errors
         with pytest.raises(StoreUnavailableError):
             saver.get_tuple(_threads(1)[0])
+
+
+def test_a_sync_call_while_the_home_loop_is_blocked_takes_the_saver_loop(sql_url: str) -> None:
+    # A sync graph run on the event loop's own thread (a notebook cell, say) blocks that
+    # loop while LangGraph's worker threads call the saver: they must not wait for it.
+    connection = SqlConnection(sql_url)
+    saver = SqlCheckpointSaver(connection)
+    home = asyncio.new_event_loop()
+    serving = threading.Thread(target=home.run_forever, daemon=True)
+    serving.start()
+    release = threading.Event()
+    try:
+        config = _threads(1)[0]
+        asyncio.run_coroutine_threadsafe(saver.aget_tuple(config), home).result(BOUND_S)
+        home.call_soon_threadsafe(release.wait, BOUND_S)  # blocks the home loop's thread
+        answers: list[Any] = []
+        caller = threading.Thread(
+            target=lambda: answers.append(saver.get_tuple(config)), daemon=True
+        )
+        caller.start()
+        caller.join(BOUND_S)
+        assert not caller.is_alive(), "the sync call waited for a blocked loop"
+        assert answers == [None]
+        _put(saver, config)
+        assert saver.get_tuple(config) is not None
+    finally:
+        release.set()
+        saver.close()
+        asyncio.run_coroutine_threadsafe(connection.close(), home).result(BOUND_S)
+        home.call_soon_threadsafe(home.stop)
+        serving.join(BOUND_S)
+        home.close()

@@ -13,8 +13,9 @@ in a worker thread beside an async one), so the saver keeps one connection per l
 Synchronous methods (`put`, `get_tuple`, `list`, ...) are called by LangGraph from any
 thread, with or without a running loop. While the home loop runs on another thread, a
 sync call runs there, on the saver's connection (what LangGraph's own async savers do: no
-second pool, no thread of ours). Otherwise (no home loop yet, the home loop ended, or the
-call comes from the home loop's own thread, which is blocked by the call) it runs on an
+second pool, no thread of ours). Otherwise (no home loop yet, the home loop ended, the
+call comes from the home loop's own thread, or the home loop does not start the call within
+`HOME_START_S` because its thread is blocked, as by a sync graph run on it) it runs on an
 event loop the bridge owns, on a daemon thread started on first use.
 
 Every wait of a sync caller is bounded: a call whose loop stops before answering raises
@@ -42,6 +43,12 @@ T = TypeVar("T")
 CLOSE_GRACE_S = 5.0
 """How long `close()` lets a sync call in flight on the bridge's loop finish before
 cancelling it."""
+
+HOME_START_S = 1.0
+"""How long a sync call waits for the home loop to start it before taking the bridge's loop
+(a home loop whose thread is blocked never would)."""
+
+_NOT_TAKEN = object()
 
 _POLL_S = 0.25
 """How often a waiting sync caller checks that the loop running its call is still alive."""
@@ -76,6 +83,7 @@ class SyncBridge:
         self._thread: threading.Thread | None = None
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._final = False
+        self._home_stalled = False
 
     # --- which connection -----------------------------------------------------------------
 
@@ -84,6 +92,8 @@ class SyncBridge:
         loop = asyncio.get_running_loop()
         home = self._home
         if loop is home:
+            # An async call runs here: the home loop is free again for sync calls.
+            self._home_stalled = False
             return self._connection
         return self._claim(loop, claim=home is None)
 
@@ -113,9 +123,10 @@ class SyncBridge:
         writes: bool = False,
         pin: Pin | None = None,
     ) -> T:
-        """`await work(connection)` on the home loop (while it runs on another thread) or on
-        the bridge's loop, from any thread; the answer, or a typed error within the call's own
-        bounds (the loop stopping or the saver closing never leaves the caller waiting)."""
+        """`await work(connection)` on the home loop (while it runs on another thread and takes
+        the call within `HOME_START_S`) or on the bridge's loop, from any thread; the answer,
+        or a typed error within the call's own bounds (the loop stopping or the saver closing
+        never leaves the caller waiting)."""
         with self._guard:
             if self._final:
                 raise StoreUnavailableError("the checkpoint saver is closed")
@@ -128,17 +139,66 @@ class SyncBridge:
                 )
             if pin is not None:
                 pin.loop = loop
-            if loop is self._loop:
-                future = asyncio.run_coroutine_threadsafe(self._on_bridge(work), loop)
-                self._calls.add(future)
-                future.add_done_callback(self._calls.discard)
-                thread = self._thread
-                assert thread is not None
-                alive: Callable[[], bool] = thread.is_alive
-            else:
-                future = asyncio.run_coroutine_threadsafe(work(self._connection), loop)
-                alive = loop.is_running
-        return _wait(future, alive, writes)
+        if loop is not self._loop:
+            answer = self._on_home(loop, work, writes)
+            if answer is not _NOT_TAKEN:
+                return answer  # type: ignore[return-value]
+            # The home loop runs but did not take the call: its thread is blocked (a sync
+            # graph run on the loop's own thread, whose saver calls come from LangGraph's
+            # worker threads). The bridge serves until an async call shows the loop free.
+            with self._guard:
+                self._home_stalled = True
+                if self._final:
+                    raise StoreUnavailableError("the checkpoint saver is closed")
+                loop = self._target()
+                if pin is not None:
+                    pin.loop = loop
+        with self._guard:
+            if self._final:
+                raise StoreUnavailableError("the checkpoint saver is closed")
+            if loop is not self._loop:
+                # close() stopped that loop meanwhile.
+                if pin is not None:
+                    raise StoreUnavailableError(
+                        "the event loop this listing started on has stopped: list again"
+                    )
+                loop = self._target()
+            future = asyncio.run_coroutine_threadsafe(self._on_bridge(work), loop)
+            self._calls.add(future)
+            future.add_done_callback(self._calls.discard)
+            thread = self._thread
+            assert thread is not None
+        return _wait(future, thread.is_alive, writes)
+
+    def _on_home(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: Callable[[SqlConnection], Coroutine[Any, Any, T]],
+        writes: bool,
+    ) -> T | object:
+        """`work` on the home loop, or `_NOT_TAKEN` when the loop did not start it within
+        `HOME_START_S` (then it never will: starting and giving up exclude each other)."""
+        gate = threading.Lock()
+        state = {"started": False, "abandoned": False}
+        started = threading.Event()
+        connection = self._connection
+
+        async def call() -> T | object:
+            with gate:
+                if state["abandoned"]:
+                    return _NOT_TAKEN
+                state["started"] = True
+            started.set()
+            return await work(connection)
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        if not started.wait(HOME_START_S):
+            with gate:
+                if not state["started"]:
+                    state["abandoned"] = True
+                    future.cancel()
+                    return _NOT_TAKEN
+        return _wait(future, loop.is_running, writes)
 
     def _target(self) -> asyncio.AbstractEventLoop:
         """Under the guard: the home loop when a sync call may run there, else the bridge's
@@ -147,6 +207,7 @@ class SyncBridge:
         if (
             home is not None
             and home is not self._loop
+            and not self._home_stalled
             and home.is_running()
             and not home.is_closed()
             and asyncio._get_running_loop() is not home
