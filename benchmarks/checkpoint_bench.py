@@ -386,6 +386,52 @@ def report(measurements: list[Measurement]) -> None:
         print(json.dumps({"kind": "comparison", **c}))
 
 
+async def flatness(url: str, checkpoints: int) -> None:
+    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of one thread at 10 checkpoints and
+    at `checkpoints`, per saver: it should not grow with the history."""
+    parsed = sa.make_url(url)
+    connection = SqlConnection(url)
+    try:
+        ours = SqlCheckpointSaver(connection)
+        async with official_saver(parsed) as (their_name, theirs, _):
+            savers = [("SqlCheckpointSaver", ours)]
+            if theirs is not None:
+                savers.append((their_name, theirs))
+            run_id = uuid.uuid4().hex[:8]
+            for i, (name, saver) in enumerate(savers):
+                load = Workload(saver, name, 1, run_id, f"{i}flat")
+                config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+                await load.run(10, timed=False)
+                early = await _latest_p50_ms(saver, config)
+                await load.run(checkpoints - 10, timed=False)
+                late = await _latest_p50_ms(saver, config)
+                print(
+                    json.dumps(
+                        {
+                            "kind": "latest_read",
+                            "database": connection.dialect_name,
+                            "saver": name,
+                            "p50_ms_at_10": round(early, 3),
+                            f"p50_ms_at_{checkpoints}": round(late, 3),
+                            "growth": round(late / early, 2),
+                        }
+                    )
+                )
+                await saver.adelete_thread(load.thread_ids[0])
+    finally:
+        await connection.close()
+
+
+async def _latest_p50_ms(saver: BaseCheckpointSaver[Any], config: Any, reads: int = 200) -> float:
+    spent = []
+    for _ in range(reads):
+        started = time.perf_counter()
+        await saver.aget_tuple(config)
+        spent.append(time.perf_counter() - started)
+    spent.sort()
+    return spent[len(spent) // 2] * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -394,7 +440,17 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=1000, help="operations per saver and scenario")
     parser.add_argument("--warmup", type=int, default=50, help="untimed operations before each run")
     parser.add_argument("--rounds", type=int, default=10, help="slices the savers take turns in")
+    parser.add_argument(
+        "--flat",
+        type=int,
+        metavar="N",
+        help="instead: the latest-checkpoint read at 10 and at N checkpoints of one thread",
+    )
     args = parser.parse_args()
+    if args.flat:
+        ensure_our_tables(args.url)
+        asyncio.run(flatness(args.url, args.flat))
+        return
     report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds)))
 
 
