@@ -77,14 +77,9 @@ async def test_async_and_sync_graphs_share_one_saver(sql: SqlConnection) -> None
 def test_one_saver_serves_one_event_loop_after_another(sql_url: str) -> None:
     # A saver built once and used under three `asyncio.run`s in turn (a script, a test suite
     # with a loop per test), with sync graphs in threads beside the async ones each time.
-    connection = SqlConnection(sql_url)
-    saver = SqlCheckpointSaver(connection)
-    try:
+    with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
         for _ in range(3):
             asyncio.run(_mixed_runs(saver))
-    finally:
-        saver.close()
-        asyncio.run(connection.close())
 
 
 def test_a_sync_only_saver_from_conn_string_opens_one_connection(sql_url: str) -> None:

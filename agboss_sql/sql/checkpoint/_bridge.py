@@ -99,20 +99,20 @@ class SyncBridge:
 
     def _claim(self, loop: asyncio.AbstractEventLoop, *, claim: bool) -> SqlConnection:
         with self._guard:
-            if self._home is None and claim:
-                self._home = loop
-            if loop is self._home:
-                return self._connection
-            found = self._others.get(loop)
-            if found is None:
-                for stale in [other for other in self._others if other.is_closed()]:
-                    _forget(self._others.pop(stale))
-                found = self._others[loop] = self._connection.for_another_loop()
-            return found
+            return self._claim_locked(loop, claim=claim)
 
-    async def _on_bridge(self, work: Callable[[SqlConnection], Coroutine[Any, Any, T]]) -> T:
-        # The bridge's loop is the home of a connection the saver owns, if nothing came first.
-        return await work(self._claim(asyncio.get_running_loop(), claim=self.owns))
+    def _claim_locked(self, loop: asyncio.AbstractEventLoop, *, claim: bool) -> SqlConnection:
+        """`_claim`, the guard held."""
+        if self._home is None and claim:
+            self._home = loop
+        if loop is self._home:
+            return self._connection
+        found = self._others.get(loop)
+        if found is None:
+            for stale in [other for other in self._others if other.is_closed()]:
+                _forget(self._others.pop(stale))
+            found = self._others[loop] = self._connection.for_another_loop()
+        return found
 
     # --- sync calls -----------------------------------------------------------------------
 
@@ -163,7 +163,10 @@ class SyncBridge:
                         "the event loop this listing started on has stopped: list again"
                     )
                 loop = self._target()
-            future = asyncio.run_coroutine_threadsafe(self._on_bridge(work), loop)
+            # The bridge's loop is the home of a connection the saver owns, if nothing came
+            # first. Chosen here, not when the call starts: close() closes what it hands out.
+            connection = self._claim_locked(loop, claim=self.owns)
+            future = asyncio.run_coroutine_threadsafe(work(connection), loop)
             self._calls.add(future)
             future.add_done_callback(self._calls.discard)
             thread = self._thread
@@ -276,6 +279,9 @@ class SyncBridge:
         sockets belonged to that loop)."""
         here = asyncio.get_running_loop()
         for loop, connection in self._take_connections(home=home):
+            if loop is not None and loop.is_closed():
+                _forget(connection)
+                continue
             with contextlib.suppress(Exception):
                 if loop is None or loop is here or not loop.is_running():
                     await asyncio.wait_for(connection.close(), _STOP_S)
@@ -293,6 +299,9 @@ class SyncBridge:
         def close_all() -> None:
             async def each() -> None:
                 for loop, connection in taken:
+                    if loop is not None and loop.is_closed():
+                        _forget(connection)
+                        continue
                     with contextlib.suppress(Exception):
                         if loop is not None and loop.is_running():
                             closing = asyncio.run_coroutine_threadsafe(connection.close(), loop)
