@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sqlite3
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from checkpoint_graphs import approval_graph, request
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.types import Command
+from sqlalchemy.engine import make_url
 
 from agboss_sql.contracts.errors import CommitOutcomeUnknownError, StoreUnavailableError
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
@@ -74,12 +77,42 @@ async def test_async_and_sync_graphs_share_one_saver(sql: SqlConnection) -> None
         await saver.aclose()
 
 
+def _hold_sqlite_write_lock(sql_url: str, held: threading.Event) -> None:
+    """Another SQLite connection writes for 200 ms (`BEGIN IMMEDIATE` … `COMMIT`): the
+    saver's steps queue behind it, so they wait on the connection's gate together."""
+    raw = sqlite3.connect(make_url(sql_url).database or "", isolation_level=None)
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+        held.set()
+        time.sleep(0.2)  # the other writer's transaction: what the saver must wait out
+        raw.execute("COMMIT")
+    finally:
+        raw.close()
+
+
+async def _runs_behind_another_writer(saver: SqlCheckpointSaver, sql_url: str) -> None:
+    held = threading.Event()
+    holder = None
+    if make_url(sql_url).get_backend_name() == "sqlite":
+        holder = threading.Thread(target=_hold_sqlite_write_lock, args=(sql_url, held))
+        holder.start()
+        assert await asyncio.to_thread(held.wait, BOUND_S)
+    try:
+        await _mixed_runs(saver)
+    finally:
+        if holder is not None:
+            holder.join(BOUND_S)
+
+
 def test_one_saver_serves_one_event_loop_after_another(sql_url: str) -> None:
     # A saver built once and used under three `asyncio.run`s in turn (a script, a test suite
-    # with a loop per test), with sync graphs in threads beside the async ones each time.
+    # with a loop per test), with sync graphs in threads beside the async ones each time and,
+    # on SQLite, steps queued behind another writer (on the old saver: "Lock ... is bound to
+    # a different event loop" under the second loop; on the servers, "Future attached to a
+    # different loop").
     with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
         for _ in range(3):
-            asyncio.run(_mixed_runs(saver))
+            asyncio.run(_runs_behind_another_writer(saver, sql_url))
 
 
 def test_a_sync_only_saver_from_conn_string_opens_one_connection(sql_url: str) -> None:
