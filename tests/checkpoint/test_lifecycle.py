@@ -169,3 +169,17 @@ async def test_opening_and_closing_sends_nothing(server: str, tmp_path: Path) ->
         async with SqlCheckpointSaver.from_conn_string(url) as saver:
             assert isinstance(saver, SqlCheckpointSaver)
     assert not (tmp_path / "none.db").exists()
+
+
+def test_from_conn_string_takes_a_bare_sqlite_path_as_langgraphs_sqlite_savers_do(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoints.sqlite"
+    with SqlCheckpointSaver.from_conn_string(str(path)) as saver:
+        saver.setup()
+        config = _config(f"thread-{uuid.uuid4()}")
+        checkpoint = empty_checkpoint()
+        saver.put(config, checkpoint, {"source": "input", "step": -1}, {})
+        found = saver.get_tuple(config)
+        assert found is not None and found.checkpoint["id"] == checkpoint["id"]
+    assert path.is_file()

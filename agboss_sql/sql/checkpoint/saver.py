@@ -177,13 +177,17 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         timeouts: Timeouts | None = None,
     ) -> OwnedSaver:
         """A saver on a `SqlConnection` of its own to `conn_string` (a database URL:
-        `sqlite:///path`, `postgresql://…`, `mysql://…`; `pool_size` and `timeouts` are the
+        `sqlite:///path`, `postgresql://…`, `mysql://…`, or a bare SQLite file path as
+        LangGraph's SQLite savers take; `pool_size` and `timeouts` are the
         connection's), to open with `async with` or `with` (as LangGraph's
         `AsyncPostgresSaver` / `PostgresSaver` and the SQLite ones are): the saver and every
         connection it opened are closed when the block exits, however it exits. The other
         options are the constructor's (a bad one is refused here, before any block runs).
         The tables come from the project's migrations: `setup()` runs them. Opening it sends
         nothing: the first call connects."""
+        if isinstance(conn_string, str) and "://" not in conn_string:
+            # A bare path, as `SqliteSaver.from_conn_string("checkpoints.sqlite")` takes.
+            conn_string = f"sqlite:///{conn_string}"
         connection = SqlConnection(conn_string, pool_size=pool_size, timeouts=timeouts)
         saver = cls(
             connection,
