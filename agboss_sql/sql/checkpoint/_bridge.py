@@ -131,6 +131,7 @@ class SyncBridge:
             if self._final:
                 raise StoreUnavailableError("the checkpoint saver is closed")
             loop = pin.loop if pin is not None else None
+            pinned = loop is not None
             if loop is None:
                 loop = self._target()
             elif loop.is_closed() or (loop is not self._home and loop is not self._loop):
@@ -139,7 +140,8 @@ class SyncBridge:
                 )
             if pin is not None:
                 pin.loop = loop
-        if loop is not self._loop:
+            on_home = loop is not self._loop
+        if on_home:
             answer = self._on_home(loop, work, writes)
             if answer is not _NOT_TAKEN:
                 return answer  # type: ignore[return-value]
@@ -150,6 +152,10 @@ class SyncBridge:
                 self._home_stalled = True
                 if self._final:
                     raise StoreUnavailableError("the checkpoint saver is closed")
+                if pinned:
+                    raise StoreUnavailableError(
+                        "the event loop this listing started on is blocked: list again"
+                    )
                 loop = self._target()
                 if pin is not None:
                     pin.loop = loop
@@ -194,7 +200,10 @@ class SyncBridge:
             started.set()
             return await work(connection)
 
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(call(), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return _NOT_TAKEN
         if not started.wait(HOME_START_S):
             with gate:
                 if not state["started"]:
