@@ -111,7 +111,7 @@ wsrep_node_address=127.0.0.1:$((base + 1260 + n))
 wsrep_node_incoming_address=127.0.0.1:$(sql_port "$n")
 wsrep_sst_receive_address=127.0.0.1:$((base + 1280 + n))
 wsrep_sst_method=rsync
-wsrep_slave_threads=2
+wsrep_slave_threads=1
 wsrep_provider_options="gmcast.listen_addr=tcp://127.0.0.1:$((base + 1260 + n));ist.recv_addr=127.0.0.1:$((base + 1270 + n));gcache.size=64M;evs.suspect_timeout=PT10S;evs.inactive_timeout=PT30S"
 
 [sst]
