@@ -11,7 +11,11 @@ unlocked row.
 
 A finish locks the parent's children first (`SELECT … FOR UPDATE`), so concurrent
 finishers of one parent's children run one after the other, each seeing the others'
-finishes: exactly one sees none left. The decision is taken from that locking read (on
+finishes: exactly one sees none left. On a Galera cluster those locks hold on one node
+only: there a finish also raises a counter on the parent's first child
+(`sibling_finishes`), a row every finisher of the parent writes, so of two finishes on
+different nodes that did not see each other the later fails certification and runs
+again, seeing the other. The decision is taken from that locking read (on
 MySQL/MariaDB REPEATABLE READ a locking read sees the latest committed rows; on
 PostgreSQL READ COMMITTED it returns the latest version of any row it had to wait for).
 
@@ -22,7 +26,7 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `enqueue`, `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused or a retry) | the same |
+| `finish` | 2 in a transaction (1 when refused or a retry) | the same (3 on Galera) |
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
 
@@ -215,6 +219,15 @@ class QueueStatements:
                 finished_attempt=sa.bindparam("attempt", type_=sa.Integer),
                 finish_remaining=sa.bindparam("remaining", type_=sa.Integer),
             )
+        )
+
+        # On a cluster that certifies write sets the siblings' locks above are local to a
+        # node: every finisher also writes the parent's first child, so two finishes that
+        # did not see each other conflict at certification and the later runs again.
+        self.count_sibling_finish = (
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("first_id"))
+            .values(sibling_finishes=C.c.sibling_finishes + 1)
         )
 
         the_child = C.c.child_execution_id == sa.bindparam("child_execution_id")
@@ -435,6 +448,9 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
             return FinishResult(False, unfinished)
         finish = {**params, "id": me[0], "attempt": attempt, "remaining": unfinished - 1}
         yield Exec(self._sql.finish_locked, finish)
+        if self.connection.capabilities.certified_writes:
+            first_id = min(row[0] for row in siblings)
+            yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
         return FinishResult(True, unfinished - 1)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
