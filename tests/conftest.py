@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from support.nodes import node_url
 
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.database import create_schema, truncate_all
@@ -81,7 +82,8 @@ async def new_connection(
     made: list[SqlConnection] = []
 
     def make() -> SqlConnection:
-        connection = SqlConnection(sql_url)
+        # On a cluster (AGBOSS_TEST_DATABASE_URLS), the next instance is on the next node.
+        connection = SqlConnection(node_url(sql_url, len(made) + 1))
         made.append(connection)
         return connection
 
