@@ -251,6 +251,10 @@ rate_limit_keys = sa.Table(
     # Whether the last add to the window was allowed: one upsert decides and answers it.
     sa.Column("window_allowed", Flag(), nullable=True),
     sa.Column("paused_until", Millis(), nullable=True),
+    # On a cluster that certifies write sets (Galera) the row's lock is local to a node:
+    # there every slot take raises this counter, so two takes of one key on different
+    # nodes write one row and the later fails certification.
+    sa.Column("slot_takes", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
 )
 
 paused_executions = sa.Table(

@@ -1,5 +1,5 @@
 """counters every concurrent decider writes: fenced writes on the lease row, finishes of a
-parent's children on its first child
+parent's children on its first child, slot takes on the rate limit key's row
 
 Revision ID: 0006_galera
 Revises: 0002
@@ -30,9 +30,15 @@ def upgrade() -> None:
                 "sibling_finishes", sa.BigInteger(), server_default=sa.text("0"), nullable=False
             )
         )
+    with op.batch_alter_table("agboss_rate_limit_keys", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("slot_takes", sa.BigInteger(), server_default=sa.text("0"), nullable=False)
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("agboss_rate_limit_keys", schema=None) as batch_op:
+        batch_op.drop_column("slot_takes")
     with op.batch_alter_table("agboss_child_executions", schema=None) as batch_op:
         batch_op.drop_column("sibling_finishes")
     with op.batch_alter_table("agboss_execution_leases", schema=None) as batch_op:

@@ -11,6 +11,7 @@ certification, a node may read before it has applied what another node committed
 - the last children of a parent finished on different nodes: exactly one finisher sees
   none left;
 - children claimed on different nodes: each claimed once;
+- rate limit slots taken on different nodes: never more than the maximum;
 - `upgrade` run on two nodes at once: both succeed, the schema at head.
 
 Applier lag is induced on the zombie's node only: a session there with `wsrep_on=OFF`
@@ -50,6 +51,7 @@ from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+from agboss_sql.sql.rate_limits import SqlRateLimitRepository
 from agboss_sql.sql.schema import execution_leases
 from agboss_sql.testing.business import committed_business_rows, insert_business_row
 
@@ -264,6 +266,29 @@ async def test_children_claimed_on_different_nodes_are_each_claimed_once(
 
     claimed = [c for got in await asyncio.gather(*(drain(i) for i in range(8))) for c in got]
     assert sorted(claimed) == sorted(f"child-{i}" for i in range(total))
+
+
+# --- rate limits --------------------------------------------------------------------------
+
+
+async def test_slots_taken_on_different_nodes_never_exceed_the_maximum(
+    nodes: Callable[[int], SqlConnection],
+) -> None:
+    clock = VirtualClock(START)
+    stores = [
+        SqlRateLimitRepository(nodes(i), clock, ApplicationContext(f"taker-{i}")) for i in range(12)
+    ]
+    bad: list[tuple[int, int]] = []
+    for round_ in range(max(10, ROUNDS // 10)):
+        taken = await asyncio.gather(
+            *(
+                store.acquire_slot(f"key-{round_}", f"holder-{i}", 3, LEASE_MS)
+                for i, store in enumerate(stores)
+            )
+        )
+        if sum(taken) != 3:
+            bad.append((round_, sum(taken)))
+    assert bad == [], f"rounds (round, slots taken of 3) : {bad}"
 
 
 # --- migrations ---------------------------------------------------------------------------
