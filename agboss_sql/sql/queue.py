@@ -15,7 +15,9 @@ finishes: exactly one sees none left. On a Galera cluster those locks hold on on
 only: there a finish also raises a counter on the parent's first child
 (`sibling_finishes`), a row every finisher of the parent writes, so of two finishes on
 different nodes that did not see each other the later fails certification and runs
-again, seeing the other. The decision is taken from that locking read (on
+again, seeing the other. For the same reason `SKIP LOCKED` passes over only the node's own
+locks: a claim run again after a certification conflict starts a few rows past the head
+(at random, up to `_MAX_CLAIM_SPREAD`), so claimers on different nodes spread out. The decision is taken from that locking read (on
 MySQL/MariaDB REPEATABLE READ a locking read sees the latest committed rows; on
 PostgreSQL READ COMMITTED it returns the latest version of any row it had to wait for).
 
@@ -38,6 +40,8 @@ application clock, so a claimer that died is replaced), `mark_woken` records it 
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +105,11 @@ _LISTED = (
 """The columns `children` and `running` answer, in `ChildExecution`'s order."""
 
 
+_MAX_CLAIM_SPREAD = 8
+"""How many rows past the head of the queue a claim run again after a certification
+conflict may start (Galera)."""
+
+
 def _columns(names: Sequence[str]) -> list[sa.Column[Any]]:
     return [C.c[name] for name in names]
 
@@ -149,11 +158,20 @@ class QueueStatements:
             .returning(*_columns(_CLAIMED))
         )
         # Without UPDATE … RETURNING: lock the next row, then move it (a transaction).
-        self.lock_next = ops.skip_locked(
+        next_row = (
             sa.select(C.c.id, *_columns(_CLAIMED))
             .where(C.c.status == sa.bindparam("queued"))
             .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
             .limit(1)
+        )
+        self.lock_next = ops.skip_locked(next_row)
+        # On a cluster that certifies write sets, `SKIP LOCKED` skips only this node's
+        # locks: claimers on different nodes pick the same first row and all but one fail
+        # certification. A claim run again after such a conflict starts a few rows further
+        # (`skip`), so the claimers spread over the head of the queue instead of meeting
+        # on its first row at every attempt.
+        self.lock_next_after = ops.skip_locked(
+            next_row.offset(sa.bindparam("skip", type_=sa.Integer))
         )
         self.claim_locked = (
             sa.update(C)
@@ -352,10 +370,17 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         if self._sql.update_returning:
             row = (await self.connection.execute(self._sql.claim, params)).first()
             return None if row is None else _claimed(row)
-        return await self.connection.run(lambda: self._claim_locked(params))
+        attempts = itertools.count()
+        return await self.connection.run(lambda: self._claim_locked(params, next(attempts)))
 
-    def _claim_locked(self, params: dict[str, Any]) -> Step[ClaimedChild | None]:
-        row = (yield Exec(self._sql.lock_next, params)).first()
+    def _claim_locked(self, params: dict[str, Any], attempt: int) -> Step[ClaimedChild | None]:
+        row = None
+        if attempt and self.connection.capabilities.certified_writes:
+            skip = random.randrange(min(attempt, _MAX_CLAIM_SPREAD) + 1)
+            if skip:
+                row = (yield Exec(self._sql.lock_next_after, {**params, "skip": skip})).first()
+        if row is None:
+            row = (yield Exec(self._sql.lock_next, params)).first()
         if row is None:
             return None
         moved = yield Exec(self._sql.claim_locked, {**params, "id": row[0]})
