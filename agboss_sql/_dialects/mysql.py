@@ -5,6 +5,10 @@ accepts it only on `INSERT`. No `WHERE` on the upsert: a conditional take is
 `col = IF(cond, new, col)` per column, assignments running left to right.
 Connections set `CLIENT.FOUND_ROWS`, so an `UPDATE` counts the rows it matched,
 not only the rows whose values changed: compare-and-set reads "one row".
+
+A MariaDB Galera node (`wsrep_on`, asked at connect) is the same dialect with
+`Capabilities.certified_writes` and a session set for the cluster (`GALERA_SESSION`);
+migrations there take a lock row instead of `GET_LOCK` (dialects/galera/QUIRKS.md).
 """
 
 from __future__ import annotations
@@ -237,8 +241,8 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
                     await cursor.execute(GALERA_SESSION)
             finally:
                 await cursor.close()
-            if not autocommit:
-                await raw.commit()  # end the implicit transaction the reads began
+            if not autocommit and raw.get_transaction_status():
+                await raw.commit()  # end a transaction the reads began, if any
         except BaseException:
             raw.close()
             raise
