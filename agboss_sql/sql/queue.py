@@ -105,7 +105,7 @@ _LISTED = (
 """The columns `children` and `running` answer, in `ChildExecution`'s order."""
 
 
-_MAX_CLAIM_SPREAD = 8
+_MAX_CLAIM_SPREAD = 32
 """How many rows past the head of the queue a claim run again after a certification
 conflict may start (Galera)."""
 
@@ -376,7 +376,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
     def _claim_locked(self, params: dict[str, Any], attempt: int) -> Step[ClaimedChild | None]:
         row = None
         if attempt and self.connection.capabilities.certified_writes:
-            skip = random.randrange(min(attempt, _MAX_CLAIM_SPREAD) + 1)
+            skip = random.randrange(min(4 * attempt, _MAX_CLAIM_SPREAD) + 1)
             if skip:
                 row = (yield Exec(self._sql.lock_next_after, {**params, "skip": skip})).first()
         if row is None:

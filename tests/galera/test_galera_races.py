@@ -140,7 +140,7 @@ class Charge:
 
     async def __call__(self, tx: Any) -> Any:
         await insert_business_row(tx, self.row)
-        return {"row": self.row}
+        return {"row": self.row.split("-", 1)[1]}
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -211,6 +211,45 @@ async def test_a_zombie_write_after_a_takeover_on_another_node_is_refused(
     rows = await committed_business_rows(nodes(0))
     assert accepted == [], f"zombie writes accepted in rounds {accepted}; rows {rows}"
     assert not [row for row in rows if row.endswith("-z")]
+
+
+async def test_one_business_key_raced_on_different_nodes_commits_one_charge(
+    nodes: Callable[[int], SqlConnection],
+) -> None:
+    # The work may run on more than one node (certification aborts the losers after their
+    # work ran, and their retry replays the winner's result): one charge commits.
+    store_clock = StoreClock(VirtualClock(START))
+    for round_ in range(max(3, ROUNDS // 100)):
+        effects = []
+        keys = []
+        for i in range(9):
+            connection = nodes(i)
+            app = ApplicationContext(f"instance-{i}")
+            lease = await SqlExecutionLeaseRepository(connection, store_clock, app).acquire(
+                TENANT, f"tree-{round_}-{i}", LEASE_MS
+            )
+            assert lease is not None
+            ctx = ExecutionContext(
+                tenant_id=TENANT,
+                root_execution_id=lease.execution_id,
+                execution_id=lease.execution_id,
+                lease=lease,
+                step=StepRef(lease.execution_id, "step-1", "charge-step"),
+            )
+            keys.append(fenced_effect_key_of(ctx, "charge", business_key=f"order-{round_}"))
+            effects.append(SqlFencedEffectRepository(connection, store_clock, app))
+        results = await asyncio.gather(
+            *(
+                store.save_result_if_absent(key, Charge(f"{round_}-by-{i}"))
+                for i, (store, key) in enumerate(zip(effects, keys, strict=True))
+            )
+        )
+        committed = [
+            row for row in await committed_business_rows(nodes(0)) if row.startswith(f"{round_}-")
+        ]
+        assert len(committed) == 1, f"round {round_}: {committed}"
+        assert {result.value["row"] for result in results} == {committed[0].split("-", 1)[1]}
+        assert sum(1 for result in results if not result.replayed) == 1
 
 
 # --- the child queue ------------------------------------------------------------------------
