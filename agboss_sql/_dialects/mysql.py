@@ -49,9 +49,9 @@ GALERA_CAPABILITIES = dataclasses.replace(MARIADB_CAPABILITIES, certified_writes
 GALERA_SESSION = "SET SESSION wsrep_sync_wait = 7, wsrep_retry_autocommit = 0"
 """What a session on a Galera node sets (see dialects/galera/QUIRKS.md): every `SELECT`,
 `BEGIN`, `UPDATE`, `DELETE` and `INSERT` first waits until the node has applied all the
-cluster committed before it (causal reads: no decision from a lagging node's stale rows),
-and an autocommit statement that fails certification comes back as a deadlock (1213) for
-the caller to run again, never silently re-executed by the server (whose second run may
+cluster committed before it (causal reads: no decision from a lagging node's stale rows);
+an autocommit statement that fails certification comes back as a deadlock (1213) for the
+caller to run again, never silently re-executed by the server (whose second run may
 answer rows of the run that lost)."""
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "aiomysql"
