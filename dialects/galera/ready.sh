@@ -59,13 +59,14 @@ ask() {
     "$client" --connect-timeout=3 -h127.0.0.1 -P"$(sql_port "$1")" -uroot -N -B -e "$2" 2>/dev/null || true
 }
 
-# 0 when our node $1 answers on its port; 1 when the port is free; fails when the
-# port is answered by a server that is not ours.
+# 0 when our node $1 answers on its port; 1 when the port is free (or, with a second
+# argument "starting", when it does not answer yet: a node we started listens before it
+# has joined); fails when the port is answered by a server that is not ours.
 node_up() {
     local port datadir
     port="$(sql_port "$1")"
     if ! "$admin" --connect-timeout=3 -h127.0.0.1 -P"$port" -uroot ping >/dev/null 2>&1; then
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        if [[ "${2:-}" != starting ]] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             fail "port $port is taken by something that is not node $1 of this cluster"
         fi
         return 1
@@ -136,7 +137,7 @@ start_node() {
 
 wait_synced() {
     local n=$1 waited=0 state=""
-    until node_up "$n" && state="$(ask "$n" "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME='WSREP_LOCAL_STATE_COMMENT'")" && [[ "$state" == Synced ]]; do
+    until node_up "$n" starting && state="$(ask "$n" "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME='WSREP_LOCAL_STATE_COMMENT'")" && [[ "$state" == Synced ]]; do
         ((waited >= timeout)) && fail "node $n not Synced after ${timeout}s (state '${state}'; see $(node_dir "$n")/error.log)"
         sleep 1
         waited=$((waited + 1))
