@@ -346,8 +346,18 @@ def test_concurrent_upgrades_on_two_nodes_both_succeed(
         with admin.cursor() as cursor:
             cursor.execute(f"DROP DATABASE IF EXISTS {database}")
             cursor.execute(f"CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        for url in urls:
-            _query(url, "SELECT 1")  # the database exists on every node
+        for url in galera_urls:
+            # Wait until every node has applied the CREATE DATABASE (a connection naming a
+            # database checks it before any causal wait could run).
+            node = _raw(url, database=False)
+            with node.cursor() as cursor:
+                cursor.execute("SET SESSION wsrep_sync_wait = 1")
+                cursor.execute(
+                    "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s",
+                    (database,),
+                )
+                assert cursor.fetchone() == (1,)
+            node.close()
         # Two processes, as two instances starting at once (Alembic's context is global
         # to a process). Each waits for a start file, so both begin together.
         go = tmp_path / f"go-{round_}"
