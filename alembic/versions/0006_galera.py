@@ -22,17 +22,15 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("agboss_execution_leases", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("fence_writes", sa.BigInteger(), server_default=sa.text("0"), nullable=False)
+            sa.Column("fence_writes", sa.BigInteger(), server_default="0", nullable=False)
         )
     with op.batch_alter_table("agboss_child_executions", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column(
-                "sibling_finishes", sa.BigInteger(), server_default=sa.text("0"), nullable=False
-            )
+            sa.Column("sibling_finishes", sa.BigInteger(), server_default="0", nullable=False)
         )
     with op.batch_alter_table("agboss_rate_limit_keys", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("slot_takes", sa.BigInteger(), server_default=sa.text("0"), nullable=False)
+            sa.Column("slot_takes", sa.BigInteger(), server_default="0", nullable=False)
         )
 
 
