@@ -17,6 +17,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from support.nodes import node_url
 from support.server_watch import (
     pytest_collection_finish,
     pytest_runtest_logreport,
@@ -93,7 +94,8 @@ async def new_connection(
     made: list[SqlConnection] = []
 
     def make() -> SqlConnection:
-        connection = SqlConnection(sql_url)
+        # On a cluster (AGBOSS_TEST_DATABASE_URLS), the next instance is on the next node.
+        connection = SqlConnection(node_url(sql_url, len(made) + 1))
         made.append(connection)
         return connection
 

@@ -54,6 +54,11 @@ class Capabilities:
     - `insert_if_absent_raises`: `insert_if_absent` raises a unique violation on a duplicate
       (the caller reads it as "already there") instead of skipping it silently.
     - `batch_migrations`: Alembic must rewrite tables to alter them (`render_as_batch`).
+    - `certified_writes`: a multi-primary cluster that certifies each transaction's write
+      set at COMMIT (MariaDB Galera): row locks are local to a node and a statement that
+      changes no row is invisible to the other nodes, so a decision between instances on
+      different nodes must write a row every concurrent decider writes (the loser fails
+      certification, a transient conflict, and runs again).
     """
 
     inline: bool
@@ -66,6 +71,7 @@ class Capabilities:
     json_key_exact: bool
     insert_if_absent_raises: bool
     batch_migrations: bool
+    certified_writes: bool = False
 
 
 class Dialect(Protocol):

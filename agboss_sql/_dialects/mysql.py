@@ -5,6 +5,10 @@ accepts it only on `INSERT`. No `WHERE` on the upsert: a conditional take is
 `col = IF(cond, new, col)` per column, assignments running left to right.
 Connections set `CLIENT.FOUND_ROWS`, so an `UPDATE` counts the rows it matched,
 not only the rows whose values changed: compare-and-set reads "one row".
+
+A MariaDB Galera node (`wsrep_on`, asked at connect) is the same dialect with
+`Capabilities.certified_writes` and a session set for the cluster (`GALERA_SESSION`);
+migrations there take a lock row instead of `GET_LOCK` (dialects/galera/QUIRKS.md).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import contextlib
 import dataclasses
 import json
 import select
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +45,14 @@ CAPABILITIES = Capabilities(
     batch_migrations=False,
 )
 MARIADB_CAPABILITIES = dataclasses.replace(CAPABILITIES, insert_returning=True)
+GALERA_CAPABILITIES = dataclasses.replace(MARIADB_CAPABILITIES, certified_writes=True)
+GALERA_SESSION = "SET SESSION wsrep_sync_wait = 7, wsrep_retry_autocommit = 0"
+"""What a session on a Galera node sets (see dialects/galera/QUIRKS.md): every `SELECT`,
+`BEGIN`, `UPDATE`, `DELETE` and `INSERT` first waits until the node has applied all the
+cluster committed before it (causal reads: no decision from a lagging node's stale rows);
+an autocommit statement that fails certification comes back as a deadlock (1213) for the
+caller to run again, never silently re-executed by the server (whose second run may
+answer rows of the run that lost)."""
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "aiomysql"
 DRIVER_SENDS_BEGIN = False  # outside autocommit, the first statement starts the transaction
@@ -200,10 +214,12 @@ def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
 
 
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
+    """A new connection; on a MariaDB Galera node (`wsrep_on`, asked once per connection)
+    its session is set for the cluster (`GALERA_SESSION`)."""
     import aiomysql
     from pymysql.constants import CLIENT
 
-    return await aiomysql.connect(
+    raw = await aiomysql.connect(
         host=url.host or "localhost",
         port=url.port or 3306,
         user=url.username or "root",
@@ -214,11 +230,40 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
         client_flag=CLIENT.FOUND_ROWS,
         **session_options(timeouts),
     )
+    galera = False
+    if _is_mariadb(raw):
+        try:
+            cursor = await raw.cursor()
+            try:
+                await cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                galera = _wsrep_on(await cursor.fetchall())
+                if galera:
+                    await cursor.execute(GALERA_SESSION)
+            finally:
+                await cursor.close()
+            if not autocommit and raw.get_transaction_status():
+                await raw.commit()  # end a transaction the reads began, if any
+        except BaseException:
+            raw.close()
+            raise
+    raw._agboss_galera = galera
+    return raw
+
+
+def _is_mariadb(raw: Any) -> bool:
+    return "mariadb" in str(raw.get_server_info()).lower()
+
+
+def _wsrep_on(rows: Any) -> bool:
+    return any(str(row[1]).upper() == "ON" for row in rows or ())
 
 
 def capabilities_of(raw: Any) -> Capabilities:
-    """MariaDB (it names itself in its version) has `INSERT … RETURNING`."""
-    return MARIADB_CAPABILITIES if "mariadb" in str(raw.get_server_info()).lower() else CAPABILITIES
+    """MariaDB (it names itself in its version) has `INSERT … RETURNING`; a Galera node
+    (found at connect) certifies write sets."""
+    if getattr(raw, "_agboss_galera", False):
+        return GALERA_CAPABILITIES
+    return MARIADB_CAPABILITIES if _is_mariadb(raw) else CAPABILITIES
 
 
 def abort(raw: Any) -> None:
@@ -359,9 +404,17 @@ MIGRATION_LOCK_NAME = "agboss_sql_migrations"
 @contextlib.contextmanager
 def lock_database(connection: sa.Connection) -> Iterator[None]:
     """Run the body in one transaction on `connection` (a sync connection with no
-    transaction begun) while holding the migration lock (`GET_LOCK`), taken before the
-    transaction begins and released after it ends, so the next holder sees all it
-    committed (DDL commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S`."""
+    transaction begun) while holding the migration lock, taken before the transaction
+    begins and released after it ends, so the next holder sees all it committed (DDL
+    commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S`.
+
+    The lock is `GET_LOCK` on one server; on a Galera cluster, where `GET_LOCK` is local to
+    a node, it is a row of `MIGRATION_LOCK_TABLE` (see `_galera_lock`), and the session is
+    set for the cluster (`GALERA_SESSION`) for the rest of the connection's life."""
+    if _galera_session(connection):
+        with _galera_lock(connection), connection.begin():
+            yield
+        return
     with connection.begin():
         got = connection.execute(
             sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S))
@@ -379,6 +432,81 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
         if not connection.invalidated:
             with connection.begin():
                 connection.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
+
+
+MIGRATION_LOCK_TABLE = "agboss_migration_lock"
+"""The table of the migration lock row on a Galera cluster (outside the project's metadata:
+it must exist before the first migration, and migrations never touch it)."""
+MIGRATION_LOCK_POLL_S = 0.2
+
+
+def _galera_session(connection: sa.Connection) -> bool:
+    """Whether `connection` is to a Galera node; if so its session is set for the cluster."""
+    if not getattr(connection.dialect, "is_mariadb", False):
+        return False  # MySQL has no wsrep_on
+    with connection.begin():
+        rows = connection.exec_driver_sql("SHOW VARIABLES LIKE 'wsrep_on'").fetchall()
+        if not _wsrep_on(rows):
+            return False
+        connection.exec_driver_sql(GALERA_SESSION)
+    return True
+
+
+@contextlib.contextmanager
+def _galera_lock(connection: sa.Connection) -> Iterator[None]:
+    """Hold the migration lock row: a row every taker writes, so of takers on different
+    nodes one commits and the others fail certification (or find the row taken) and wait.
+    A holder that died without releasing it holds it until its expiry,
+    `MIGRATION_LOCK_TIMEOUT_S` after it was taken."""
+    holder = uuid.uuid4().hex
+    with connection.begin():
+        # DDL runs in total order on every node: concurrent creators all succeed.
+        connection.exec_driver_sql(
+            f"CREATE TABLE IF NOT EXISTS {MIGRATION_LOCK_TABLE} ("
+            "name VARCHAR(64) NOT NULL PRIMARY KEY, holder VARCHAR(64) NOT NULL, "
+            "expires_at BIGINT NOT NULL) ENGINE=InnoDB"
+        )
+    now_ms = "FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000)"
+    # Assignments run left to right: the holder is decided first, the expiry follows it.
+    take = sa.text(
+        f"INSERT INTO {MIGRATION_LOCK_TABLE} (name, holder, expires_at) "
+        f"VALUES (:name, :holder, {now_ms} + :ttl) ON DUPLICATE KEY UPDATE "
+        f"holder = IF(expires_at <= {now_ms}, VALUES(holder), holder), "
+        "expires_at = IF(holder = VALUES(holder), VALUES(expires_at), expires_at)"
+    )
+    read = sa.text(f"SELECT holder FROM {MIGRATION_LOCK_TABLE} WHERE name = :name")
+    params = {"name": MIGRATION_LOCK_NAME, "holder": holder, "ttl": MIGRATION_LOCK_TIMEOUT_S * 1000}
+    deadline = time.monotonic() + MIGRATION_LOCK_TIMEOUT_S
+    while True:
+        try:
+            with connection.begin():
+                connection.execute(take, params)
+            with connection.begin():
+                if connection.execute(read, params).scalar() == holder:
+                    break
+        except sa.exc.DBAPIError as exc:
+            # Another taker's write won certification, or its insert came first.
+            if not (is_retryable(exc) or is_unique_violation(exc)):
+                raise
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"the migration lock row ({MIGRATION_LOCK_TABLE}) was not free within "
+                f"{MIGRATION_LOCK_TIMEOUT_S} s: another agboss-sql migration is still "
+                "running; retry when it has finished"
+            )
+        time.sleep(MIGRATION_LOCK_POLL_S)
+    try:
+        yield
+    finally:
+        if not connection.invalidated:
+            with connection.begin():
+                connection.execute(
+                    sa.text(
+                        f"DELETE FROM {MIGRATION_LOCK_TABLE} "
+                        "WHERE name = :name AND holder = :holder"
+                    ),
+                    params,
+                )
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------

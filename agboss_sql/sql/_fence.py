@@ -9,6 +9,13 @@ write may go on in the same transaction, which keeps the lock until it ends,
 so a takeover waits for the commit or the commit sees the takeover. No row: a
 diagnosing read names the reason and the write is refused with
 `ExecutionFencedError`.
+
+The check always changes the row (`fence_writes` goes up by one), even when the mark is
+already at the token: on a cluster that certifies write sets (Galera), where row locks
+are local to a node, a takeover committed on another node and this fenced write then
+touch one row, and the later of the two fails certification at COMMIT (a transient
+conflict: the step runs again and the fence sees the takeover). An update that changed
+nothing would not be certified at all.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ class FenceStatements:
                 L.c.expires_at > now,
                 L.c.fence_token <= token,
             )
-            .values(fence_token=token)
+            .values(fence_token=token, fence_writes=L.c.fence_writes + 1)
         )
         self.diagnose = sa.select(
             L.c.lease_epoch,

@@ -11,7 +11,13 @@ unlocked row.
 
 A finish locks the parent's children first (`SELECT … FOR UPDATE`), so concurrent
 finishers of one parent's children run one after the other, each seeing the others'
-finishes: exactly one sees none left. The decision is taken from that locking read (on
+finishes: exactly one sees none left. On a Galera cluster those locks hold on one node
+only: there a finish also raises a counter on the parent's first child
+(`sibling_finishes`), a row every finisher of the parent writes, so of two finishes on
+different nodes that did not see each other the later fails certification and runs
+again, seeing the other. For the same reason `SKIP LOCKED` passes over only the node's own
+locks: a claim run again after a certification conflict starts a few rows past the head
+(at random, up to `_MAX_CLAIM_SPREAD`), so claimers on different nodes spread out. The decision is taken from that locking read (on
 MySQL/MariaDB REPEATABLE READ a locking read sees the latest committed rows; on
 PostgreSQL READ COMMITTED it returns the latest version of any row it had to wait for).
 
@@ -22,7 +28,7 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `enqueue`, `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused or a retry) | the same |
+| `finish` | 2 in a transaction (1 when refused or a retry) | the same (3 on Galera) |
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
 
@@ -34,13 +40,16 @@ application clock, so a claimer that died is replaced), `mark_woken` records it 
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import random
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
-from agboss_sql.contracts.errors import DuplicateChildError
+from agboss_sql.contracts.errors import DuplicateChildError, StoreTimeoutError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
@@ -97,6 +106,11 @@ _LISTED = (
 """The columns `children` and `running` answer, in `ChildExecution`'s order."""
 
 
+_MAX_CLAIM_SPREAD = 32
+"""How many rows past the head of the queue a claim run again after a certification
+conflict may start (Galera)."""
+
+
 def _columns(names: Sequence[str]) -> list[sa.Column[Any]]:
     return [C.c[name] for name in names]
 
@@ -145,11 +159,20 @@ class QueueStatements:
             .returning(*_columns(_CLAIMED))
         )
         # Without UPDATE … RETURNING: lock the next row, then move it (a transaction).
-        self.lock_next = ops.skip_locked(
+        next_row = (
             sa.select(C.c.id, *_columns(_CLAIMED))
             .where(C.c.status == sa.bindparam("queued"))
             .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
             .limit(1)
+        )
+        self.lock_next = ops.skip_locked(next_row)
+        # On a cluster that certifies write sets, `SKIP LOCKED` skips only this node's
+        # locks: claimers on different nodes pick the same first row and all but one fail
+        # certification. A claim run again after such a conflict starts a few rows further
+        # (`skip`), so the claimers spread over the head of the queue instead of meeting
+        # on its first row at every attempt.
+        self.lock_next_after = ops.skip_locked(
+            next_row.offset(sa.bindparam("skip", type_=sa.Integer))
         )
         self.claim_locked = (
             sa.update(C)
@@ -215,6 +238,15 @@ class QueueStatements:
                 finished_attempt=sa.bindparam("attempt", type_=sa.Integer),
                 finish_remaining=sa.bindparam("remaining", type_=sa.Integer),
             )
+        )
+
+        # On a cluster that certifies write sets the siblings' locks above are local to a
+        # node: every finisher also writes the parent's first child, so two finishes that
+        # did not see each other conflict at certification and the later runs again.
+        self.count_sibling_finish = (
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("first_id"))
+            .values(sibling_finishes=C.c.sibling_finishes + 1)
         )
 
         the_child = C.c.child_execution_id == sa.bindparam("child_execution_id")
@@ -339,10 +371,31 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         if self._sql.update_returning:
             row = (await self.connection.execute(self._sql.claim, params)).first()
             return None if row is None else _claimed(row)
-        return await self.connection.run(lambda: self._claim_locked(params))
+        attempts = itertools.count()
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.connection.timeouts.retry_ms / 1000
+        while True:
+            try:
+                return await self.connection.run(lambda: self._claim_locked(params, next(attempts)))
+            except StoreTimeoutError as exc:
+                # On a cluster that certifies write sets claimers on other nodes keep
+                # taking the rows this one picked: a claim (nothing of it applied) goes on
+                # for the whole `Timeouts.retry_ms`, past the connection's attempt count.
+                if not (
+                    exc.what == "retry"
+                    and self.connection.capabilities.certified_writes
+                    and loop.time() < give_up_at
+                ):
+                    raise
 
-    def _claim_locked(self, params: dict[str, Any]) -> Step[ClaimedChild | None]:
-        row = (yield Exec(self._sql.lock_next, params)).first()
+    def _claim_locked(self, params: dict[str, Any], attempt: int) -> Step[ClaimedChild | None]:
+        row = None
+        if attempt and self.connection.capabilities.certified_writes:
+            skip = random.randrange(min(4 * attempt, _MAX_CLAIM_SPREAD) + 1)
+            if skip:
+                row = (yield Exec(self._sql.lock_next_after, {**params, "skip": skip})).first()
+        if row is None:
+            row = (yield Exec(self._sql.lock_next, params)).first()
         if row is None:
             return None
         moved = yield Exec(self._sql.claim_locked, {**params, "id": row[0]})
@@ -435,6 +488,9 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
             return FinishResult(False, unfinished)
         finish = {**params, "id": me[0], "attempt": attempt, "remaining": unfinished - 1}
         yield Exec(self._sql.finish_locked, finish)
+        if self.connection.capabilities.certified_writes:
+            first_id = min(row[0] for row in siblings)
+            yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
         return FinishResult(True, unfinished - 1)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:

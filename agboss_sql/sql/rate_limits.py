@@ -9,7 +9,9 @@ slots are counted and taken, its current window and its pause.
 - `acquire_slot` is one transaction that takes the key row's lock in its first
   statement (an upsert: `INSERT … ON CONFLICT DO UPDATE` / `ON DUPLICATE KEY UPDATE`
   locks the row whether it inserts or not; SQLite's `BEGIN IMMEDIATE` already holds
-  the database's write lock, so the statement is left out there), then reads the
+  the database's write lock, so the statement is left out there; on a Galera cluster,
+  where the lock holds on one node only, it raises the row's `slot_takes` so that
+  concurrent takes on different nodes conflict at certification), then reads the
   key's slots with a locking read, then writes this holder's slot when it is admitted
   (and deletes expired slots of the key when it saw any).
 - `add_to_window` is one upsert that decides, adds and answers under the row's lock:
@@ -68,6 +70,12 @@ class RateLimitStatements:
         # Inserts the key's row if absent and, either way, holds its lock to the end of
         # the transaction: the gate every slot take of the key passes one at a time.
         self.lock_key = ops.upsert(K, ["key"], {"key": key}, lambda new: {"key": new.key})
+        # On a cluster that certifies write sets the lock is local to a node: the gate
+        # changes the row there (`slot_takes`), so concurrent takes of the key on different
+        # nodes conflict at certification and the later runs again.
+        self.lock_key_counting = ops.upsert(
+            K, ["key"], {"key": key}, lambda _new: {"slot_takes": K.c.slot_takes + 1}
+        )
         self.slots_of_key = ops.for_update(
             sa.select(S.c.holder, S.c.expires_at).where(of_key).order_by(S.c.holder)
         )
@@ -167,7 +175,8 @@ class SqlRateLimitRepository(SqlStore, RateLimitRepository):
 
     def _acquire_slot(self, params: dict[str, Any], max_slots: int) -> Step[bool]:
         if self._sql.row_locks:
-            yield Exec(self._sql.lock_key, params)
+            counting = self.connection.capabilities.certified_writes
+            yield Exec(self._sql.lock_key_counting if counting else self._sql.lock_key, params)
         slots = (yield Exec(self._sql.slots_of_key, params)).rows
         now, holder = params["now"], params["holder"]
         mine = any(h == holder and expires_at > now for h, expires_at in slots)

@@ -61,6 +61,10 @@ execution_leases = sa.Table(
     # locked by every fenced write, so the mark lives on it and is raised in the
     # same statement that checks the lease.
     sa.Column("fence_token", sa.BigInteger(), nullable=False),
+    # Raised by one on every fenced write, so the fence always changes the row: on a
+    # cluster that certifies write sets (Galera) a write that changes nothing is not
+    # certified, and a fence on a node that has not yet applied a takeover would pass.
+    sa.Column("fence_writes", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Column("taken_over_from_instance_id", Ident(), nullable=True),
     sa.Column("taken_over_from_epoch", sa.BigInteger(), nullable=True),
     sa.Column("closed_reason", sa.String(32), nullable=True),
@@ -172,6 +176,10 @@ child_executions = sa.Table(
     sa.Column("wake_claimed_by", Ident(), nullable=True),
     sa.Column("wake_claimed_until", Millis(), nullable=True),
     sa.Column("parent_woken_at", Millis(), nullable=True),
+    # On a cluster that certifies write sets (Galera), row locks are local to a node: every
+    # finish of a parent's children raises this counter on the parent's first child, so
+    # two finishes that did not see each other write one row and one fails certification.
+    sa.Column("sibling_finishes", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Index(None, "parent_execution_id", "status"),
     sa.Index(None, "finish_remaining", "parent_woken_at"),
 )
@@ -243,6 +251,10 @@ rate_limit_keys = sa.Table(
     # Whether the last add to the window was allowed: one upsert decides and answers it.
     sa.Column("window_allowed", Flag(), nullable=True),
     sa.Column("paused_until", Millis(), nullable=True),
+    # On a cluster that certifies write sets (Galera) the row's lock is local to a node:
+    # there every slot take raises this counter, so two takes of one key on different
+    # nodes write one row and the later fails certification.
+    sa.Column("slot_takes", sa.BigInteger(), nullable=False, server_default="0"),
 )
 
 paused_executions = sa.Table(

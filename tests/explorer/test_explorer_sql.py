@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+from support.nodes import node_url
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
@@ -61,7 +62,9 @@ class SqlSet:
         if found is None:
             if self.url is None:
                 raise RuntimeError("the database fixture has not run")
-            found = self.connections[instance_id] = SqlConnection(self.url)
+            found = self.connections[instance_id] = SqlConnection(
+                node_url(self.url, len(self.connections))
+            )
         return found
 
     @property

@@ -14,6 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import make_url
 
 from agboss_sql._dialects import dialect_for
+from agboss_sql._dialects.mysql import MIGRATION_LOCK_TABLE
 from agboss_sql.sql import migrate
 from agboss_sql.sql.schema import metadata
 
@@ -30,9 +31,10 @@ def connected(url: str) -> Iterator[sa.Connection]:
 
 
 def table_names(url: str) -> set[str]:
-    """Every table of the database at `url`."""
+    """Every table of the database at `url`, but the migration lock row's table a Galera
+    cluster keeps (created by the first migration there, outside the schema)."""
     with connected(url) as connection:
-        return set(sa.inspect(connection).get_table_names())
+        return set(sa.inspect(connection).get_table_names()) - {MIGRATION_LOCK_TABLE}
 
 
 def drop_every_table(url: str) -> None:

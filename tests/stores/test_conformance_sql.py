@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_asyncio
+from support.nodes import node_url
 
 from agboss_sql.contracts.stores import CONTRACTS
 from agboss_sql.sql import sql_stores
@@ -53,7 +54,9 @@ class Instances:
         if found is None:
             if self.url is None:
                 raise RuntimeError("the database fixture has not run")
-            found = self.connections[instance_id] = SqlConnection(self.url)
+            found = self.connections[instance_id] = SqlConnection(
+                node_url(self.url, len(self.connections))
+            )
         return found
 
     @property
