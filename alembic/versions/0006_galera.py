@@ -2,7 +2,7 @@
 parent's children on its first child, slot takes on the rate limit key's row
 
 Revision ID: 0006_galera
-Revises: 0002
+Revises: 0004_saver_keys
 Create Date: 2026-12-01 19:30:00.000000
 """
 
