@@ -3,9 +3,10 @@
 Each is the in-memory reference set with one deliberate mistake, the kind a store
 author makes: leases on the caller's clock, a lease live through its expiry
 instant, a renewal whatever the time, a renewal from the old end, a finish that
-only releases, a reclaim that keeps the epoch, calls keyed by the step only, a
-claim that does not compare, effects that trust the current token, effects on
-the caller's clock.
+only releases, a reclaim that keeps the epoch, a renewal that ignores a yield, a
+release/finish that matches the holder but not the epoch, calls keyed by the step
+only, a claim that does not compare, effects that trust the current token,
+effects on the caller's clock, a queue finish without the attempt compare.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
+from agboss_sql.contracts.rules import LeaseClosedReason
 from agboss_sql.contracts.types import (
     AttemptRef,
     ExecutionLease,
@@ -53,6 +55,17 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
     """`finish` sets released, never finished."""
     reclaim_keeps_epoch = False
     """`reclaim` gives the lease back at the same epoch."""
+    renew_ignores_yield = False
+    """A renewal of a yielded lease succeeds (and the lease stays yielded)."""
+    let_go_by_holder_only = False
+    """`release` and `finish` match the holder instance, not the epoch."""
+
+    def _holder_row(self, lease: ExecutionLease) -> LeaseRow | None:
+        """The lease's row when this instance holds it, at any epoch."""
+        row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
+        if row is None or row.holder_instance_id != self.instance_id:
+            return None
+        return row
 
     def _live(self, expires_at: int, now: int) -> bool:
         return expires_at >= now if self.live_through_expiry else expires_at > now
@@ -87,7 +100,8 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             row = self._held(lease)
-            if row is None or row.released or row.yielded or row.finished:
+            yielded = row is not None and row.yielded and not self.renew_ignores_yield
+            if row is None or row.released or yielded or row.finished:
                 return None
             if not self.renew_whatever_the_time and not self._live(row.expires_at, now):
                 return None
@@ -122,7 +136,26 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
             row.expires_at = now + lease_ms
             return self._lease_of(row, now)
 
+    async def release(self, lease: ExecutionLease) -> bool:
+        if not self.let_go_by_holder_only:
+            return await super().release(lease)
+        async with self.memory.atomic():
+            row = self._holder_row(lease)
+            if row is None or row.released or row.finished:
+                return False
+            row.released = True
+            row.closed_reason = LeaseClosedReason.RELEASED
+            return True
+
     async def finish(self, lease: ExecutionLease) -> bool:
+        if self.let_go_by_holder_only:
+            async with self.memory.atomic():
+                row = self._holder_row(lease)
+                if row is None or row.released or row.finished:
+                    return False
+                row.finished = row.released = True
+                row.closed_reason = LeaseClosedReason.FINISHED
+                return True
         if not self.finish_only_releases:
             return await super().finish(lease)
         return await super().release(lease)
@@ -146,6 +179,14 @@ class FinishOnlyReleases(NaiveLeases):
 
 class ReclaimKeepsEpoch(NaiveLeases):
     reclaim_keeps_epoch = True
+
+
+class RenewIgnoresYield(NaiveLeases):
+    renew_ignores_yield = True
+
+
+class LetGoByHolderOnly(NaiveLeases):
+    let_go_by_holder_only = True
 
 
 class CallsKeyedByStep(InMemoryOutboundCallRepository):
@@ -261,11 +302,13 @@ __all__ = [
     "ClaimWithoutCompare",
     "EffectsTrustCurrentToken",
     "FinishOnlyReleases",
+    "LetGoByHolderOnly",
     "LiveThroughExpiry",
     "MemorySet",
     "NaiveLeases",
     "ReclaimKeepsEpoch",
     "RenewFromOldEnd",
+    "RenewIgnoresYield",
     "RenewWhateverTheTime",
     "memory_set",
     "naive",

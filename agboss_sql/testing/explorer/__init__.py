@@ -4,7 +4,12 @@ Simulated instances take, renew, yield, reclaim, release and finish a tree's
 lease, ask `lease_state_of`, write the step's fenced effect and move an
 outbound call through its protocol (read the intent, record it, reconcile,
 claim the next attempt, send, end it), with time advancing as a scheduled step
-of its own. Each operation is sent only once the store answered the one
+of its own. Instances also act out of turn, as a zombie, a buggy runtime or a
+replayed message would: each keeps every lease it was ever granted (older
+epochs, the same instance at an older epoch after taking over from itself,
+yielded and released leases) and may renew, yield, reclaim, release or finish
+with any of them, write the fenced effect, or record, claim and end the call;
+the model decides what must be refused. Each operation is sent only once the store answered the one
 before, so the order the explorer chose is the order the store sees, for any
 store. Four worlds: the lease; the step's fenced effect; an outbound call
 handed over on one tree; an outbound call under one business key from two

@@ -32,6 +32,7 @@ from agboss_sql.testing.explorer._sim import (
     SEND,
     SEND_REFUSED,
     SKEWS,
+    STALE,
     START_MS,
     TIME,
     WAIT_EXPIRY,
@@ -199,6 +200,16 @@ def _clocks_line(n: int, skew_index: int) -> str:
 _WEIGHTS = {EFFECT: 3, READ: 2, RECORD: 3, RECONCILE: 3, CLAIM: 3, SEND: 3, SEND_REFUSED: 1, END: 3}
 """How much likelier a walk takes a step of the work (the effect, the call's protocol) than
 a lease move or a wait: a walk of uniform steps rarely gets a call through to its end."""
+
+
+_STALE_WEIGHT = 0.25
+"""A move out of turn is less likely than any good-faith step: an instance has many of them
+(every context it held, every move), and a walk of mostly zombie moves rarely gets the work
+through to its end."""
+
+
+def _weight(op: str) -> float:
+    return _STALE_WEIGHT if op.startswith(STALE) else _WEIGHTS.get(op, 1)
 
 
 class _Stopped(Exception):
@@ -692,7 +703,7 @@ class Explorer:
                 actions = sim.enabled()
                 if not actions:
                     break
-                action = rng.choices(actions, [_WEIGHTS.get(a[1], 1) for a in actions])[0]
+                action = rng.choices(actions, [_weight(a[1]) for a in actions])[0]
                 schedule.append(action)
                 steps += 1
                 try:
