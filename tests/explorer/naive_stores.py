@@ -23,6 +23,7 @@ from agboss_sql.contracts.types import (
     ExecutionLease,
     FencedEffectKey,
     FencedEffectResult,
+    FinishResult,
     JsonValue,
     LeaseHolder,
     OutboundCall,
@@ -30,6 +31,7 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.memory import (
     InMemoryBackend,
+    InMemoryChildExecutionQueueRepository,
     InMemoryExecutionLeaseRepository,
     InMemoryFencedEffectRepository,
     InMemoryOutboundCallRepository,
@@ -189,6 +191,15 @@ class LetGoByHolderOnly(NaiveLeases):
     let_go_by_holder_only = True
 
 
+class QueueFinishWithoutCompare(InMemoryChildExecutionQueueRepository):
+    """A child's finish that never compares the attempt: any attempt finishes it."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> FinishResult:
+        return await super().finish(child_execution_id, outcome)
+
+
 class CallsKeyedByStep(InMemoryOutboundCallRepository):
     """Outbound calls whose row is the step's, whatever the business key: two trees under
     one business key each get a row of their own."""
@@ -269,6 +280,7 @@ def memory_set(
     leases: Callable[[InMemoryBackend, Seam], Any] | None = None,
     effects: Callable[[InMemoryBackend, Seam], Any] | None = None,
     calls: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    queue: Callable[[InMemoryBackend, Seam], Any] | None = None,
 ) -> MemorySet:
     """The in-memory reference set, with any of its fencing stores replaced."""
     backend = InMemoryBackend()
@@ -280,6 +292,12 @@ def memory_set(
         "execution_lease": leases or reference(InMemoryExecutionLeaseRepository),
         "fenced_effect": effects or reference(InMemoryFencedEffectRepository),
         "outbound_call": calls or reference(InMemoryOutboundCallRepository),
+        "child_queue": queue
+        or (
+            lambda memory, seam: InMemoryChildExecutionQueueRepository(
+                memory, seam.clock, seam.application
+            )
+        ),
     }
     factories: dict[str, Any] = {
         key: StoreFactory(instance=(lambda seam, make=make: make(backend, seam)))
@@ -294,6 +312,9 @@ def on_callers_clock(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
 
 
 def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+    if issubclass(cls, InMemoryChildExecutionQueueRepository):
+        # The child queue is on the application's clock.
+        return lambda memory, seam: cls(memory, seam.clock, seam.application)
     return lambda memory, seam: cls(memory, seam.store_clock, seam.application)
 
 
@@ -309,6 +330,7 @@ __all__ = [
     "ReclaimKeepsEpoch",
     "RenewFromOldEnd",
     "RenewIgnoresYield",
+    "QueueFinishWithoutCompare",
     "RenewWhateverTheTime",
     "memory_set",
     "naive",

@@ -21,6 +21,7 @@ from naive_stores import (
     FinishOnlyReleases,
     LetGoByHolderOnly,
     LiveThroughExpiry,
+    QueueFinishWithoutCompare,
     ReclaimKeepsEpoch,
     RenewFromOldEnd,
     RenewIgnoresYield,
@@ -112,6 +113,13 @@ BITES = [
         "no-stale-write",
         4,
         {"leases": naive(LetGoByHolderOnly)},
+    ),
+    Bite(
+        "a queue finish without the attempt compare",
+        "child_queue",
+        "no-stale-write",
+        3,
+        {"queue": naive(QueueFinishWithoutCompare)},
     ),
     Bite(
         "calls keyed by the step only",
@@ -280,10 +288,11 @@ async def test_shrinking_removes_every_step_whose_removal_still_breaks_the_invar
 
 def test_every_naive_store_of_the_spec_has_its_bite() -> None:
     labels = {bite.label for bite in BITES}
-    assert len(labels) == 12
+    assert len(labels) == 13
     assert {bite.world for bite in BITES} == {
         "lease",
         "fenced_effect",
         "outbound_call_business_key",
+        "child_queue",
     }
     assert READ  # the protocol's first step is part of the call worlds' schedules

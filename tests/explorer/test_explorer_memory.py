@@ -103,6 +103,18 @@ REACHED: dict[str, tuple[str, ...]] = {
         "stale end: refused (superseded)",
         "stale end: refused (yielded)",
     ),
+    "child_queue": (
+        "claim-child: claimed",
+        "claim-child: none",
+        "running: 1",
+        "running: 2",
+        "restart: restarted",
+        "restart: refused",
+        "finish-child: finished, some left",
+        "finish-child: finished, none left",
+        "finish-child: replayed",
+        "finish-child: refused",
+    ),
     "outbound_call_business_key": (
         "record: created",
         "record: found",

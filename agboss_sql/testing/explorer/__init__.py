@@ -108,6 +108,9 @@ def register(
     options = options_of(interleavings)
     if options is None or "execution_lease" not in factories:
         return []
+    has_reset = reset is not None or any(
+        getattr(factory, "reset", None) is not None for factory in factories.values()
+    )
     import pytest
 
     added: list[str] = []
@@ -117,6 +120,8 @@ def register(
     for world in WORLDS.values():
         if any(key not in factories for key in world.needs):
             continue
+        if world.queue and not has_reset:
+            continue  # its schedules cannot share a queue
         cases = []
         if options["depth"]:
             cases.append((f"test_interleavings__{world.ident}__exhaustive", False))

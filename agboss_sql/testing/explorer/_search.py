@@ -272,6 +272,12 @@ class Explorer:
                 f"the {world.title} needs the {', '.join(missing)} store(s); the set gives "
                 f"{', '.join(sorted(self.factories)) or 'none'}",
             )
+        if world.queue and reset is None and self.factories["child_queue"].reset is None:
+            raise StoreConformanceError.of(
+                INVALID_OPTION,
+                f"the {world.title} needs a reset: a claim takes any tenant's queued child, "
+                "so its schedules cannot share a queue",
+            )
         self.world = world
         self.name = name
         self.business_rows = business_rows if world.effect else None
@@ -318,11 +324,16 @@ class Explorer:
                 store_clock=store_clock,
                 application=ApplicationContext(name),
             )
-            leases = self._build("execution_lease", seam)
+            leases = self._build("execution_lease", seam) if not world.queue else None
             effects = self._build("fenced_effect", seam) if world.effect else None
             wants_calls = world.call or (self.lease_state_of and world.ident == "lease")
             calls = self._build("outbound_call", seam) if wants_calls else None
-            stores.append(InstanceStores(name, skew, leases, effects, calls))
+            queue = None
+            if world.queue:
+                # The child queue is on the application's clock, and nothing in its world
+                # waits: its stores get the run's time, so one skew's search stands for all.
+                queue = self._build("child_queue", dataclasses.replace(seam, clock=self.clock))
+            stores.append(InstanceStores(name, skew, leases, effects, calls, queue))
         found = Sim(
             world,
             stores,
@@ -368,6 +379,7 @@ class Explorer:
         # Without a reset, every schedule works in a tenant of its own.
         tenant = "tenant-1" if self.resets else f"explorer-{self.uid}-{self.schedule_number}"
         sim.start(tenant, f"interleavings/{self.uid}/{self.schedule_number}/")
+        await sim.setup()
 
     async def close(self) -> None:
         """Close every store it built, with its factory's close."""

@@ -33,17 +33,20 @@ from agboss_sql.contracts.keys import (
 )
 from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import (
+    ChildExecutionQueueRepository,
     ExecutionLeaseRepository,
     FencedEffectRepository,
     OutboundCallRepository,
 )
 from agboss_sql.contracts.types import (
     AttemptRef,
+    ChildStatus,
     ExecutionContext,
     ExecutionLease,
     FencedEffectKey,
     LeaseState,
     OutboundCallStatus,
+    QueuedChild,
     StepRef,
 )
 from agboss_sql.testing.contracts._case import BusinessRows
@@ -123,6 +126,12 @@ STALE_CLAIM = STALE + CLAIM
 STALE_END = STALE + END
 STALE_LEASE_MOVES = (RENEW, YIELD, RECLAIM, RELEASE, FINISH)
 """The lease moves an instance may make with any context it ever held."""
+# The child queue's steps: the parameter of a restart or finish is `child * 1000 + attempt`.
+CLAIM_CHILD = "claim-child"
+RUNNING = "running"
+RESTART = "restart"
+FINISH_CHILD = "finish-child"
+ATTEMPTS = 1000
 # Time, as a scheduled step of its own.
 WAIT_EXPIRY = "wait-to-expiry"
 WAIT_1MS = "wait-1ms"
@@ -169,6 +178,8 @@ class World:
     business_key: bool = False
     trees: int = 1
     """How many trees the instances work on: instance `i` works on tree `i % trees`."""
+    queue: bool = False
+    """The world drives the child queue (and no lease)."""
     needs: tuple[str, ...] = ("execution_lease",)
     """The store contracts the world needs."""
     fencing: tuple[str, ...] = ()
@@ -208,12 +219,30 @@ BUSINESS_KEY_WORLD = World(
     fencing=("outbound_call",),
 )
 
+CHILD_QUEUE_WORLD = World(
+    "child_queue",
+    "child-queue world",
+    (),
+    queue=True,
+    needs=("child_queue",),
+)
+
 WORLDS: dict[str, World] = {
     world.ident: world
-    for world in (LEASE_WORLD, FENCED_EFFECT_WORLD, HANDOVER_WORLD, BUSINESS_KEY_WORLD)
+    for world in (
+        LEASE_WORLD,
+        FENCED_EFFECT_WORLD,
+        HANDOVER_WORLD,
+        BUSINESS_KEY_WORLD,
+        CHILD_QUEUE_WORLD,
+    )
 }
-"""The four worlds by id: the lease; the step's fenced effect; an outbound call handed
-over on one tree; an outbound call under one business key from two trees."""
+"""The five worlds by id: the lease; the step's fenced effect; an outbound call handed
+over on one tree; an outbound call under one business key from two trees; a parent's two
+children in the child queue (claim, restart, finish races, the last child's wake)."""
+
+CHILDREN = 2
+"""How many children the child-queue world queues under its parent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +251,10 @@ class InstanceStores:
 
     name: str
     skew_ms: int
-    leases: ExecutionLeaseRepository
+    leases: ExecutionLeaseRepository | None
     effects: FencedEffectRepository[Any] | None
     calls: OutboundCallRepository | None
+    queue: ChildExecutionQueueRepository | None = None
 
 
 class TreeModel:
@@ -298,10 +328,28 @@ class TreeModel:
         return self.epoch > 0 and not self.released and not self.finished
 
 
+class ChildModel:
+    """The contract's view of one queued child, built from the store's answers."""
+
+    __slots__ = ("attempt", "finished_attempt", "index", "remaining", "status")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.status = ChildStatus.QUEUED
+        self.attempt = 0
+        self.finished_attempt = 0
+        self.remaining = -1
+        """What its finish answered (the siblings left unfinished)."""
+
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.status.value, self.attempt, self.finished_attempt, self.remaining)
+
+
 class Inst:
     """What one simulated instance believes."""
 
     __slots__ = (
+        "attempts",
         "claimed",
         "contexts",
         "done",
@@ -328,6 +376,9 @@ class Inst:
         """The last lease the store granted it (kept after it let go: a zombie's)."""
         self.contexts: dict[int, ExecutionLease] = {}
         """Every lease the store ever granted it, by epoch: it may act with any of them."""
+        self.attempts: set[tuple[int, int]] = set()
+        """Every (child, attempt) of the child queue it ever saw: it may restart or finish
+        with any of them."""
         self.holding = False
         """It believes it holds `lease` (it has not let go, nor been told it lost it)."""
         self.yielded = False
@@ -391,6 +442,10 @@ class Sim:
         self.effect_value: Any = None
         self.rows: dict[str, View] = {}
         self.charges: list[tuple[str, int, str, str]] = []
+        self.children: list[ChildModel] = []
+        self.woken_by = ""
+        """Which finish answered that no sibling is left (the last child's wake)."""
+        self.suffix = ""
         self.last = ""
         self.outcome = ""
         self.outcomes: dict[str, int] = {}
@@ -422,6 +477,37 @@ class Sim:
         self.effect_value = None
         self.rows = {}
         self.charges = []
+        self.children = [ChildModel(c) for c in range(CHILDREN if self.world.queue else 0)]
+        self.woken_by = ""
+        self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
+
+    async def setup(self) -> None:
+        """What a schedule starts from: the child-queue world's parent has its children
+        queued."""
+        if not self.world.queue:
+            return
+        queue = self.insts[0].stores.queue
+        assert queue is not None
+        for child in self.children:
+            await queue.enqueue(
+                QueuedChild(
+                    tenant_id=self.tenant,
+                    root_execution_id=f"root{self.suffix}",
+                    parent_execution_id=f"parent{self.suffix}",
+                    child_execution_id=self.child_id(child.index),
+                    depth=1,
+                    payload={"child": child.index + 1},
+                )
+            )
+
+    def child_id(self, index: int) -> str:
+        return f"child-{index + 1}{self.suffix}"
+
+    def child_index(self, child_execution_id: str) -> int | None:
+        for child in self.children:
+            if self.child_id(child.index) == child_execution_id:
+                return child.index
+        return None
 
     @property
     def now(self) -> int:
@@ -537,12 +623,14 @@ class Sim:
                 inst.reconciled,
                 inst.done,
                 tuple(sorted(inst.contexts)),
+                tuple(sorted(inst.attempts)),
             )
             for inst in self.insts
         )
         rows = tuple(sorted((s, a, short(o)) for s, a, o in self.rows.values()))
         charges = tuple((a, short(o)) for _, a, o, _ in self.charges)
-        return (trees, insts, self.effect_by, rows, charges)
+        children = tuple(child.key() for child in self.children)
+        return (trees, insts, self.effect_by, rows, charges, children, bool(self.woken_by))
 
     def deadlines(self) -> list[int]:
         """The instants a lease ends: the contract's expiries and the ones instances
@@ -561,6 +649,13 @@ class Sim:
         out: list[Action] = []
         for inst in self.insts:
             i = inst.index
+            if world.queue:
+                out.append((i, CLAIM_CHILD, 0))
+                out.append((i, RUNNING, 0))
+                for child, attempt in sorted(inst.attempts):
+                    out.append((i, RESTART, child * ATTEMPTS + attempt))
+                    out.append((i, FINISH_CHILD, child * ATTEMPTS + attempt))
+                continue
             if ACQUIRE in ops and inst.trust_left(now) == 0:
                 out.append((i, ACQUIRE, 0))
             if inst.holding:
@@ -686,6 +781,14 @@ class Sim:
     ) -> None:
         if op.startswith(STALE):
             await self._stale_step(inst, op[len(STALE) :], inst.contexts[param], check, log)
+        elif op == CLAIM_CHILD:
+            await self._claim_child(inst, check, log)
+        elif op == RUNNING:
+            await self._running(inst, log)
+        elif op == RESTART:
+            await self._restart(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == FINISH_CHILD:
+            await self._finish_child(inst, *divmod(param, ATTEMPTS), check, log)
         elif op == ACQUIRE:
             await self._acquire(inst, check, log)
         elif op == RENEW:
@@ -1474,12 +1577,177 @@ class Sim:
         self.rows[self.identity_of(tree)] = new
         self._see(inst, new)
 
+    # --- the child queue ------------------------------------------------------------
+
+    def _queue(self, inst: Inst) -> ChildExecutionQueueRepository:
+        queue = inst.stores.queue
+        assert queue is not None
+        return queue
+
+    def _child_seen(self, inst: Inst, found: Any, how: str, check: bool) -> int | None:
+        """The model's child of a claimed child `found`, its attempt checked: an attempt
+        is given to one claimer."""
+        index = self.child_index(found.child_execution_id)
+        if index is None:
+            if check:
+                raise Broken(
+                    ONE_LIVE_HOLDER,
+                    f"{inst.name}'s {how} returned {found.child_execution_id!r}, a child this "
+                    "schedule never queued",
+                )
+            return None
+        inst.attempts.add((index, int(found.attempt)))
+        return index
+
+    async def _claim_child(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            found = await queue.claim(inst.name)
+        except Exception as exc:
+            raise self._error(inst, "claim a child", exc) from exc
+        answer = (
+            "none queued"
+            if found is None
+            else (f"{found.child_execution_id} attempt {found.attempt}")
+        )
+        self._said(log, f"{inst.name} claim a child", answer)
+        self.outcome = "claim-child: none" if found is None else "claim-child: claimed"
+        if found is None:
+            return
+        index = self._child_seen(inst, found, "claim", check)
+        if index is None:
+            return
+        child = self.children[index]
+        if check and (child.status is not ChildStatus.QUEUED or found.attempt != child.attempt + 1):
+            raise Broken(
+                ONE_LIVE_HOLDER,
+                f"{inst.name} claimed {found.child_execution_id} at attempt {found.attempt} "
+                f"while it was {child.status.value} at attempt {child.attempt}: a queued child "
+                "is claimed once, at its next attempt",
+            )
+        child.status = ChildStatus.RUNNING
+        child.attempt = int(found.attempt)
+
+    async def _running(self, inst: Inst, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            rows = await queue.running(10)
+        except Exception as exc:
+            raise self._error(inst, "list the running children", exc) from exc
+        seen = []
+        for row in rows:
+            index = self.child_index(row.child_execution_id)
+            if index is not None:
+                inst.attempts.add((index, int(row.attempt)))
+                seen.append(f"{row.child_execution_id} attempt {row.attempt}")
+        self.outcome = f"running: {len(seen)}"
+        self._said(log, f"{inst.name} list the running children", ", ".join(seen) or "none")
+
+    async def _restart(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            found = await queue.restart(name, attempt)
+        except Exception as exc:
+            raise self._error(inst, f"restart {name} at attempt {attempt}", exc) from exc
+        self._said(
+            log,
+            f"{inst.name} restart {name} at attempt {attempt}",
+            "refused" if found is None else f"attempt {found.attempt}",
+        )
+        self.outcome = "restart: refused" if found is None else "restart: restarted"
+        if found is None:
+            return
+        child = self.children[index]
+        if check and (
+            child.status is not ChildStatus.RUNNING
+            or child.attempt != attempt
+            or found.attempt != attempt + 1
+        ):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s restart of {name} at attempt {attempt} was accepted (attempt "
+                f"{found.attempt}) while it was {child.status.value} at attempt "
+                f"{child.attempt}: a restart compares the attempt",
+            )
+        self._child_seen(inst, found, "restart", check)
+        child.attempt = int(found.attempt)
+
+    async def _finish_child(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            result = await queue.finish(name, {"by": inst.name}, attempt=attempt)
+        except Exception as exc:
+            raise self._error(inst, f"finish {name} at attempt {attempt}", exc) from exc
+        finished, remaining = bool(result.finished), int(result.remaining)
+        self._said(
+            log,
+            f"{inst.name} finish {name} at attempt {attempt}",
+            f"finished, {remaining} left" if finished else f"refused, {remaining} left",
+        )
+        child = self.children[index]
+        replay = child.status is ChildStatus.FINISHED and child.finished_attempt == attempt
+        self.outcome = (
+            "finish-child: refused"
+            if not finished
+            else "finish-child: replayed"
+            if replay
+            else f"finish-child: finished, {'none' if remaining == 0 else 'some'} left"
+        )
+        if not finished:
+            return
+        if replay:
+            if check and remaining != child.remaining:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s retry of the finish of {name} at attempt {attempt} "
+                    f"answered {remaining} left where the finish answered {child.remaining}: "
+                    "a retried finish answers what it answered",
+                )
+            return
+        if check and (child.status is not ChildStatus.RUNNING or child.attempt != attempt):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s finish of {name} at attempt {attempt} was accepted while it "
+                f"was {child.status.value} at attempt {child.attempt}: a finish compares the "
+                "attempt",
+            )
+        child.status = ChildStatus.FINISHED
+        child.finished_attempt = attempt
+        child.remaining = remaining
+        left = sum(1 for c in self.children if c.status is not ChildStatus.FINISHED)
+        if check and remaining != left:
+            raise Broken(
+                ONE_EFFECT_PER_KEY,
+                f"{inst.name}'s finish of {name} at attempt {attempt} answered {remaining} "
+                f"left where {left} of the parent's children are unfinished: exactly one "
+                "finisher of the last child wakes the parent",
+            )
+        if remaining == 0:
+            if check and self.woken_by:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s finish of {name} at attempt {attempt} answered none left "
+                    f"after {self.woken_by} had: the parent is woken twice",
+                )
+            self.woken_by = f"{inst.name}'s finish of {name} at attempt {attempt}"
+
 
 __all__ = [
     "ABSENT",
     "ACQUIRE",
     "BUSINESS_KEY",
     "BUSINESS_KEY_WORLD",
+    "CHILD_QUEUE_WORLD",
+    "CLAIM_CHILD",
+    "FINISH_CHILD",
+    "RESTART",
+    "RUNNING",
     "CLAIM",
     "EFFECT",
     "END",
