@@ -16,6 +16,7 @@ from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import ChildStatus, ClaimedChild, FinishResult, QueuedChild
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._matrix import attempt_cases
 
 CONTRACT = "child_queue"
 TENANT = "tenant-1"
@@ -687,7 +688,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The child queue's cases (none is a fencing case: the queue is not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + attempt_cases()
 
 
 __all__ = ["CONTRACT", "cases"]
