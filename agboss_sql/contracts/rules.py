@@ -30,6 +30,7 @@ from agboss_sql.contracts.keys import (
 from agboss_sql.contracts.types import (
     ApplicationContext,
     AttemptRef,
+    BudgetScope,
     CostEntry,
     ExecutionLease,
     ExecutionLeaseEvent,
@@ -370,6 +371,28 @@ def checked_cost_entry(entry: object) -> CostEntry:
         ints=("tokens_in", "tokens_out", "cost_micros"),
         times=("at",),
     )
+
+
+NO_TENANT = ""
+"""The tenant part of a budget key given without a tenant (kept as the empty text, which
+no tenant id is)."""
+
+
+def checked_budget_key(scope: object, key: object, tenant_id: object) -> tuple[str, str]:
+    """`(scope value, tenant part)` of a budget's `(scope, key, tenant_id)`: the scope a
+    `BudgetScope`, the key an identifier, the tenant an identifier or `None` (`NO_TENANT`).
+    The EXECUTION scope needs its tenant, since an execution id is unique within its tenant
+    only: `InvalidIdentifierError` without it, before anything is read or written."""
+    chosen = BudgetScope(scope)  # type: ignore[arg-type]  # a wrong scope is its ValueError
+    checked_identifier("key", key)
+    if tenant_id is None:
+        if chosen is BudgetScope.EXECUTION:
+            raise InvalidIdentifierError(
+                "the EXECUTION budget scope needs tenant_id: an execution id is unique within "
+                "its tenant only"
+            )
+        return chosen.value, NO_TENANT
+    return chosen.value, checked_identifier("tenant_id", tenant_id)
 
 
 MAX_STATUS_LENGTH = 32

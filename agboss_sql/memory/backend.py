@@ -135,8 +135,10 @@ class InMemoryBackend:
         self.windows: dict[str, WindowRow] = {}
         self.rate_pauses: dict[str, int] = {}
         self.pauses: dict[tuple[str, str], PauseRow] = {}
-        self.cost_entries: dict[str, CostEntry] = {}
-        self.reservations: dict[tuple[str, str], int] = {}
+        self.cost_entries: dict[tuple[str, str], CostEntry] = {}
+        """By (tenant, entry id)."""
+        self.reservations: dict[tuple[str, str, str], int] = {}
+        """By (scope, tenant or NO_TENANT, key)."""
         """Reserved micros per `(scope, key)`."""
         self.history: dict[tuple[str, str], ExecutionSnapshot] = {}
         self.business_rows: list[Any] = []
