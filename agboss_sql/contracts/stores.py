@@ -237,8 +237,9 @@ class ChildExecutionQueueRepository(Store):
         (the wake was late past its claim) or nothing was claimed."""
 
     @abstractmethod
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
-        """The parent's children, in the order they were queued."""
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The tenant's parent's children, in the order they were queued (never another
+        tenant's, whatever its parent id)."""
 
 
 class ExecutionRecordRepository(Store):

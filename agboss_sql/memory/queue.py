@@ -182,13 +182,14 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             row.parent_woken_at = self.clock.now()
         return True
 
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("parent_execution_id", parent_execution_id)
         rows = sorted(
             (
                 row
                 for row in self.memory.children.values()
-                if row.parent_execution_id == parent_execution_id
+                if row.parent_execution_id == parent_execution_id and row.tenant_id == tenant_id
             ),
             key=lambda r: r.sequence,
         )

@@ -245,7 +245,10 @@ class QueueStatements:
 
         self.children = (
             sa.select(*_columns(_LISTED))
-            .where(C.c.parent_execution_id == sa.bindparam("parent_execution_id"))
+            .where(
+                C.c.parent_execution_id == sa.bindparam("parent_execution_id"),
+                C.c.tenant_id == sa.bindparam("tenant_id"),
+            )
             .order_by(C.c.id)
         )
 
@@ -484,11 +487,14 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         row = (await self.connection.execute(self._sql.read_wake, params)).first()
         return row is not None and row[0] == 0 and row[2] is not None and row[1] == claimer
 
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
-        """The parent's children, in the order they were queued."""
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The tenant's parent's children, in the order they were queued (one statement on
+        tenant and parent)."""
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("parent_execution_id", parent_execution_id)
         result = await self.connection.execute(
-            self._sql.children, {"parent_execution_id": parent_execution_id}
+            self._sql.children,
+            {"tenant_id": tenant_id, "parent_execution_id": parent_execution_id},
         )
         return [_listed(row) for row in result.rows]
 

@@ -514,7 +514,7 @@ def _attempt_case(move: str, state: ChildState) -> CaseRun:
         attempt = await state.reach(w, queue, child)
         before = [
             (c.status, c.attempt, c.outcome)
-            for c in await queue.children(f"{child}-parent")
+            for c in await queue.children("tenant-1", f"{child}-parent")
             if c.child_execution_id == child
         ]
         what = f"a {move} at attempt {attempt} of a child {state.name}"
@@ -543,7 +543,7 @@ def _attempt_case(move: str, state: ChildState) -> CaseRun:
         if not granted or (state.finish and move == "finish" and state.name.startswith("finished")):
             after = [
                 (c.status, c.attempt, c.outcome)
-                for c in await queue.children(f"{child}-parent")
+                for c in await queue.children("tenant-1", f"{child}-parent")
                 if c.child_execution_id == child
             ]
             expect(after == before, rule, f"{what} changed the child: {before} -> {after}")
