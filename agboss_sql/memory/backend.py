@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from agboss_sql.contracts.rules import payload_text
 from agboss_sql.contracts.types import (
     ChildStatus,
     CostEntry,
@@ -25,8 +26,9 @@ from agboss_sql.contracts.types import (
 
 
 def json_text(value: JsonValue) -> str:
-    """`value` as JSON text; a value a JSON column would refuse (NaN, a set, an object) raises."""
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    """`value` as JSON text; a value no backend stores is `InvalidPayloadError`
+    (`contracts.rules.payload_text`)."""
+    return payload_text("the payload", value)
 
 
 def json_copy(value: JsonValue) -> JsonValue:

@@ -45,7 +45,7 @@ from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
     checked_dependencies,
-    checked_int,
+    checked_int32,
     checked_positive_ms,
     checked_queued_child,
 )
@@ -377,7 +377,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         """For a running child still at `attempt`: this store's instance becomes its claimer
         at `attempt + 1` (compare-and-set). The claimed child, or `None`."""
         checked_identifier("child_execution_id", child_execution_id)
-        checked_int("attempt", attempt)
+        checked_int32("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "attempt": attempt,
@@ -408,7 +408,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
-            checked_int("attempt", attempt)
+            checked_int32("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "outcome": dumps(outcome),

@@ -16,6 +16,7 @@ from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import ChildStatus, ClaimedChild, FinishResult, QueuedChild
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
 from agboss_sql.testing.contracts._matrix import attempt_cases
 
 CONTRACT = "child_queue"
@@ -709,7 +710,9 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The child queue's cases (none is a fencing case: the queue is not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES] + attempt_cases()
+    return (
+        [Case(CONTRACT, name, run) for name, run in CASES] + attempt_cases() + limit_cases(CONTRACT)
+    )
 
 
 __all__ = ["CONTRACT", "cases"]

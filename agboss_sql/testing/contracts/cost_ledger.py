@@ -14,6 +14,7 @@ from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.stores import CostLedgerRepository
 from agboss_sql.contracts.types import BudgetScope, CostEntry, CostTotal
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "cost_ledger"
 EXECUTION = BudgetScope.EXECUTION
@@ -326,7 +327,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The cost ledger's cases (none is a fencing case: the ledger is not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]

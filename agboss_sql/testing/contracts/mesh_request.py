@@ -14,6 +14,7 @@ from agboss_sql.contracts.errors import IdempotencyKeyConflictError
 from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import MeshRequest
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "mesh_request"
 TENANT = "tenant-1"
@@ -225,7 +226,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The mesh requests' cases (none is a fencing case: mesh requests are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]
