@@ -80,7 +80,14 @@ def test_the_revisions_create_exactly_the_schema(dialect: str) -> None:
         for statement in ran
         if not any(statement.startswith(f"CREATE TABLE {name} (") for name in rebuilt)
     }
-    ran = {_PK.sub(r"CONSTRAINT \1 PRIMARY KEY (...)", s) for s in ran}
+
+    def unkeyed(statement: str) -> str:
+        """A re-keyed table's first CREATE TABLE, without its key."""
+        if any(statement.startswith(f"CREATE TABLE {name} (") for name in rekeyed):
+            return _PK.sub(r"CONSTRAINT \1 PRIMARY KEY (...)", statement)
+        return statement
+
+    ran = {unkeyed(s) for s in ran}
     added: dict[str, set[str]] = {}
     for statement in ran:
         found = _ADD_COLUMN.match(statement)
@@ -120,7 +127,7 @@ def test_the_revisions_create_exactly_the_schema(dialect: str) -> None:
     }
     version_table = f"CREATE TABLE {migrate.VERSION_TABLE} "
     assert {s for s in created if not s.startswith(version_table)} == {
-        _PK.sub(r"CONSTRAINT \1 PRIMARY KEY (...)", s) for s in _statements(";\n".join(expected))
+        unkeyed(s) for s in _statements(";\n".join(expected))
     }
 
 
