@@ -34,6 +34,7 @@ from agboss_sql.contracts import (
     PauseStatus,
     WindowResult,
 )
+from agboss_sql.contracts.rules import MAX_DURATION_MS
 from agboss_sql.memory import (
     InMemoryBackend,
     InMemoryChildExecutionQueueRepository,
@@ -222,7 +223,7 @@ class WakeClaimNeverRunsOut(InMemoryChildExecutionQueueRepository):
     """Claims a wake for good."""
 
     async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
-        return await super().claim_wake(child_execution_id, claimer, 10**12)
+        return await super().claim_wake(child_execution_id, claimer, MAX_DURATION_MS)
 
 
 class ReadThenClaimWake(InMemoryChildExecutionQueueRepository):
