@@ -28,6 +28,7 @@ from agboss_sql.testing.contracts._matrix import (
     LEASE_STATES,
     MOVE_ONLY_STATES,
     MOVES,
+    WRITE_ONLY_STATES,
     WRITES,
 )
 
@@ -67,8 +68,9 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
     writes = {w.contract: 0 for w in WRITES}
     for write in WRITES:
         writes[write.contract] += 1
-    assert len(effect) == writes["fenced_effect"] * len(LEASE_STATES)
-    assert len(call) == writes["outbound_call"] * len(LEASE_STATES) == 4 * 9
+    states = len(LEASE_STATES) + len(WRITE_ONLY_STATES)
+    assert len(effect) == writes["fenced_effect"] * states
+    assert len(call) == writes["outbound_call"] * states == 4 * 10
     assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 50
     assert len(queue) == 2 * len(CHILD_STATES)
     states = {
@@ -85,7 +87,7 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
 
 async def test_the_sound_set_passes_the_matrix() -> None:
     results = await run_class(_set(), only="__matrix_", real_time=False)
-    assert len(results) == 9 + 4 * 9 + 50 + 12
+    assert len(results) == 10 + 4 * 10 + 50 + 12
     assert failures(results) == {}
 
 

@@ -140,6 +140,12 @@ async def _absent(w: World, prepare: Prepare) -> Reached:
     return Reached(nobody, 0, (0, lease))
 
 
+async def _named_for_another(w: World, prepare: Prepare) -> Reached:
+    # The holder's current epoch in a context built by hand under another instance's name.
+    _, lease = await _taken(w, prepare)
+    return Reached(dataclasses.replace(lease, holder_instance_id="instance-2"), 0, (0, lease))
+
+
 async def _other_holder(w: World, prepare: Prepare) -> Reached:
     # Another instance's store moving the holder's lease, with the holder's own context.
     _, lease = await _taken(w, prepare)
@@ -167,8 +173,18 @@ LEASE_STATES: tuple[State, ...] = (
 MOVE_ONLY_STATES: tuple[State, ...] = (
     State("held by another instance", None, _granted(), _other_holder),
 )
-"""States only a lease move can meet: a move is made by its store's instance, a write names
-no instance."""
+"""States only a lease move can meet: a move is made by its store's instance."""
+
+WRITE_ONLY_STATES: tuple[State, ...] = (
+    State(
+        "the holder's epoch under another instance's name",
+        FenceRefusal.SUPERSEDED,
+        _granted(),
+        _named_for_another,
+    ),
+)
+"""States only a fenced write can meet: its key names the instance the epoch was granted
+to (a move names none but its store's own)."""
 
 
 # --- the fenced writes --------------------------------------------------------------------
@@ -349,7 +365,7 @@ def write_cases(contract: str) -> list[Case]:
         )
         for write in WRITES
         if write.contract == contract
-        for state in LEASE_STATES
+        for state in (*LEASE_STATES, *WRITE_ONLY_STATES)
     ]
 
 
@@ -569,6 +585,7 @@ __all__ = [
     "LEASE_STATES",
     "MOVES",
     "MOVE_ONLY_STATES",
+    "WRITE_ONLY_STATES",
     "WRITES",
     "attempt_cases",
     "move_cases",
