@@ -261,7 +261,9 @@ async def test_finish_moves_running_to_finished_once_and_counts_the_siblings_lef
         (ChildStatus.FINISHED, {"ok": 1}),
         (ChildStatus.FINISHED, {"ok": 2}),
     ]
-    assert by_id["stranger"].status is ChildStatus.RUNNING
+    assert "stranger" not in by_id  # another tenant's child is never listed
+    [stranger] = await queue.children("tenant-2", "parent-1")
+    assert stranger.child_execution_id == "stranger" and stranger.status is ChildStatus.RUNNING
 
 
 async def test_a_queued_child_cannot_finish_and_an_unknown_one_finishes_nothing(
