@@ -3,7 +3,7 @@
 
 Every schedule starts from an emptied lease, effect, call and business table; each
 instance is its own `SqlConnection`, and the store decides by the run's time (a bound
-`now`). The depth and the walks are chosen per database so the four worlds take at most
+`now`). The depth and the walks are chosen per database so the five worlds take at most
 a few minutes there on two cores (measured; see `BUDGET`); `AGBOSS_EXPLORER_DEEP=1` runs
 the deep search instead (`DEEP_BUDGET`).
 """
