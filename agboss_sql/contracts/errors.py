@@ -86,6 +86,23 @@ class InvalidIdentifierError(AgbossError):
     code = "store.invalid-identifier"
 
 
+class InvalidNumberError(AgbossError, ValueError):
+    """A number is out of what every backend stores (see `contracts.rules`: whole numbers
+    fit a signed 64-bit column, a queue depth or an attempt a signed 32-bit one, a duration
+    at most `MAX_DURATION_MS`)."""
+
+    code = "store.invalid-number"
+
+
+class InvalidPayloadError(AgbossError, TypeError, ValueError):
+    """A payload (a result, an outcome, a request, a checkpoint's JSON) must be JSON every
+    backend stores: no NaN or infinity, no object JSON has no form for, no cycle or nesting
+    deeper than Python's JSON encoder goes, no lone surrogate, at most `MAX_PAYLOAD_BYTES`
+    of UTF-8 text."""
+
+    code = "store.invalid-payload"
+
+
 class FencedEffectStoreMismatchError(AgbossError):
     """The fencing store is not on the lease store's backend: list one on the same backend."""
 

@@ -8,6 +8,7 @@ business keys, steps, fingerprints) live beside the key helpers in `contracts.ke
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from functools import lru_cache
 from typing import Literal, NamedTuple, Protocol, TypeVar, overload
@@ -17,6 +18,8 @@ from agboss_sql.contracts.errors import (
     ExecutionFencedError,
     InvalidFingerprintError,
     InvalidIdentifierError,
+    InvalidNumberError,
+    InvalidPayloadError,
 )
 from agboss_sql.contracts.keys import (
     FINGERPRINT_RULE,
@@ -30,6 +33,7 @@ from agboss_sql.contracts.keys import (
 from agboss_sql.contracts.types import (
     ApplicationContext,
     AttemptRef,
+    BudgetScope,
     CostEntry,
     ExecutionLease,
     ExecutionLeaseEvent,
@@ -168,42 +172,122 @@ def lease_state_at(
 
 
 # --- numbers ---------------------------------------------------------------------------------
+#
+# The limits below are decided once, here, and every store (in memory and on SQL) checks them
+# before any statement runs, so a value out of range gets one typed error on every backend
+# (`InvalidNumberError`, a `ValueError`) and nothing is written. Without them SQLite stores
+# what the servers refuse (an int beyond 64 bits as a float, a depth beyond 32 bits).
+
+MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
+"""Whole numbers stored in BIGINT columns (times, epochs, tokens, amounts, counts)."""
+
+MAX_INT32 = 2**31 - 1
+MIN_INT32 = -(2**31)
+"""Whole numbers stored in INTEGER columns: a child's depth and attempt."""
+
+MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+"""The longest duration a store takes (a lease, a slot's ttl, a window, a wake claim): ten
+years. A store adds it to its time, and the sum must stay a BIGINT on every backend."""
 
 
-def checked_int(what: str, value: object, *, minimum: int | None = None) -> int:
-    """`value` if it is an int (not a bool) of at least `minimum`, else `ValueError`."""
+def _range_error(what: str, value: int, low: int, high: int) -> InvalidNumberError:
+    return InvalidNumberError(f"{what} must be between {low} and {high}, got {value}")
+
+
+def checked_int(
+    what: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    low: int = MIN_INT64,
+    high: int = MAX_INT64,
+) -> int:
+    """`value` if it is an int (not a bool) of at least `minimum` within `[low, high]` (a
+    signed 64-bit number unless told), else `ValueError` (`InvalidNumberError` when it is
+    out of range)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, got {value!r:.80}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+    if not low <= value <= high:
+        raise _range_error(what, value, low, high)
     return value
 
 
+def checked_int32(what: str, value: object, *, minimum: int | None = None) -> int:
+    """`checked_int` within a signed 32-bit number (a depth, an attempt)."""
+    return checked_int(what, value, minimum=minimum, low=MIN_INT32, high=MAX_INT32)
+
+
 def checked_count(what: str, value: object) -> int:
-    """`value` if it is an int >= 0 (a count, a limit, an amount), else `ValueError`."""
+    """`value` if it is an int >= 0 (a count, a limit, an amount) of at most `MAX_INT64`,
+    else `ValueError`."""
     return checked_int(what, value, minimum=0)
 
 
 def checked_positive_ms(what: str, value: object) -> int:
-    """`value` if it is a positive whole number of ms, else `ValueError`: a zero or negative
-    duration (a lease, a slot, a window) would be granted already over."""
+    """`value` if it is a positive whole number of ms, at most `MAX_DURATION_MS`, else
+    `ValueError`: a zero or negative duration (a lease, a slot, a window) would be granted
+    already over; a longer one would overflow the store's time on some backend."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive number of ms, got {value!r:.80}")
+    if value > MAX_DURATION_MS:
+        raise _range_error(what, value, 1, MAX_DURATION_MS)
     return value
 
 
 def checked_time(what: str, value: object) -> int:
-    """`value` if it is a time in ms since the epoch (an int), else `ValueError`."""
+    """`value` if it is a time in ms since the epoch (an int that fits 64 bits), else
+    `ValueError`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} is a time in ms (an int), got {value!r:.80}")
+    if not MIN_INT64 <= value <= MAX_INT64:
+        raise _range_error(what, value, MIN_INT64, MAX_INT64)
     return value
 
 
 def checked_token(value: object) -> int:
-    """`value` if it is a lease token (an epoch: an int), else `ValueError`."""
+    """`value` if it is a lease token (an epoch: an int that fits 64 bits), else
+    `ValueError`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"a lease token is an int, got {value!r:.80}")
+    if not MIN_INT64 <= value <= MAX_INT64:
+        raise _range_error("a lease token", value, MIN_INT64, MAX_INT64)
     return value
+
+
+# --- payloads --------------------------------------------------------------------------------
+
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+"""The largest payload (its JSON text, UTF-8) a store takes: 8 MiB. MariaDB and MySQL send a
+statement in one packet of at most `max_allowed_packet` (16 MiB by default on MariaDB 10.11
+and 64 MiB on MySQL 8): 8 MiB leaves room for the statement and the rest of the row.
+Checkpoint blobs are binary and kept apart."""
+
+
+def payload_text(what: str, value: object) -> str:
+    """The JSON text a store writes for payload `value`, or `InvalidPayloadError` (before
+    any statement): no NaN or infinity, nothing JSON has no form for, no cycle or nesting
+    deeper than the encoder goes, no lone surrogate, at most `MAX_PAYLOAD_BYTES`."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidPayloadError(
+            f"{what} is not JSON every backend stores: {type(exc).__name__}: {exc}"
+        ) from None
+    if not text.isascii():
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidPayloadError(f"{what} holds a lone surrogate: no UTF-8 form") from None
+    else:
+        size = len(text)
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidPayloadError(
+            f"{what} is {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} bytes a store takes"
+        )
+    return text
 
 
 # --- fenced keys and attempts ------------------------------------------------------------------
@@ -223,6 +307,7 @@ def checked_fenced_key(key: object) -> FencedEffectKey:
     checked_token(key.token)
     checked_step(key.step)
     checked_fingerprint(key.fingerprint)
+    checked_optional_identifier("holder_instance_id", key.holder_instance_id)
     if key.scope_key != _scope_of(key.tenant_id, key.lease_execution_id):
         # The in-memory mark is kept per scope key, the SQL one on the lease row: a scope
         # that is not its lease's would fence differently in each.
@@ -323,13 +408,16 @@ def checked_lease_event(event: object) -> ExecutionLeaseEvent:
 
 
 def checked_queued_child(child: object) -> QueuedChild:
-    """`child` if its ids are identifiers and its depth an int."""
-    return _checked_fields(
+    """`child` if its ids are identifiers and its depth an int that fits the depth column
+    (a signed 32-bit number)."""
+    checked = _checked_fields(
         child,
         QueuedChild,
         identifiers=("tenant_id", "root_execution_id", "parent_execution_id", "child_execution_id"),
         ints=("depth",),
     )
+    checked_int32("depth", checked.depth)
+    return checked
 
 
 def checked_record(record: object) -> ExecutionRecord:
@@ -370,6 +458,28 @@ def checked_cost_entry(entry: object) -> CostEntry:
         ints=("tokens_in", "tokens_out", "cost_micros"),
         times=("at",),
     )
+
+
+NO_TENANT = ""
+"""The tenant part of a budget key given without a tenant (kept as the empty text, which
+no tenant id is)."""
+
+
+def checked_budget_key(scope: object, key: object, tenant_id: object) -> tuple[str, str]:
+    """`(scope value, tenant part)` of a budget's `(scope, key, tenant_id)`: the scope a
+    `BudgetScope`, the key an identifier, the tenant an identifier or `None` (`NO_TENANT`).
+    The EXECUTION scope needs its tenant, since an execution id is unique within its tenant
+    only: `InvalidIdentifierError` without it, before anything is read or written."""
+    chosen = BudgetScope(scope)  # type: ignore[arg-type]  # a wrong scope is its ValueError
+    checked_identifier("key", key)
+    if tenant_id is None:
+        if chosen is BudgetScope.EXECUTION:
+            raise InvalidIdentifierError(
+                "the EXECUTION budget scope needs tenant_id: an execution id is unique within "
+                "its tenant only"
+            )
+        return chosen.value, NO_TENANT
+    return chosen.value, checked_identifier("tenant_id", tenant_id)
 
 
 MAX_STATUS_LENGTH = 32

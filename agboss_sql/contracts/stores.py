@@ -237,8 +237,9 @@ class ChildExecutionQueueRepository(Store):
         (the wake was late past its claim) or nothing was claimed."""
 
     @abstractmethod
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
-        """The parent's children, in the order they were queued."""
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The tenant's parent's children, in the order they were queued (never another
+        tenant's, whatever its parent id)."""
 
 
 class ExecutionRecordRepository(Store):
@@ -319,15 +320,17 @@ class MeshRequestRepository(Store):
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
         """Insert if absent; the stored request and whether it was created. The same key
-        with another fingerprint is `IdempotencyKeyConflictError`."""
+        with another fingerprint, or from another tenant, is `IdempotencyKeyConflictError`
+        (never another tenant's request)."""
 
     @abstractmethod
-    async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
-        """Store the response once. True when it did."""
+    async def complete(self, tenant_id: str, idempotency_key: str, response: JsonValue) -> bool:
+        """Store the response of the tenant's request once. True when it did; False for a
+        key only another tenant used."""
 
     @abstractmethod
-    async def get(self, idempotency_key: str) -> MeshRequest | None:
-        """The request, or `None`."""
+    async def get(self, tenant_id: str, idempotency_key: str) -> MeshRequest | None:
+        """The tenant's request, or `None` (also when only another tenant used the key)."""
 
 
 class RateLimitRepository(Store):
@@ -403,20 +406,35 @@ class CostLedgerRepository(Store):
 
     @abstractmethod
     async def record(self, entry: CostEntry) -> bool:
-        """Record once by `entry.entry_id` (a replayed step does not count twice). True when
-        this call recorded it."""
+        """Record once by `(entry.tenant_id, entry.entry_id)` (a replayed step does not count
+        twice; entry ids are per tenant). True when this call recorded it."""
 
     @abstractmethod
-    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+    async def total(
+        self,
+        scope: BudgetScope,
+        key: str,
+        since: int | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> CostTotal:
         """The spend of the scope's key (an execution, a tenant or an application), recorded
-        at or after `since`, reservations included."""
+        at or after `since`, reservations included. With `tenant_id`, only that tenant's
+        entries and reservations count; the EXECUTION scope needs it (an execution id is
+        unique within its tenant only): `checked_budget_key`."""
 
     @abstractmethod
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
-        """Atomically add `amount_micros` to the scope's key while its total stays within
-        `limit_micros`. True when it was added."""
+        """Atomically add `amount_micros` to the scope's key (of `tenant_id`, as in
+        `total`) while its total stays within `limit_micros`. True when it was added."""
 
 
 class ExecutionHistoryRepository(Store):

@@ -115,6 +115,10 @@ class FencedEffectKey:
     name: str
     business_key: str | None = None
     fingerprint: str | None = None
+    holder_instance_id: str | None = None
+    """The instance the lease at `token` was granted to: when given, the fence refuses the
+    write unless the lease's holder is that instance (a context built by hand with another
+    holder's epoch is refused as superseded). Not part of the key's identity."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,10 @@ def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
         now=now,
         mark=mark,
     )
+    holder = getattr(key, "holder_instance_id", None)
+    if reason is None and holder is not None and lease.holder_instance_id != holder:
+        # The token was granted to another instance: a context built by hand.
+        reason = FenceRefusal.SUPERSEDED
     if reason is not None:
         raise fenced_error(key, reason)
     return mark is None or mark < key.token

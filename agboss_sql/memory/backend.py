@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from agboss_sql.contracts.rules import payload_text
 from agboss_sql.contracts.types import (
     ChildStatus,
     CostEntry,
@@ -25,8 +26,9 @@ from agboss_sql.contracts.types import (
 
 
 def json_text(value: JsonValue) -> str:
-    """`value` as JSON text; a value a JSON column would refuse (NaN, a set, an object) raises."""
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    """`value` as JSON text; a value no backend stores is `InvalidPayloadError`
+    (`contracts.rules.payload_text`)."""
+    return payload_text("the payload", value)
 
 
 def json_copy(value: JsonValue) -> JsonValue:
@@ -135,8 +137,10 @@ class InMemoryBackend:
         self.windows: dict[str, WindowRow] = {}
         self.rate_pauses: dict[str, int] = {}
         self.pauses: dict[tuple[str, str], PauseRow] = {}
-        self.cost_entries: dict[str, CostEntry] = {}
-        self.reservations: dict[tuple[str, str], int] = {}
+        self.cost_entries: dict[tuple[str, str], CostEntry] = {}
+        """By (tenant, entry id)."""
+        self.reservations: dict[tuple[str, str, str], int] = {}
+        """By (scope, tenant or NO_TENANT, key)."""
         """Reserved micros per `(scope, key)`."""
         self.history: dict[tuple[str, str], ExecutionSnapshot] = {}
         self.business_rows: list[Any] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
+    NO_TENANT,
+    checked_budget_key,
     checked_cost_entry,
     checked_count,
     checked_int,
@@ -100,7 +102,9 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         return until
 
 
-def _matches(scope: BudgetScope, key: str, entry: CostEntry) -> bool:
+def _matches(scope: BudgetScope, key: str, tenant: str, entry: CostEntry) -> bool:
+    if tenant != NO_TENANT and entry.tenant_id != tenant:
+        return False
     if scope is BudgetScope.EXECUTION:
         return entry.execution_id == key
     if scope is BudgetScope.TENANT:
@@ -117,38 +121,51 @@ class InMemoryCostLedgerRepository(ApplicationClockStore, CostLedgerRepository):
 
     async def record(self, entry: CostEntry) -> bool:
         checked_cost_entry(entry)
-        if entry.entry_id in self.memory.cost_entries:
+        key = (entry.tenant_id, entry.entry_id)
+        if key in self.memory.cost_entries:
             return False
-        self.memory.cost_entries[entry.entry_id] = entry
+        self.memory.cost_entries[key] = entry
         return True
 
-    def _total(self, scope: BudgetScope, key: str, since: int | None) -> CostTotal:
+    def _total(self, scope: BudgetScope, key: str, tenant: str, since: int | None) -> CostTotal:
         tokens_in = tokens_out = cost_micros = 0
         for entry in self.memory.cost_entries.values():
-            if _matches(scope, key, entry) and (since is None or entry.at >= since):
+            if _matches(scope, key, tenant, entry) and (since is None or entry.at >= since):
                 tokens_in += entry.tokens_in
                 tokens_out += entry.tokens_out
                 cost_micros += entry.cost_micros
-        cost_micros += self.memory.reservations.get((scope, key), 0)
+        cost_micros += self.memory.reservations.get((scope, tenant, key), 0)
         return CostTotal(tokens_in, tokens_out, cost_micros)
 
-    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
-        checked_identifier("key", key)
+    async def total(
+        self,
+        scope: BudgetScope,
+        key: str,
+        since: int | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> CostTotal:
+        _, tenant = checked_budget_key(scope, key, tenant_id)
         if since is not None:
             checked_int("since", since)
-        return self._total(BudgetScope(scope), key, since)
+        return self._total(BudgetScope(scope), key, tenant, since)
 
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
+        _, tenant = checked_budget_key(scope, key, tenant_id)
         scope = BudgetScope(scope)
-        checked_identifier("key", key)
         checked_count("amount_micros", amount_micros)
         checked_count("limit_micros", limit_micros)
-        spent = self._total(scope, key, None).cost_micros
+        spent = self._total(scope, key, tenant, None).cost_micros
         if spent + amount_micros > limit_micros:
             return False
-        self.memory.reservations[(scope, key)] = (
-            self.memory.reservations.get((scope, key), 0) + amount_micros
-        )
+        slot = (scope, tenant, key)
+        self.memory.reservations[slot] = self.memory.reservations.get(slot, 0) + amount_micros
         return True

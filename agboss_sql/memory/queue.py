@@ -8,7 +8,7 @@ from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
-    checked_int,
+    checked_int32,
     checked_positive_ms,
     checked_queued_child,
 )
@@ -101,6 +101,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
 
     async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
         checked_identifier("child_execution_id", child_execution_id)
+        checked_int32("attempt", attempt)
         row = self.memory.children.get(child_execution_id)
         if row is None or row.status is not ChildStatus.RUNNING or row.attempt != attempt:
             return None
@@ -113,7 +114,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
     ) -> FinishResult:
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
-            checked_int("attempt", attempt)
+            checked_int32("attempt", attempt)
         outcome = json_copy(outcome)
         row = self.memory.children.get(child_execution_id)
         if row is None:
@@ -182,13 +183,14 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             row.parent_woken_at = self.clock.now()
         return True
 
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("parent_execution_id", parent_execution_id)
         rows = sorted(
             (
                 row
                 for row in self.memory.children.values()
-                if row.parent_execution_id == parent_execution_id
+                if row.parent_execution_id == parent_execution_id and row.tenant_id == tenant_id
             ),
             key=lambda r: r.sequence,
         )

@@ -218,21 +218,25 @@ class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository
         self.memory.mesh_requests[idempotency_key] = request
         return MeshRequestSaved(self._out(request), True)
 
-    async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
+    async def complete(self, tenant_id: str, idempotency_key: str, response: JsonValue) -> bool:
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
         response = json_copy(response)
         existing = self.memory.mesh_requests.get(idempotency_key)
-        if existing is None or existing.completed:
+        if existing is None or existing.tenant_id != tenant_id or existing.completed:
             return False
         self.memory.mesh_requests[idempotency_key] = dataclasses.replace(
             existing, response=response, completed=True
         )
         return True
 
-    async def get(self, idempotency_key: str) -> MeshRequest | None:
+    async def get(self, tenant_id: str, idempotency_key: str) -> MeshRequest | None:
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
         request = self.memory.mesh_requests.get(idempotency_key)
-        return None if request is None else self._out(request)
+        if request is None or request.tenant_id != tenant_id:
+            return None
+        return self._out(request)
 
 
 def _snapshot_out(snapshot: ExecutionSnapshot) -> ExecutionSnapshot:

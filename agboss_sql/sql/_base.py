@@ -6,13 +6,15 @@ import hashlib
 import json
 from typing import Any
 
+from agboss_sql.contracts.rules import payload_text
 from agboss_sql.contracts.types import ApplicationContext
 from agboss_sql.sql.connection import SqlConnection
 
 
 def dumps(value: Any) -> str:
-    """JSON text of a payload (fails like the database would on a value that is not JSON)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """JSON text of a payload; a value no backend stores is `InvalidPayloadError`
+    (`contracts.rules.payload_text`), before any statement."""
+    return payload_text("the payload", value)
 
 
 def loads(text: Any) -> Any:

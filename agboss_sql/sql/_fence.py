@@ -76,6 +76,10 @@ class FenceStatements:
             )
             .values(fence_token=token, fence_writes=L.c.fence_writes + 1)
         )
+        # The same, for a key that names the lease's holder: the token must be that holder's.
+        self.fence_holder = self.fence.where(
+            L.c.holder_instance_id == sa.bindparam("holder_instance_id")
+        )
         self.diagnose = sa.select(
             L.c.lease_epoch,
             L.c.released,
@@ -85,14 +89,18 @@ class FenceStatements:
             L.c.expires_at,
             L.c.fence_token,
             now.label("now"),
+            L.c.holder_instance_id,
         ).where(this_lease)
 
 
-def refusal_of(row: Any | None, token: int) -> FenceRefusal:
-    """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token`."""
+def refusal_of(row: Any | None, token: int, holder: str | None = None) -> FenceRefusal:
+    """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token`
+    (of `holder`, when the key names one)."""
     if row is None:
         return FenceRefusal.LEASE_ABSENT
-    epoch, released, yielded, finished, closed_reason, expires_at, mark, now = row
+    epoch, released, yielded, finished, closed_reason, expires_at, mark, now, holder_now = row
+    if holder is not None and int(epoch) == token and holder_now != holder:
+        return FenceRefusal.SUPERSEDED
     reason = fence_refusal_of(
         token,
         epoch=epoch,
@@ -120,18 +128,26 @@ def store_time_params(clock: StoreClock, **params: Any) -> dict[str, Any]:
 
 
 def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
-    """The fence's parameters for `key` (`store_time_params`)."""
-    return store_time_params(
+    """The fence's parameters for `key` (`store_time_params`), with the holder the key
+    names, if any."""
+    params = store_time_params(
         clock, tenant_id=key.tenant_id, execution_id=key.lease_execution_id, token=key.token
     )
+    holder = getattr(key, "holder_instance_id", None)
+    if holder is not None:
+        params["holder_instance_id"] = holder
+    return params
 
 
 def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[None]:
-    """The lease and mark check of a write under `key`: the first statement of its step."""
-    if (yield Exec(sql.fence, params)).rowcount == 1:
+    """The lease and mark check of a write under `key`: the first statement of its step
+    (also matching the holder when the key names one)."""
+    holder = params.get("holder_instance_id")
+    statement = sql.fence if holder is None else sql.fence_holder
+    if (yield Exec(statement, params)).rowcount == 1:
         return None
     row = (yield Exec(sql.diagnose, params)).first()
-    raise fenced_error(key, refusal_of(row, key.token))
+    raise fenced_error(key, refusal_of(row, key.token, holder))
 
 
 async def run_claiming(connection: SqlConnection, factory: Callable[[], Step[T]]) -> T:

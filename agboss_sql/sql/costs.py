@@ -1,7 +1,7 @@
 """`SqlCostLedgerRepository`: spend across instances.
 
-Entries are recorded once by id (insert-if-absent). Reservations live in one row per
-`(scope, key)`; `try_reserve` takes that row's lock in its first statement (an upsert,
+Entries are recorded once by tenant and id (insert-if-absent). Reservations live in one row
+per `(scope, tenant, key)` (tenant `''` when none is given); `try_reserve` takes that row's lock in its first statement (an upsert,
 so the row exists to be locked), reads the spend under it and adds only what fits.
 
 Statements per operation: `record` one and `total` one, every dialect. `try_reserve`,
@@ -25,8 +25,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from agboss_sql.contracts.clocks import Clock
-from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
+    NO_TENANT,
+    checked_budget_key,
     checked_cost_entry,
     checked_count,
     checked_dependencies,
@@ -60,35 +61,43 @@ _ZERO: sa.ColumnElement[int] = sa.literal_column("0", sa.BigInteger)
 
 
 def _reservation_row() -> sa.ColumnElement[bool]:
-    return sa.and_(R.c.scope == sa.bindparam("scope"), R.c.key == sa.bindparam("key"))
+    return sa.and_(
+        R.c.scope == sa.bindparam("scope"),
+        R.c.tenant_id == sa.bindparam("tenant_id"),
+        R.c.key == sa.bindparam("key"),
+    )
 
 
 class ScopeStatements:
-    """The statements of one budget scope (its entries are matched by one column)."""
+    """The statements of one budget scope (its entries are matched by one column), with or
+    without a tenant (then the entries are matched by their tenant too)."""
 
-    def __init__(self, b: SqlBuilder, scope: BudgetScope) -> None:
+    def __init__(self, b: SqlBuilder, scope: BudgetScope, by_tenant: bool) -> None:
         ops = b.ops
         column = E.c[_SCOPE_COLUMN[scope]]
+        match = column == sa.bindparam("key")
+        if by_tenant:
+            match = sa.and_(match, E.c.tenant_id == sa.bindparam("tenant_id"))
         reserved = sa.select(R.c.reserved_micros).where(_reservation_row()).scalar_subquery()
         totals = sa.select(
             sa.func.coalesce(sa.func.sum(E.c.tokens_in), _ZERO),
             sa.func.coalesce(sa.func.sum(E.c.tokens_out), _ZERO),
             sa.func.coalesce(sa.func.sum(E.c.cost_micros), _ZERO)
             + sa.func.coalesce(reserved, _ZERO),
-        ).where(column == sa.bindparam("key"))
+        ).where(match)
         self.total = totals
         self.total_since = totals.where(E.c.at >= sa.bindparam("since", type_=sa.BigInteger))
 
-        spent = sa.select(sa.func.coalesce(sa.func.sum(E.c.cost_micros), _ZERO)).where(
-            column == sa.bindparam("key")
-        )
-        # The lock: insert the (scope, key) row, or on a duplicate a no-op update, which locks
-        # the row all the same. Whoever comes second waits here, before reading anything.
+        spent = sa.select(sa.func.coalesce(sa.func.sum(E.c.cost_micros), _ZERO)).where(match)
+        # The lock: insert the (scope, tenant, key) row, or on a duplicate a no-op update,
+        # which locks the row all the same. Whoever comes second waits here, before reading
+        # anything.
         lock = ops.upsert(
             R,
-            ["scope", "key"],
+            ["scope", "tenant_id", "key"],
             {
                 "scope": sa.bindparam("scope"),
+                "tenant_id": sa.bindparam("tenant_id"),
                 "key": sa.bindparam("key"),
                 "reserved_micros": sa.literal(0, sa.BigInteger),
             },
@@ -107,10 +116,14 @@ class CostStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.record = ops.insert_if_absent(E, ["entry_id"]).values(
+        self.record = ops.insert_if_absent(E, ["tenant_id", "entry_id"]).values(
             {c: sa.bindparam(c, type_=E.c[c].type) for c in _ENTRY_COLUMNS}
         )
-        self.scopes = {scope: ScopeStatements(b, scope) for scope in BudgetScope}
+        self.scopes = {
+            (scope, by_tenant): ScopeStatements(b, scope, by_tenant)
+            for scope in BudgetScope
+            for by_tenant in (False, True)
+        }
         self.add = (
             sa.update(R)
             .where(_reservation_row())
@@ -122,8 +135,8 @@ class CostStatements:
 
 
 class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
-    """Spend on SQL: entries recorded once by id; reservations per `(scope, key)` added
-    under that row's lock, never past the limit.
+    """Spend on SQL: entries recorded once by tenant and id; reservations per
+    `(scope, tenant, key)` added under that row's lock, never past the limit.
 
     A reservation counts in `total` of its scope and key only, as cost (no tokens), and
     whatever `since` is: a reservation is kept as one running amount per key, with no time.
@@ -139,8 +152,9 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         self._sql = connection.prepared(CostStatements)
 
     async def record(self, entry: CostEntry) -> bool:
-        """Insert the entry unless its `entry_id` is stored (one statement): a replayed step
-        does not count twice. True when this call recorded it."""
+        """Insert the entry unless its tenant's `entry_id` is stored (one statement): a
+        replayed step does not count twice, and entry ids are per tenant. True when this
+        call recorded it."""
         checked_cost_entry(entry)
         params: dict[str, Any] = {
             "entry_id": entry.entry_id,
@@ -154,13 +168,21 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         }
         return await self.connection.insert_if_absent(self._sql.record, params)
 
-    async def total(self, scope: BudgetScope, key: str, since: int | None = None) -> CostTotal:
+    async def total(
+        self,
+        scope: BudgetScope,
+        key: str,
+        since: int | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> CostTotal:
         """In one statement: the tokens and cost of the entries whose scope column
-        (execution, tenant or application id) is `key` and recorded at or after `since`,
-        plus the cost reserved for `(scope, key)`."""
-        statements = self._sql.scopes[BudgetScope(scope)]
-        checked_identifier("key", key)
-        params: dict[str, Any] = {"scope": BudgetScope(scope).value, "key": key}
+        (execution, tenant or application id) is `key` (of `tenant_id` when given; the
+        EXECUTION scope needs it) and recorded at or after `since`, plus the cost reserved
+        for `(scope, tenant, key)`."""
+        value, tenant = checked_budget_key(scope, key, tenant_id)
+        statements = self._sql.scopes[(BudgetScope(scope), tenant != NO_TENANT)]
+        params: dict[str, Any] = {"scope": value, "key": key, "tenant_id": tenant}
         if since is None:
             statement = statements.total
         else:
@@ -171,21 +193,27 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
         return CostTotal(int(row[0]), int(row[1]), int(row[2]))
 
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
-        """In one transaction that locks the `(scope, key)` reservation row first: add
-        `amount_micros` to it only while entries + reservations + amount stay within
+        """In one transaction that locks the `(scope, tenant, key)` reservation row first:
+        add `amount_micros` to it only while entries + reservations + amount stay within
         `limit_micros`. True when it was added; concurrent reservations of one key never
         pass the limit together."""
-        scope = BudgetScope(scope)
-        checked_identifier("key", key)
+        value, tenant = checked_budget_key(scope, key, tenant_id)
         params: dict[str, Any] = {
-            "scope": scope.value,
+            "scope": value,
             "key": key,
+            "tenant_id": tenant,
             "amount_micros": checked_count("amount_micros", amount_micros),
         }
         limit = checked_count("limit_micros", limit_micros)
-        statements = self._sql.scopes[scope]
+        statements = self._sql.scopes[(BudgetScope(scope), tenant != NO_TENANT)]
         return await self.connection.run(
             lambda: self._reserve(statements, params, limit), transaction=True
         )

@@ -54,6 +54,7 @@ class MeshStatements:
             sa.update(M)
             .where(
                 M.c.idempotency_key == sa.bindparam("idempotency_key"),
+                M.c.tenant_id == sa.bindparam("tenant_id"),
                 M.c.completed.is_(sa.false()),
             )
             .values(completed=sa.true(), response=sa.bindparam("response"))
@@ -129,21 +130,25 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
             "but could not be read back: something is deleting mesh requests"
         )
 
-    async def complete(self, idempotency_key: str, response: JsonValue) -> bool:
-        """Store the response of a request not completed yet (one conditional update).
-        True when this call stored it; a second completion changes nothing."""
+    async def complete(self, tenant_id: str, idempotency_key: str, response: JsonValue) -> bool:
+        """Store the response of the tenant's request not completed yet (one conditional
+        update on key and tenant). True when this call stored it; a second completion, or
+        one by another tenant, changes nothing."""
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
+        params = {"idempotency_key": idempotency_key, "tenant_id": tenant_id}
         result = await self.connection.execute(
-            self._sql.complete, {"idempotency_key": idempotency_key, "response": dumps(response)}
+            self._sql.complete, {**params, "response": dumps(response)}
         )
         return result.rowcount == 1
 
-    async def get(self, idempotency_key: str) -> MeshRequest | None:
-        """The stored request, or `None`."""
+    async def get(self, tenant_id: str, idempotency_key: str) -> MeshRequest | None:
+        """The tenant's stored request, or `None` (also for another tenant's)."""
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
         row = (
             await self.connection.execute(self._sql.read, {"idempotency_key": idempotency_key})
         ).first()
-        if row is None or row[0] != idempotency_key:
+        if row is None or row[0] != idempotency_key or row[1] != tenant_id:
             return None
         return _request_of(row)

@@ -54,7 +54,7 @@ from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
     checked_dependencies,
-    checked_int,
+    checked_int32,
     checked_positive_ms,
     checked_queued_child,
 )
@@ -277,7 +277,10 @@ class QueueStatements:
 
         self.children = (
             sa.select(*_columns(_LISTED))
-            .where(C.c.parent_execution_id == sa.bindparam("parent_execution_id"))
+            .where(
+                C.c.parent_execution_id == sa.bindparam("parent_execution_id"),
+                C.c.tenant_id == sa.bindparam("tenant_id"),
+            )
             .order_by(C.c.id)
         )
 
@@ -427,7 +430,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         """For a running child still at `attempt`: this store's instance becomes its claimer
         at `attempt + 1` (compare-and-set). The claimed child, or `None`."""
         checked_identifier("child_execution_id", child_execution_id)
-        checked_int("attempt", attempt)
+        checked_int32("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "attempt": attempt,
@@ -458,7 +461,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
-            checked_int("attempt", attempt)
+            checked_int32("attempt", attempt)
         params = {
             "child_execution_id": child_execution_id,
             "outcome": dumps(outcome),
@@ -540,11 +543,14 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         row = (await self.connection.execute(self._sql.read_wake, params)).first()
         return row is not None and row[0] == 0 and row[2] is not None and row[1] == claimer
 
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
-        """The parent's children, in the order they were queued."""
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        """The tenant's parent's children, in the order they were queued (one statement on
+        tenant and parent)."""
+        checked_identifier("tenant_id", tenant_id)
         checked_identifier("parent_execution_id", parent_execution_id)
         result = await self.connection.execute(
-            self._sql.children, {"parent_execution_id": parent_execution_id}
+            self._sql.children,
+            {"tenant_id": tenant_id, "parent_execution_id": parent_execution_id},
         )
         return [_listed(row) for row in result.rows]
 

@@ -281,8 +281,9 @@ paused_executions = sa.Table(
 cost_entries = sa.Table(
     "agboss_cost_entries",
     metadata,
+    # Entry ids are per tenant: another tenant's entry under the same id is another entry.
     sa.Column("entry_id", Ident(), primary_key=True),
-    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("tenant_id", Ident(), primary_key=True),
     sa.Column("execution_id", Ident(), nullable=False),
     sa.Column("application", Ident(), nullable=False),
     sa.Column("tokens_in", sa.BigInteger(), nullable=False),
@@ -300,6 +301,8 @@ cost_reservations = sa.Table(
     sa.Column("scope", sa.String(16), primary_key=True),
     sa.Column("key", Ident(), primary_key=True),
     sa.Column("reserved_micros", sa.BigInteger(), nullable=False),
+    # The reservation's tenant, '' when it was made without one.
+    sa.Column("tenant_id", Ident(), primary_key=True, server_default=sa.text("''")),
 )
 
 execution_history = sa.Table(

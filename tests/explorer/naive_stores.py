@@ -3,9 +3,10 @@
 Each is the in-memory reference set with one deliberate mistake, the kind a store
 author makes: leases on the caller's clock, a lease live through its expiry
 instant, a renewal whatever the time, a renewal from the old end, a finish that
-only releases, a reclaim that keeps the epoch, calls keyed by the step only, a
-claim that does not compare, effects that trust the current token, effects on
-the caller's clock.
+only releases, a reclaim that keeps the epoch, a renewal that ignores a yield, a
+release/finish that matches the holder but not the epoch, calls keyed by the step
+only, a claim that does not compare, effects that trust the current token,
+effects on the caller's clock, a queue finish without the attempt compare.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
+from agboss_sql.contracts.rules import LeaseClosedReason
 from agboss_sql.contracts.types import (
     AttemptRef,
     ExecutionLease,
     FencedEffectKey,
     FencedEffectResult,
+    FinishResult,
     JsonValue,
     LeaseHolder,
     OutboundCall,
@@ -28,6 +31,7 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.memory import (
     InMemoryBackend,
+    InMemoryChildExecutionQueueRepository,
     InMemoryExecutionLeaseRepository,
     InMemoryFencedEffectRepository,
     InMemoryOutboundCallRepository,
@@ -53,6 +57,17 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
     """`finish` sets released, never finished."""
     reclaim_keeps_epoch = False
     """`reclaim` gives the lease back at the same epoch."""
+    renew_ignores_yield = False
+    """A renewal of a yielded lease succeeds (and the lease stays yielded)."""
+    let_go_by_holder_only = False
+    """`release` and `finish` match the holder instance, not the epoch."""
+
+    def _holder_row(self, lease: ExecutionLease) -> LeaseRow | None:
+        """The lease's row when this instance holds it, at any epoch."""
+        row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
+        if row is None or row.holder_instance_id != self.instance_id:
+            return None
+        return row
 
     def _live(self, expires_at: int, now: int) -> bool:
         return expires_at >= now if self.live_through_expiry else expires_at > now
@@ -87,7 +102,8 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
         async with self.memory.atomic():
             now = store_now(self.store_clock)
             row = self._held(lease)
-            if row is None or row.released or row.yielded or row.finished:
+            yielded = row is not None and row.yielded and not self.renew_ignores_yield
+            if row is None or row.released or yielded or row.finished:
                 return None
             if not self.renew_whatever_the_time and not self._live(row.expires_at, now):
                 return None
@@ -122,7 +138,26 @@ class NaiveLeases(InMemoryExecutionLeaseRepository):
             row.expires_at = now + lease_ms
             return self._lease_of(row, now)
 
+    async def release(self, lease: ExecutionLease) -> bool:
+        if not self.let_go_by_holder_only:
+            return await super().release(lease)
+        async with self.memory.atomic():
+            row = self._holder_row(lease)
+            if row is None or row.released or row.finished:
+                return False
+            row.released = True
+            row.closed_reason = LeaseClosedReason.RELEASED
+            return True
+
     async def finish(self, lease: ExecutionLease) -> bool:
+        if self.let_go_by_holder_only:
+            async with self.memory.atomic():
+                row = self._holder_row(lease)
+                if row is None or row.released or row.finished:
+                    return False
+                row.finished = row.released = True
+                row.closed_reason = LeaseClosedReason.FINISHED
+                return True
         if not self.finish_only_releases:
             return await super().finish(lease)
         return await super().release(lease)
@@ -146,6 +181,23 @@ class FinishOnlyReleases(NaiveLeases):
 
 class ReclaimKeepsEpoch(NaiveLeases):
     reclaim_keeps_epoch = True
+
+
+class RenewIgnoresYield(NaiveLeases):
+    renew_ignores_yield = True
+
+
+class LetGoByHolderOnly(NaiveLeases):
+    let_go_by_holder_only = True
+
+
+class QueueFinishWithoutCompare(InMemoryChildExecutionQueueRepository):
+    """A child's finish that never compares the attempt: any attempt finishes it."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> FinishResult:
+        return await super().finish(child_execution_id, outcome)
 
 
 class CallsKeyedByStep(InMemoryOutboundCallRepository):
@@ -228,6 +280,7 @@ def memory_set(
     leases: Callable[[InMemoryBackend, Seam], Any] | None = None,
     effects: Callable[[InMemoryBackend, Seam], Any] | None = None,
     calls: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    queue: Callable[[InMemoryBackend, Seam], Any] | None = None,
 ) -> MemorySet:
     """The in-memory reference set, with any of its fencing stores replaced."""
     backend = InMemoryBackend()
@@ -239,6 +292,12 @@ def memory_set(
         "execution_lease": leases or reference(InMemoryExecutionLeaseRepository),
         "fenced_effect": effects or reference(InMemoryFencedEffectRepository),
         "outbound_call": calls or reference(InMemoryOutboundCallRepository),
+        "child_queue": queue
+        or (
+            lambda memory, seam: InMemoryChildExecutionQueueRepository(
+                memory, seam.clock, seam.application
+            )
+        ),
     }
     factories: dict[str, Any] = {
         key: StoreFactory(instance=(lambda seam, make=make: make(backend, seam)))
@@ -253,6 +312,9 @@ def on_callers_clock(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
 
 
 def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+    if issubclass(cls, InMemoryChildExecutionQueueRepository):
+        # The child queue is on the application's clock.
+        return lambda memory, seam: cls(memory, seam.clock, seam.application)
     return lambda memory, seam: cls(memory, seam.store_clock, seam.application)
 
 
@@ -261,11 +323,14 @@ __all__ = [
     "ClaimWithoutCompare",
     "EffectsTrustCurrentToken",
     "FinishOnlyReleases",
+    "LetGoByHolderOnly",
     "LiveThroughExpiry",
     "MemorySet",
     "NaiveLeases",
     "ReclaimKeepsEpoch",
     "RenewFromOldEnd",
+    "RenewIgnoresYield",
+    "QueueFinishWithoutCompare",
     "RenewWhateverTheTime",
     "memory_set",
     "naive",

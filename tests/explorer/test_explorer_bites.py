@@ -19,9 +19,12 @@ from naive_stores import (
     ClaimWithoutCompare,
     EffectsTrustCurrentToken,
     FinishOnlyReleases,
+    LetGoByHolderOnly,
     LiveThroughExpiry,
+    QueueFinishWithoutCompare,
     ReclaimKeepsEpoch,
     RenewFromOldEnd,
+    RenewIgnoresYield,
     RenewWhateverTheTime,
     memory_set,
     naive,
@@ -96,6 +99,27 @@ BITES = [
         "one-live-holder",
         3,
         {"leases": naive(ReclaimKeepsEpoch)},
+    ),
+    Bite(
+        "a renewal that ignores a yield",
+        "lease",
+        "no-stale-write",
+        3,
+        {"leases": naive(RenewIgnoresYield)},
+    ),
+    Bite(
+        "a release/finish that matches the holder but not the epoch",
+        "lease",
+        "no-stale-write",
+        4,
+        {"leases": naive(LetGoByHolderOnly)},
+    ),
+    Bite(
+        "a queue finish without the attempt compare",
+        "child_queue",
+        "no-stale-write",
+        3,
+        {"queue": naive(QueueFinishWithoutCompare)},
     ),
     Bite(
         "calls keyed by the step only",
@@ -219,7 +243,7 @@ async def test_the_spec_example_is_what_a_store_on_the_callers_clock_prints() ->
 
 
 async def test_a_failure_reproduces_from_its_seed() -> None:
-    bite = BITES[6]
+    bite = next(b for b in BITES if b.label == "calls keyed by the step only")
     first = await _failure(bite, exhaustive=False)
     again = await _failure(bite, exhaustive=False)
     assert str(first) == str(again)
@@ -264,10 +288,11 @@ async def test_shrinking_removes_every_step_whose_removal_still_breaks_the_invar
 
 def test_every_naive_store_of_the_spec_has_its_bite() -> None:
     labels = {bite.label for bite in BITES}
-    assert len(labels) == 10
+    assert len(labels) == 13
     assert {bite.world for bite in BITES} == {
         "lease",
         "fenced_effect",
         "outbound_call_business_key",
+        "child_queue",
     }
     assert READ  # the protocol's first step is part of the call worlds' schedules

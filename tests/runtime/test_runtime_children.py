@@ -103,7 +103,7 @@ async def test_three_workers_run_ten_children_once_each_and_wake_the_parent_once
     assert Counter(child for child, _, _ in children.runs) == dict.fromkeys(ids, 1)
     assert len({worker for _, worker, _ in children.runs}) > 1  # the work was shared
     assert children.wakes == [(TENANT, "parent")]
-    listed = await instances[0].queue.children("parent")
+    listed = await instances[0].queue.children(TENANT, "parent")
     assert {c.status for c in listed} == {ChildStatus.FINISHED}
     assert all(c.outcome["done"] == c.child_execution_id for c in listed)
     for child_id in ids:  # each child held its own lease, finished after its run
@@ -136,7 +136,7 @@ async def test_a_dead_workers_child_is_rescued_at_the_next_epoch(world: World) -
 
     assert children.runs[-1] == ("child-1", "w2", 2)
     assert children.wakes == [(TENANT, "parent")]
-    listed = {c.child_execution_id: c for c in await w1.queue.children("parent")}
+    listed = {c.child_execution_id: c for c in await w1.queue.children(TENANT, "parent")}
     assert listed["child-1"].status is ChildStatus.FINISHED
     assert listed["child-1"].outcome == {"done": "child-1", "by": "w2", "attempt": 2}
     events = await w1.events.list(TENANT, "child-1")
@@ -148,7 +148,7 @@ async def test_a_dead_workers_child_is_rescued_at_the_next_epoch(world: World) -
     # The superseded attempt's late finish changes nothing, and wakes nobody.
     late = await w1.queue.finish("child-1", {"late": True}, attempt=1)
     assert late.finished is False
-    assert (await w1.queue.children("parent"))[1].outcome["by"] == "w2"
+    assert (await w1.queue.children(TENANT, "parent"))[1].outcome["by"] == "w2"
 
 
 async def test_a_lost_lease_cancels_the_run_and_finishes_nothing(world: World) -> None:
@@ -168,7 +168,7 @@ async def test_a_lost_lease_cancels_the_run_and_finishes_nothing(world: World) -
     assert running.done() and running.result() is True
     assert children.cancelled == ["child-0"]  # the run was stopped mid-call
     assert children.wakes == []
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.status is ChildStatus.RUNNING and child.attempt == 1  # left to the new holder
     kinds = [(e.kind, e.instance_id) for e in await w1.events.list(TENANT, "child-0")]
     assert kinds == [(LeaseEventKind.ACQUIRED, "w1"), (LeaseEventKind.LOST, "w1")]
@@ -180,7 +180,7 @@ async def test_a_child_that_raises_finishes_with_its_error(world: World) -> None
     children.fail = {"child-0"}
     await enqueue(w1, 1)
     assert await worker_of(world, w1, children).run_once()
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.status is ChildStatus.FINISHED
     assert child.outcome == {
         "error": {"type": "ValueError", "code": None, "message": "child-0 broke"}
@@ -200,7 +200,7 @@ async def test_a_cancelled_tree_stops_its_child_and_finishes_it_cancelled(world:
     await settle()
     assert running.done()
     assert children.cancelled == ["child-0"]
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.status is ChildStatus.FINISHED
     assert child.outcome["error"]["code"] == "execution.cancelled"
     assert children.wakes == [(TENANT, "parent")]
@@ -221,7 +221,7 @@ async def test_a_run_that_finds_its_lease_lost_finishes_nothing(world: World) ->
         w1.queue, w1.leases, w1.events, world.clock, run_child=run_child, wake_parent=wake
     )
     assert await worker.run_once()
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.status is ChildStatus.RUNNING and wakes == []
 
 
@@ -284,7 +284,7 @@ async def test_a_superseded_runs_late_finish_wakes_nobody(world: World) -> None:
     assert slow.done() and slow.result() is True
     assert children.runs == [("child-0", "w1", 1), ("child-0", "w2", 2)]
     assert children.wakes == [(TENANT, "parent")]  # the late finish counted for nothing
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.outcome["by"] == "w2"
 
 
@@ -317,7 +317,7 @@ async def test_a_run_that_returns_after_its_lease_was_lost_finishes_nothing(
         w1.queue, w1.leases, w1.events, world.clock, run_child=run_child, wake_parent=wake
     )
     assert await worker.run_once()
-    (child,) = await w1.queue.children("parent")
+    (child,) = await w1.queue.children(TENANT, "parent")
     assert child.status is ChildStatus.RUNNING and child.outcome is None and wakes == []
 
 

@@ -206,7 +206,7 @@ async def test_children_on_three_connections_run_once_each_and_wake_the_parent_o
     assert Counter(child for child, _ in runs) == dict.fromkeys(ids, 1)
     assert wakes == ["parent"]
     ran_by = dict(runs)
-    for child in await nodes[0].queue.children("parent"):
+    for child in await nodes[0].queue.children(TENANT, "parent"):
         assert child.outcome == {"by": ran_by[child.child_execution_id]}
     for child_id in ids:
         kinds = [e.kind for e in await nodes[1].events.list(TENANT, child_id)]

@@ -98,8 +98,8 @@ class LossyQueue(ChildExecutionQueueRepository):
         await self._reply("finish", child_execution_id, result)
         return result
 
-    async def children(self, parent_execution_id: str) -> Sequence[ChildExecution]:
-        return await self.inner.children(parent_execution_id)
+    async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
+        return await self.inner.children(tenant_id, parent_execution_id)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
         return await self.inner.unwoken(limit)
@@ -258,7 +258,7 @@ async def enqueue(node: Node, count: int) -> list[str]:
 
 
 async def all_finished(node: Node) -> bool:
-    return all(c.status is ChildStatus.FINISHED for c in await node.queue.children(PARENT))
+    return all(c.status is ChildStatus.FINISHED for c in await node.queue.children(TENANT, PARENT))
 
 
 async def run_with_lost_replies(cluster: Cluster, lossy: type[LossyQueue]) -> Wakes:
@@ -437,7 +437,7 @@ async def test_a_finish_that_cannot_reach_the_store_leaves_the_child_to_the_resc
     with pytest.raises(StoreUnavailableError):
         await first.run_once()
 
-    [child] = await w1.queue.children(PARENT)
+    [child] = await w1.queue.children(TENANT, PARENT)
     assert child.status is ChildStatus.RUNNING and wakes.woken == []
     rescuer = worker(cluster, w2, wakes)
     if isinstance(w1.leases, RecordingLeases):
@@ -453,7 +453,7 @@ async def test_a_finish_that_cannot_reach_the_store_leaves_the_child_to_the_resc
             await asyncio.sleep(0.05)
     assert wakes.woken == [PARENT]
     assert await rescuer.wake_once() == 0
-    [child] = await w1.queue.children(PARENT)
+    [child] = await w1.queue.children(TENANT, PARENT)
     assert child.status is ChildStatus.FINISHED and child.attempt == 2
 
 

@@ -88,7 +88,7 @@ async def test_a_claim_marks_the_child_running_for_its_claimer(
         TENANT, "root-1", "parent-1", "c-1", 2, payload, attempt=1, claimed_by="worker-b"
     )
     assert await other.claim("worker-c") is None
-    [listed] = await store(sql, clock).children("parent-1")
+    [listed] = await store(sql, clock).children(TENANT, "parent-1")
     assert (listed.status, listed.attempt, listed.claimed_by, listed.queued_at) == (
         ChildStatus.RUNNING,
         1,
@@ -156,9 +156,9 @@ async def test_a_child_id_is_queued_once(
     await queue.enqueue(child("c-1", payload="first"))
     with pytest.raises(DuplicateChildError):
         await store(new_connection(), clock).enqueue(child("c-1", 4, parent="parent-2"))
-    [listed] = await queue.children("parent-1")
+    [listed] = await queue.children(TENANT, "parent-1")
     assert (listed.child_execution_id, listed.payload, listed.depth) == ("c-1", "first", 1)
-    assert await queue.children("parent-2") == []
+    assert await queue.children(TENANT, "parent-2") == []
 
 
 async def test_concurrent_enqueues_of_one_child_id_queue_it_once(
@@ -171,7 +171,7 @@ async def test_concurrent_enqueues_of_one_child_id_queue_it_once(
     )
     assert [r for r in results if r is not None and not isinstance(r, DuplicateChildError)] == []
     assert results.count(None) == 1
-    assert len(await queues[0].children("parent-1")) == 1
+    assert len(await queues[0].children(TENANT, "parent-1")) == 1
 
 
 # --- running, restart ------------------------------------------------------------------
@@ -210,7 +210,7 @@ async def test_restart_moves_a_running_child_to_this_instance_at_the_next_attemp
         TENANT, "root-1", "parent-1", "c-1", 2, {"p": 1}, attempt=2, claimed_by="instance-2"
     )
     assert await store(new_connection(), clock, "instance-3").restart("c-1", 1) is None
-    listed = {c.child_execution_id: c for c in await first.children("parent-1")}
+    listed = {c.child_execution_id: c for c in await first.children(TENANT, "parent-1")}
     assert (listed["c-1"].status, listed["c-1"].attempt, listed["c-1"].claimed_by) == (
         ChildStatus.RUNNING,
         2,
@@ -255,13 +255,15 @@ async def test_finish_moves_running_to_finished_once_and_counts_the_siblings_lef
     assert await queue.finish("c-0", {"ok": "again"}) == FinishResult(False, 2)
     assert await queue.finish("c-1", {"ok": 1}) == FinishResult(True, 1)
     assert await queue.finish("c-2", {"ok": 2}) == FinishResult(True, 0)
-    by_id = {c.child_execution_id: c for c in await queue.children("parent-1")}
+    by_id = {c.child_execution_id: c for c in await queue.children(TENANT, "parent-1")}
     assert [(by_id[f"c-{i}"].status, by_id[f"c-{i}"].outcome) for i in range(3)] == [
         (ChildStatus.FINISHED, {"ok": 0}),
         (ChildStatus.FINISHED, {"ok": 1}),
         (ChildStatus.FINISHED, {"ok": 2}),
     ]
-    assert by_id["stranger"].status is ChildStatus.RUNNING
+    assert "stranger" not in by_id  # another tenant's child is never listed
+    [stranger] = await queue.children("tenant-2", "parent-1")
+    assert stranger.child_execution_id == "stranger" and stranger.status is ChildStatus.RUNNING
 
 
 async def test_a_queued_child_cannot_finish_and_an_unknown_one_finishes_nothing(
@@ -270,7 +272,7 @@ async def test_a_queued_child_cannot_finish_and_an_unknown_one_finishes_nothing(
     queue = store(sql, clock)
     await queue.enqueue(child("c-1"))
     assert await queue.finish("c-1", "early") == FinishResult(False, 1)
-    [listed] = await queue.children("parent-1")
+    [listed] = await queue.children(TENANT, "parent-1")
     assert (listed.status, listed.outcome) == (ChildStatus.QUEUED, None)
     assert await queue.finish("nobody", None) == FinishResult(False, 0)
 
@@ -283,7 +285,7 @@ async def test_a_finish_at_another_attempt_changes_nothing(
     await queue.claim("instance-1")
     assert await queue.finish("c-1", "wrong", attempt=2) == FinishResult(False, 1)
     assert await queue.finish("c-1", "right", attempt=1) == FinishResult(True, 0)
-    [listed] = await queue.children("parent-1")
+    [listed] = await queue.children(TENANT, "parent-1")
     assert listed.outcome == "right"
 
 
@@ -308,7 +310,7 @@ async def test_a_rescued_childs_late_finish_by_its_first_worker_changes_nothing(
     other = await first.claim("instance-1")
     assert other is not None
     assert await first.finish(other.child_execution_id, "last", attempt=1) == FinishResult(True, 0)
-    listed = {c.child_execution_id: c for c in await first.children("parent-1")}
+    listed = {c.child_execution_id: c for c in await first.children(TENANT, "parent-1")}
     assert (listed["c-1"].outcome, listed["c-1"].attempt) == ("real", 2)
 
 
@@ -330,7 +332,9 @@ async def test_a_late_finish_racing_its_rescue_lets_exactly_one_win(
             first.finish(claimed.child_execution_id, "late", attempt=1),
             sweeper.restart(claimed.child_execution_id, 1),
         )
-        [row] = [c for c in await first.children(parent) if c.child_execution_id == f"c-{round_}"]
+        [row] = [
+            c for c in await first.children(TENANT, parent) if c.child_execution_id == f"c-{round_}"
+        ]
         if finish.finished:
             assert restart is None
             assert (finish.remaining, row.status, row.outcome) == (1, ChildStatus.FINISHED, "late")
@@ -374,7 +378,7 @@ async def test_each_operation_sends_the_fewest_statements(
     assert len(sent) == 1
     with statements(sql, transaction_control=False) as sent:
         await queue.running(5)
-        await queue.children("parent-1")
+        await queue.children(TENANT, "parent-1")
     assert len(sent) == 2
 
 
@@ -395,7 +399,7 @@ async def test_arguments_are_checked_before_any_statement(
         with pytest.raises(InvalidIdentifierError):
             await queue.finish("", None)
         with pytest.raises(InvalidIdentifierError):
-            await queue.children("")
+            await queue.children(TENANT, "")
         with pytest.raises(TypeError):
             await queue.enqueue(child("c-1", payload={"bad": object()}))
         with pytest.raises(ValueError):
@@ -403,7 +407,7 @@ async def test_arguments_are_checked_before_any_statement(
         with pytest.raises(ValueError):
             await queue.restart("c-1", "1")  # type: ignore[arg-type]
     assert sent == []
-    assert await queue.children("parent-1") == []
+    assert await queue.children(TENANT, "parent-1") == []
 
 
 # --- real concurrency: several instances at once ---------------------------------------
@@ -550,7 +554,7 @@ async def test_exactly_one_of_concurrent_finishers_of_a_parents_last_children_se
         assert sum(r.finished for r in results) == 6
         assert [r for r in results if r.finished and r.remaining == 0] == [FinishResult(True, 0)]
         assert all(r.remaining >= 0 for r in results)
-        listed = await queues[0].children(f"parent-{round_}")
+        listed = await queues[0].children(TENANT, f"parent-{round_}")
         assert all(c.status is ChildStatus.FINISHED for c in listed)
 
 

@@ -23,6 +23,7 @@ START = 1_700_000_000_000
 EXECUTION = BudgetScope.EXECUTION
 TENANT = BudgetScope.TENANT
 APPLICATION = BudgetScope.APPLICATION
+TA = "tenant-a"
 
 
 _ON_MYSQL = os.environ.get("AGBOSS_TEST_DATABASE_URL", "").startswith(("mysql", "mariadb"))
@@ -88,7 +89,7 @@ async def test_record_counts_an_entry_once(
     assert await store.record(entry("e-1")) is False
     # A replay with other numbers is still the same entry: not counted again.
     assert await store.record(entry("e-1", cost=999, tokens_in=999)) is False
-    assert await store.total(EXECUTION, "exec-1") == CostTotal(10, 20, 100)
+    assert await store.total(EXECUTION, "exec-1", tenant_id=TA) == CostTotal(10, 20, 100)
 
 
 async def test_total_sums_by_the_scopes_column(
@@ -99,15 +100,15 @@ async def test_total_sums_by_the_scopes_column(
     await store.record(entry("e-2", tenant="t-1", execution="x-2", application="app-1", cost=2))
     await store.record(entry("e-3", tenant="t-2", execution="x-3", application="app-1", cost=4))
     await store.record(entry("e-4", tenant="t-2", execution="x-3", application="app-2", cost=8))
-    assert (await store.total(EXECUTION, "x-1")).cost_micros == 1
-    assert (await store.total(EXECUTION, "x-3")).cost_micros == 12
+    assert (await store.total(EXECUTION, "x-1", tenant_id="t-1")).cost_micros == 1
+    assert (await store.total(EXECUTION, "x-3", tenant_id="t-2")).cost_micros == 12
     assert (await store.total(TENANT, "t-1")).cost_micros == 3
     assert (await store.total(TENANT, "t-2")).cost_micros == 12
     assert (await store.total(APPLICATION, "app-1")).cost_micros == 7
     assert await store.total(APPLICATION, "app-1") == CostTotal(30, 60, 7)
     # A key matches the scope's own column only: "x-1" is no tenant.
     assert await store.total(TENANT, "x-1") == CostTotal()
-    assert await store.total(EXECUTION, "nobody") == CostTotal(0, 0, 0)
+    assert await store.total(EXECUTION, "nobody", tenant_id="t-1") == CostTotal(0, 0, 0)
 
 
 async def test_total_since_counts_entries_at_or_after_it(
@@ -116,9 +117,9 @@ async def test_total_since_counts_entries_at_or_after_it(
     store = make_store()
     for i, at in enumerate((START - 1, START, START + 1)):
         await store.record(entry(f"e-{i}", at=at, cost=10**i, tokens_in=1, tokens_out=2))
-    assert await store.total(EXECUTION, "exec-1", since=START) == CostTotal(2, 4, 110)
-    assert await store.total(EXECUTION, "exec-1", since=START + 2) == CostTotal()
-    assert await store.total(EXECUTION, "exec-1") == CostTotal(3, 6, 111)
+    assert await store.total(EXECUTION, "exec-1", since=START, tenant_id=TA) == CostTotal(2, 4, 110)
+    assert await store.total(EXECUTION, "exec-1", since=START + 2, tenant_id=TA) == CostTotal()
+    assert await store.total(EXECUTION, "exec-1", tenant_id=TA) == CostTotal(3, 6, 111)
 
 
 async def test_reservations_add_to_their_scope_and_keys_cost_only(
@@ -129,7 +130,7 @@ async def test_reservations_add_to_their_scope_and_keys_cost_only(
     assert await store.try_reserve(TENANT, "k", 40, 1_000) is True
     assert await store.total(TENANT, "k") == CostTotal(10, 20, 45)
     # The same key of another scope has its own reservations.
-    assert await store.total(EXECUTION, "k") == CostTotal(10, 20, 5)
+    assert await store.total(EXECUTION, "k", tenant_id="k") == CostTotal(10, 20, 5)
     assert await store.total(APPLICATION, "k") == CostTotal(10, 20, 5)
     # A reservation has no time: it counts whatever `since` is.
     assert await store.total(TENANT, "k", since=START + 1) == CostTotal(0, 0, 40)
@@ -140,15 +141,25 @@ async def test_try_reserve_adds_only_while_within_the_limit(
 ) -> None:
     store = make_store()
     await store.record(entry("e-1", cost=30))
-    assert await store.try_reserve(EXECUTION, "exec-1", 50, 100) is True  # 80
-    assert await store.try_reserve(EXECUTION, "exec-1", 21, 100) is False  # would be 101
-    assert (await store.total(EXECUTION, "exec-1")).cost_micros == 80  # refused: not added
-    assert await store.try_reserve(EXECUTION, "exec-1", 20, 100) is True  # exactly 100
-    assert await store.try_reserve(EXECUTION, "exec-1", 1, 100) is False
-    assert await store.try_reserve(EXECUTION, "exec-1", 0, 100) is True
-    assert await store.try_reserve(EXECUTION, "exec-1", 0, 99) is False  # already past 99
-    assert await store.try_reserve(EXECUTION, "exec-1", 50, 200) is True  # a higher limit
-    assert (await store.total(EXECUTION, "exec-1")).cost_micros == 150
+    assert await store.try_reserve(EXECUTION, "exec-1", 50, 100, tenant_id=TA) is True  # 80
+    assert (
+        await store.try_reserve(EXECUTION, "exec-1", 21, 100, tenant_id=TA) is False
+    )  # would be 101
+    assert (
+        await store.total(EXECUTION, "exec-1", tenant_id=TA)
+    ).cost_micros == 80  # refused: not added
+    assert (
+        await store.try_reserve(EXECUTION, "exec-1", 20, 100, tenant_id=TA) is True
+    )  # exactly 100
+    assert await store.try_reserve(EXECUTION, "exec-1", 1, 100, tenant_id=TA) is False
+    assert await store.try_reserve(EXECUTION, "exec-1", 0, 100, tenant_id=TA) is True
+    assert (
+        await store.try_reserve(EXECUTION, "exec-1", 0, 99, tenant_id=TA) is False
+    )  # already past 99
+    assert (
+        await store.try_reserve(EXECUTION, "exec-1", 50, 200, tenant_id=TA) is True
+    )  # a higher limit
+    assert (await store.total(EXECUTION, "exec-1", tenant_id=TA)).cost_micros == 150
 
 
 async def test_a_refused_first_reservation_reserves_nothing(
@@ -181,8 +192,8 @@ async def test_totals_are_served_by_the_scopes_index(
     ]:
         plan = await plan_of(
             sql,
-            store._sql.scopes[scope].total_since,
-            {"scope": scope.value, "key": "k", "since": START},
+            store._sql.scopes[(scope, False)].total_since,
+            {"scope": scope.value, "key": "k", "since": START, "tenant_id": ""},
         )
         assert f"ix_agboss_cost_entries_{column}_at" in plan, plan
 
@@ -196,7 +207,9 @@ async def test_totals_are_served_by_the_scopes_index(
         lambda s: s.record(entry("e", application="")),
         lambda s: s.total(TENANT, ""),
         lambda s: s.try_reserve(TENANT, "", 1, 10),
-        lambda s: s.try_reserve(EXECUTION, "k" * 256, 1, 10),
+        lambda s: s.try_reserve(EXECUTION, "k" * 256, 1, 10, tenant_id=TA),
+        lambda s: s.try_reserve(EXECUTION, "k", 1, 10),
+        lambda s: s.total(EXECUTION, "k"),
     ],
 )
 async def test_identifiers_are_checked_before_any_statement(
@@ -278,10 +291,13 @@ async def test_fifty_concurrent_reservations_never_pass_the_limit(
         spent = 10 if key == "exec-1" else 0
         limit = 100
         outcomes = await asyncio.gather(
-            *(stores[i % len(stores)].try_reserve(scope, key, 7, limit) for i in range(50))
+            *(
+                stores[i % len(stores)].try_reserve(scope, key, 7, limit, tenant_id=TA)
+                for i in range(50)
+            )
         )
         granted = [7 for ok in outcomes if ok]
-        reserved = (await stores[0].total(scope, key)).cost_micros - spent
+        reserved = (await stores[0].total(scope, key, tenant_id=TA)).cost_micros - spent
         within_limit(granted, reserved, limit - spent)
         # And no spurious refusal: a reservation is refused only when it cannot fit.
         assert len(granted) == (limit - spent) // 7, f"round {round_number}: {outcomes}"
@@ -323,7 +339,8 @@ async def test_concurrent_records_of_one_entry_count_once(
             )
         )
         assert outcomes.count(True) == 1
-        assert await stores[0].total(EXECUTION, f"x-{round_number}") == CostTotal(10, 20, 100)
+        total = await stores[0].total(EXECUTION, f"x-{round_number}", tenant_id=TA)
+        assert total == CostTotal(10, 20, 100)
 
 
 # --- the tests bite: a check-then-add reservation passes the limit ----------------------
@@ -340,9 +357,10 @@ class CheckThenAddReserve(SqlCostLedgerRepository):
         ops = self.connection.ops
         self._add_any = ops.upsert(
             R,
-            ["scope", "key"],
+            ["scope", "tenant_id", "key"],
             {
                 "scope": sa.bindparam("scope"),
+                "tenant_id": sa.bindparam("tenant_id"),
                 "key": sa.bindparam("key"),
                 "reserved_micros": sa.bindparam("amount", type_=sa.BigInteger),
             },
@@ -350,15 +368,20 @@ class CheckThenAddReserve(SqlCostLedgerRepository):
         )
 
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
-        spent = (await self.total(scope, key)).cost_micros
+        spent = (await self.total(scope, key, tenant_id=tenant_id)).cost_micros
         await self.between()
         if spent + amount_micros > limit_micros:
             return False
-        await self.connection.execute(
-            self._add_any, {"scope": BudgetScope(scope).value, "key": key, "amount": amount_micros}
-        )
+        params = {"scope": BudgetScope(scope).value, "key": key, "amount": amount_micros}
+        await self.connection.execute(self._add_any, {**params, "tenant_id": tenant_id or ""})
         return True
 
 

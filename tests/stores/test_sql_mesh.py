@@ -32,7 +32,7 @@ async def test_first_save_creates_and_later_saves_replay_it(sql: SqlConnection) 
     assert again.created is False
     # The stored request, not the replay's arguments: received_at is the first one.
     assert again.request == MeshRequest("req-1", "tenant-a", "fp-1", START)
-    assert await store.get("req-1") == first.request
+    assert await store.get("tenant-a", "req-1") == first.request
 
 
 async def test_same_key_with_another_fingerprint_is_a_conflict(sql: SqlConnection) -> None:
@@ -41,13 +41,13 @@ async def test_same_key_with_another_fingerprint_is_a_conflict(sql: SqlConnectio
     with pytest.raises(IdempotencyKeyConflictError) as raised:
         await store.save_if_absent("req-1", "tenant-a", "fp-2", START)
     assert raised.value.code == "idempotency.key-conflict"
-    assert await store.get("req-1") == MeshRequest("req-1", "tenant-a", "fp-1", START)
+    assert await store.get("tenant-a", "req-1") == MeshRequest("req-1", "tenant-a", "fp-1", START)
 
 
 async def test_same_key_from_another_tenant_is_a_conflict(sql: SqlConnection) -> None:
     store = store_on(sql)
     await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
-    await store.complete("req-1", {"secret": "tenant-a's answer"})
+    await store.complete("tenant-a", "req-1", {"secret": "tenant-a's answer"})
     with pytest.raises(IdempotencyKeyConflictError):
         await store.save_if_absent("req-1", "tenant-b", "fp-1", START)
 
@@ -56,10 +56,10 @@ async def test_complete_stores_the_response_once(sql: SqlConnection) -> None:
     store = store_on(sql)
     await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
     response = {"output": ["é", 1, 2.5, None, {"nested": True}], "ok": True}
-    assert await store.complete("req-1", response) is True
-    assert await store.complete("req-1", {"output": "second"}) is False
+    assert await store.complete("tenant-a", "req-1", response) is True
+    assert await store.complete("tenant-a", "req-1", {"output": "second"}) is False
 
-    stored = await store.get("req-1")
+    stored = await store.get("tenant-a", "req-1")
     assert stored == MeshRequest("req-1", "tenant-a", "fp-1", START, response, completed=True)
     replay = await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
     assert replay.created is False
@@ -70,23 +70,23 @@ async def test_complete_stores_the_response_once(sql: SqlConnection) -> None:
 async def test_a_null_response_still_completes(sql: SqlConnection) -> None:
     store = store_on(sql)
     await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
-    assert await store.complete("req-1", None) is True
-    assert await store.complete("req-1", {"late": True}) is False
-    stored = await store.get("req-1")
+    assert await store.complete("tenant-a", "req-1", None) is True
+    assert await store.complete("tenant-a", "req-1", {"late": True}) is False
+    stored = await store.get("tenant-a", "req-1")
     assert stored is not None and stored.completed is True and stored.response is None
 
 
 async def test_complete_of_an_unknown_key_changes_nothing(sql: SqlConnection) -> None:
     store = store_on(sql)
-    assert await store.complete("missing", {"x": 1}) is False
-    assert await store.get("missing") is None
+    assert await store.complete("tenant-a", "missing", {"x": 1}) is False
+    assert await store.get("tenant-a", "missing") is None
 
 
 async def test_keys_compare_by_exact_characters(sql: SqlConnection) -> None:
     store = store_on(sql)
     assert (await store.save_if_absent("Req-1", "tenant-a", "fp", START)).created
     assert (await store.save_if_absent("req-1", "tenant-a", "fp", START)).created
-    assert (await store.get("REQ-1")) is None
+    assert (await store.get("tenant-a", "REQ-1")) is None
 
 
 async def test_a_key_ending_with_a_space_is_refused_everywhere(sql: SqlConnection) -> None:
@@ -97,7 +97,7 @@ async def test_a_key_ending_with_a_space_is_refused_everywhere(sql: SqlConnectio
         await store.save_if_absent("req-1 ", "tenant-a", "fp", START)
     assert sent == []
     with pytest.raises(InvalidIdentifierError):
-        await store.get("req-1 ")
+        await store.get("tenant-a", "req-1 ")
 
 
 @pytest.mark.parametrize(
@@ -106,8 +106,8 @@ async def test_a_key_ending_with_a_space_is_refused_everywhere(sql: SqlConnectio
         lambda s: s.save_if_absent("", "tenant-a", "fp", START),
         lambda s: s.save_if_absent("k" * 256, "tenant-a", "fp", START),
         lambda s: s.save_if_absent("req", "", "fp", START),
-        lambda s: s.complete("", None),
-        lambda s: s.get(""),
+        lambda s: s.complete("tenant-a", "", None),
+        lambda s: s.get("tenant-a", ""),
     ],
 )
 async def test_identifiers_are_checked_before_any_statement(
@@ -129,10 +129,10 @@ async def test_each_operation_sends_the_fewest_statements(sql: SqlConnection) ->
         await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
     assert len(sent) == 2, sent  # the refused insert, then the stored row
     with statements(sql) as sent:
-        await store.complete("req-1", {"ok": True})
+        await store.complete("tenant-a", "req-1", {"ok": True})
     assert len(sent) == 1, sent
     with statements(sql) as sent:
-        await store.get("req-1")
+        await store.get("tenant-a", "req-1")
     assert len(sent) == 1, sent
 
 
@@ -154,7 +154,7 @@ async def test_concurrent_saves_of_one_key_create_it_once(
         assert len(created) == 1, f"round {round_number}: {len(created)} creators"
         winner = created[0].request
         assert all(r.request == winner for r in results)
-        assert await stores[0].get(key) == winner
+        assert await stores[0].get("tenant-a", key) == winner
 
 
 async def test_concurrent_completions_store_one_response(
@@ -164,9 +164,11 @@ async def test_concurrent_completions_store_one_response(
     for round_number in range(10):
         key = f"req-{round_number}"
         await stores[0].save_if_absent(key, "tenant-a", "fp", START)
-        outcomes = await asyncio.gather(*(stores[i % 4].complete(key, {"by": i}) for i in range(8)))
+        outcomes = await asyncio.gather(
+            *(stores[i % 4].complete("tenant-a", key, {"by": i}) for i in range(8))
+        )
         assert outcomes.count(True) == 1
-        stored = await stores[0].get(key)
+        stored = await stores[0].get("tenant-a", key)
         assert stored is not None and stored.response == {"by": outcomes.index(True)}
 
 

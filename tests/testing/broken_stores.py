@@ -25,7 +25,7 @@ from agboss_sql.contracts import (
     replayed_from_of,
     stored_key_facts_of,
 )
-from agboss_sql.contracts.rules import LeaseClosedReason
+from agboss_sql.contracts.rules import LeaseClosedReason, checked_positive_ms
 from agboss_sql.contracts.rules import checked_fenced_key as checked_key
 from agboss_sql.memory import (
     InMemoryExecutionLeaseEventRepository,
@@ -53,8 +53,7 @@ class CheckThenWriteLeases(InMemoryExecutionLeaseRepository):
     ) -> ExecutionLease | None:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
-        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
-            raise ValueError(f"lease_ms must be a positive int, got {lease_ms!r}")
+        checked_positive_ms("lease_ms", lease_ms)
         now = store_now(self.store_clock)
         key = (tenant_id, execution_id)
         row = self.memory.leases.get(key)

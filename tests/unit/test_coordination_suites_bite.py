@@ -34,6 +34,7 @@ from agboss_sql.contracts import (
     PauseStatus,
     WindowResult,
 )
+from agboss_sql.contracts.rules import MAX_DURATION_MS
 from agboss_sql.memory import (
     InMemoryBackend,
     InMemoryChildExecutionQueueRepository,
@@ -157,7 +158,7 @@ class FinishThenCount(InMemoryChildExecutionQueueRepository):
         if current is None:
             return moved
         await asyncio.sleep(0)
-        siblings = await self.children(current.parent_execution_id)
+        siblings = await self.children(current.tenant_id, current.parent_execution_id)
         return FinishResult(
             moved.finished, sum(c.status is not ChildStatus.FINISHED for c in siblings)
         )
@@ -222,7 +223,7 @@ class WakeClaimNeverRunsOut(InMemoryChildExecutionQueueRepository):
     """Claims a wake for good."""
 
     async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
-        return await super().claim_wake(child_execution_id, claimer, 10**12)
+        return await super().claim_wake(child_execution_id, claimer, MAX_DURATION_MS)
 
 
 class ReadThenClaimWake(InMemoryChildExecutionQueueRepository):
@@ -393,7 +394,7 @@ class CheckThenInsertRequest(InMemoryMeshRequestRepository):
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
-        found = await self.get(idempotency_key)
+        found = await self.get(tenant_id, idempotency_key)
         if found is not None:
             return await super().save_if_absent(
                 idempotency_key, tenant_id, fingerprint, received_at
@@ -409,7 +410,7 @@ class IgnoresFingerprints(InMemoryMeshRequestRepository):
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
-        found = await self.get(idempotency_key)
+        found = await self.get(tenant_id, idempotency_key)
         if found is not None:
             return MeshRequestSaved(found, False)
         return await super().save_if_absent(idempotency_key, tenant_id, fingerprint, received_at)
@@ -476,26 +477,41 @@ class SumThenReserve(InMemoryCostLedgerRepository):
     """Sums the total, awaits, then reserves what fitted the sum."""
 
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
-        spent = (await self.total(scope, key)).cost_micros
+        spent = (await self.total(scope, key, tenant_id=tenant_id)).cost_micros
         if spent + amount_micros > limit_micros:
             return False
         await asyncio.sleep(0)
-        return await super().try_reserve(scope, key, amount_micros, UNLIMITED)
+        return await super().try_reserve(scope, key, amount_micros, UNLIMITED, tenant_id=tenant_id)
 
 
 class ReservationsOnly(InMemoryCostLedgerRepository):
     """Holds the limit against its reservations, not the recorded spend."""
 
     async def try_reserve(
-        self, scope: BudgetScope, key: str, amount_micros: int, limit_micros: int
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
     ) -> bool:
-        reserved: dict[tuple[str, str], int] = vars(self.memory).setdefault("reserved_only", {})
-        if reserved.get((scope, key), 0) + amount_micros > limit_micros:
+        reserved: dict[tuple[str, str | None, str], int] = vars(self.memory).setdefault(
+            "reserved_only", {}
+        )
+        slot = (scope, tenant_id, key)
+        if reserved.get(slot, 0) + amount_micros > limit_micros:
             return False
-        reserved[(scope, key)] = reserved.get((scope, key), 0) + amount_micros
-        return await super().try_reserve(scope, key, amount_micros, UNLIMITED)
+        reserved[slot] = reserved.get(slot, 0) + amount_micros
+        return await super().try_reserve(scope, key, amount_micros, UNLIMITED, tenant_id=tenant_id)
 
 
 class CursorByTimeOnly(InMemoryExecutionHistoryRepository):

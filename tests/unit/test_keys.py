@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -162,7 +163,11 @@ def test_fenced_effect_key_of_holds_the_lease_the_step_and_the_name() -> None:
         name="charge",
         business_key="order-7",
         fingerprint="fp",
+        holder_instance_id="instance-1",
     )
+    # The holder is checked by the fence, not part of the key's identity.
+    other = dataclasses.replace(built, holder_instance_id="instance-2")
+    assert fenced_key_identity_of(other) == fenced_key_identity_of(built)
 
 
 def test_scope_keys_are_unambiguous() -> None:

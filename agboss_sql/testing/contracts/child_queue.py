@@ -16,6 +16,8 @@ from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import ChildStatus, ClaimedChild, FinishResult, QueuedChild
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
+from agboss_sql.testing.contracts._matrix import attempt_cases
 
 CONTRACT = "child_queue"
 TENANT = "tenant-1"
@@ -106,7 +108,7 @@ async def marks_a_claimed_child_running_for_its_claimer(ctx: CaseContext) -> Non
     )
     want = (TENANT, ROOT, PARENT, "child-1", 2, payload, "worker-b")
     _expect(got == want, "claim-marks-running", f"claimed {got}, expected {want}")
-    [listed] = await _queue(ctx, 0).children(PARENT)
+    [listed] = await _queue(ctx, 0).children(TENANT, PARENT)
     facts = (listed.status, listed.claimed_by, listed.attempt, listed.queued_at, listed.payload)
     want_facts = (ChildStatus.RUNNING, "worker-b", claimed.attempt, queued_at, payload)
     _expect(
@@ -127,13 +129,13 @@ async def queues_a_child_id_once(ctx: CaseContext) -> None:
         pass
     else:
         raise AssertionError("[enqueue-once] a second enqueue of child-1 was accepted")
-    listed = await _queue(ctx, 0).children(PARENT)
+    listed = await _queue(ctx, 0).children(TENANT, PARENT)
     _expect(
         [(c.child_execution_id, c.payload, c.depth) for c in listed] == [("child-1", "first", 1)],
         "enqueue-once",
         f"parent-1's children after the refused duplicate: {listed}",
     )
-    other = await _queue(ctx, 0).children("parent-2")
+    other = await _queue(ctx, 0).children(TENANT, "parent-2")
     _expect(other == [], "enqueue-once", f"the refused duplicate was queued: {other}")
 
 
@@ -148,7 +150,7 @@ async def refuses_concurrent_duplicate_enqueues_but_one(ctx: CaseContext) -> Non
     other = [r for r in results if r is not None and not isinstance(r, DuplicateChildError)]
     _expect(not other, "enqueue-once", f"a duplicate enqueue failed with {other[:1]!r}")
     _expect(len(accepted) == 1, "enqueue-once", f"{len(accepted)} of 10 enqueues were accepted")
-    listed = await _queue(ctx, 0).children(PARENT)
+    listed = await _queue(ctx, 0).children(TENANT, PARENT)
     _expect(len(listed) == 1, "enqueue-once", f"{len(listed)} rows for one child id")
 
 
@@ -228,7 +230,7 @@ async def restarts_a_running_child_by_compare_and_set(ctx: CaseContext) -> None:
     )
     stale = await _queue(ctx, 0).restart(claimed.child_execution_id, claimed.attempt)
     _expect(stale is None, "restart-cas", f"a second restart at the old attempt gave {stale!r}")
-    listed = {c.child_execution_id: c for c in await _queue(ctx, 0).children(PARENT)}
+    listed = {c.child_execution_id: c for c in await _queue(ctx, 0).children(TENANT, PARENT)}
     row = listed[claimed.child_execution_id]
     _expect(
         (row.status, row.attempt, row.claimed_by)
@@ -291,7 +293,7 @@ async def finishes_a_running_child_once(ctx: CaseContext) -> None:
     )
     unknown = await _queue(ctx, 0).finish("nobody", None)
     _expect(not unknown.finished, "finish-once", "an unknown child was finished")
-    listed = {c.child_execution_id: c for c in await _queue(ctx, 0).children(PARENT)}
+    listed = {c.child_execution_id: c for c in await _queue(ctx, 0).children(TENANT, PARENT)}
     done, waiting = listed[claimed.child_execution_id], listed["child-2"]
     _expect(
         (done.status, done.outcome) == (ChildStatus.FINISHED, {"answer": 42}),
@@ -345,7 +347,7 @@ async def wakes_the_parent_exactly_once_among_concurrent_finishers(ctx: CaseCont
             "finish-once",
             f"{parent}: {sum(r.finished for r in mine)} finishes of its 10 children counted",
         )
-        listed = await _queue(ctx, 0).children(parent)
+        listed = await _queue(ctx, 0).children(TENANT, parent)
         _expect(
             all(c.status is ChildStatus.FINISHED for c in listed) and len(listed) == 10,
             "finish-once",
@@ -397,7 +399,7 @@ async def ignores_a_superseded_attempts_late_finish(ctx: CaseContext) -> None:
         "superseded-finish",
         f"attempt {old.attempt}'s finish was accepted after the restart to {new.attempt}",
     )
-    [row] = await _queue(ctx, 1).children(PARENT)
+    [row] = await _queue(ctx, 1).children(TENANT, PARENT)
     _expect(
         (row.status, row.outcome, row.attempt) == (ChildStatus.RUNNING, None, new.attempt),
         "superseded-finish",
@@ -409,7 +411,7 @@ async def ignores_a_superseded_attempts_late_finish(ctx: CaseContext) -> None:
         "superseded-finish",
         f"the current attempt's finish gave {done}, expected FinishResult(True, 0)",
     )
-    [row] = await _queue(ctx, 0).children(PARENT)
+    [row] = await _queue(ctx, 0).children(TENANT, PARENT)
     _expect(row.outcome == "real", "superseded-finish", f"outcome is {row.outcome!r}")
 
 
@@ -432,7 +434,7 @@ async def lets_only_the_current_attempt_win_a_finish_race(ctx: CaseContext) -> N
             "superseded-finish",
             f"round {round_ + 1}: the superseded finish gave {z}, the current one {c}",
         )
-        [row] = await _queue(ctx, 0).children(f"parent-{round_}")
+        [row] = await _queue(ctx, 0).children(TENANT, f"parent-{round_}")
         _expect(row.outcome == "real", "superseded-finish", f"outcome is {row.outcome!r}")
 
 
@@ -480,7 +482,9 @@ async def answers_a_retried_finish_of_one_attempt_as_the_first(ctx: CaseContext)
     )
     wrong = await _queue(ctx, 0).finish(first.child_execution_id, "one", attempt=first.attempt + 1)
     _expect(not wrong.finished, "finish-once", f"another attempt's finish was accepted: {wrong}")
-    listed = {c.child_execution_id: c.outcome for c in await _queue(ctx, 0).children(PARENT)}
+    listed = {
+        c.child_execution_id: c.outcome for c in await _queue(ctx, 0).children(TENANT, PARENT)
+    }
     _expect(
         listed == {"child-1": "one", "child-2": "two"},
         "finish-retry",
@@ -600,7 +604,7 @@ async def lists_children_in_queue_order_and_running_ones_oldest_first(ctx: CaseC
         "claims did not go deepest first",
     )
     await _queue(ctx, 1).finish("child-3", None)
-    listed = await _queue(ctx, 1).children(PARENT)
+    listed = await _queue(ctx, 1).children(TENANT, PARENT)
     got = [(c.child_execution_id, c.status, c.payload) for c in listed]
     want = [
         ("child-0", ChildStatus.QUEUED, {"n": 0}),
@@ -622,11 +626,30 @@ async def lists_children_in_queue_order_and_running_ones_oldest_first(ctx: CaseC
     )
     one = [c.child_execution_id for c in await _queue(ctx, 1).running(1)]
     _expect(one == ["child-1"], "running-listed", f"running(1) = {one}, expected ['child-1']")
-    nobody = await _queue(ctx, 0).children("nobody")
+    nobody = await _queue(ctx, 0).children(TENANT, "nobody")
     _expect(list(nobody) == [], "children-listed", f"children of an unknown parent: {nobody}")
 
 
+async def lists_a_parents_children_per_tenant(ctx: CaseContext) -> None:
+    """`children(tenant, parent)` lists that tenant's children only: another tenant's
+    children under the same parent id (and their payloads) never show."""
+    await _queue(ctx, 0).enqueue(_child("child-1", payload={"secret": "tenant-1's"}))
+    await _queue(ctx, 1).enqueue(
+        QueuedChild("tenant-2", ROOT, PARENT, "child-2", 1, {"secret": "tenant-2's"})
+    )
+    for instance, tenant, want in ((0, TENANT, "child-1"), (1, "tenant-2", "child-2")):
+        listed = await _queue(ctx, instance).children(tenant, PARENT)
+        _expect(
+            [(c.tenant_id, c.child_execution_id) for c in listed] == [(tenant, want)],
+            "tenant-apart",
+            f"{tenant}'s children of {PARENT}: {listed}",
+        )
+    nobody = await _queue(ctx, 0).children("tenant-3", PARENT)
+    _expect(nobody == [], "tenant-apart", f"a third tenant listed {nobody}")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
+    ("lists a parent's children per tenant", lists_a_parents_children_per_tenant),
     ("claims nothing from an empty queue", claims_nothing_from_an_empty_queue),
     ("claims deepest first, then oldest", claims_deepest_first_then_oldest),
     (
@@ -687,7 +710,9 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The child queue's cases (none is a fencing case: the queue is not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return (
+        [Case(CONTRACT, name, run) for name, run in CASES] + attempt_cases() + limit_cases(CONTRACT)
+    )
 
 
 __all__ = ["CONTRACT", "cases"]

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.stores import CostLedgerRepository
 from agboss_sql.contracts.types import BudgetScope, CostEntry, CostTotal
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "cost_ledger"
 EXECUTION = BudgetScope.EXECUTION
 TENANT = BudgetScope.TENANT
+T1 = "tenant-1"
 APPLICATION = BudgetScope.APPLICATION
 
 
@@ -52,7 +55,7 @@ async def records_an_entry_once(ctx: CaseContext) -> None:
     _expect(first, "record-once", "the first record returned False")
     again = await _ledger(ctx, 1).record(_entry("step-1:call-1", now + 5, cost=9_999))
     _expect(not again, "record-once", "a replayed entry was recorded again")
-    total = await _ledger(ctx, 1).total(EXECUTION, "exec-1")
+    total = await _ledger(ctx, 1).total(EXECUTION, "exec-1", tenant_id=T1)
     _expect(
         total == CostTotal(100, 10, 1_000),
         "record-once",
@@ -72,7 +75,7 @@ async def records_an_entry_once_under_concurrent_replays(ctx: CaseContext) -> No
             "record-once",
             f"round {round_ + 1}: {done.count(True)} of 10 concurrent records returned True",
         )
-    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1")
+    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1", tenant_id=T1)
     _expect(
         total == CostTotal(300, 30, 1_500),
         "record-once",
@@ -140,7 +143,8 @@ async def totals_spend_per_scope(ctx: CaseContext) -> None:
         (APPLICATION, "nobody"): CostTotal(),
     }
     for (scope, key), total in want.items():
-        got = await _ledger(ctx, 1).total(scope, key)
+        tenant = "t-1" if scope is EXECUTION else None
+        got = await _ledger(ctx, 1).total(scope, key, tenant_id=tenant)
         _expect(got == total, "scope-total", f"total({scope.value}, {key}) = {got}, want {total}")
 
 
@@ -159,7 +163,8 @@ async def totals_spend_recorded_at_or_after_since(ctx: CaseContext) -> None:
             (now + 2_001, 1000),
             (now + 3_001, 0),
         ]:
-            got = await _ledger(ctx, 0).total(scope, key, since)
+            tenant = T1 if scope is EXECUTION else None
+            got = await _ledger(ctx, 0).total(scope, key, since, tenant_id=tenant)
             _expect(
                 got.cost_micros == cost,
                 "since",
@@ -202,12 +207,12 @@ async def never_reserves_past_the_limit_under_concurrent_reservations(ctx: CaseC
     amounts = [100 + 10 * (i % 5) for i in range(50)]
     done = await asyncio.gather(
         *(
-            _ledger(ctx, i % 2).try_reserve(EXECUTION, "exec-1", n, 2_000)
+            _ledger(ctx, i % 2).try_reserve(EXECUTION, "exec-1", n, 2_000, tenant_id=T1)
             for i, n in enumerate(amounts)
         )
     )
     reserved = sum(n for n, ok in zip(amounts, done, strict=True) if ok)
-    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1")
+    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1", tenant_id=T1)
     _expect(
         reserved <= 2_000 and total.cost_micros == reserved,
         "reserve-within-limit",
@@ -227,26 +232,76 @@ async def counts_recorded_spend_against_a_reservation(ctx: CaseContext) -> None:
     reservations alone."""
     now = ctx.clock.now()
     await _ledger(ctx, 0).record(_entry("e-1", now, cost=600))
-    over = await _ledger(ctx, 1).try_reserve(EXECUTION, "exec-1", 500, 1_000)
+    over = await _ledger(ctx, 1).try_reserve(EXECUTION, "exec-1", 500, 1_000, tenant_id=T1)
     _expect(not over, "reserve-counts-spend", "600 recorded + 500 reserved passed a 1000 limit")
-    fits = await _ledger(ctx, 1).try_reserve(EXECUTION, "exec-1", 400, 1_000)
+    fits = await _ledger(ctx, 1).try_reserve(EXECUTION, "exec-1", 400, 1_000, tenant_id=T1)
     _expect(fits, "reserve-counts-spend", "600 recorded + 400 reserved was refused at 1000")
-    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1")
+    total = await _ledger(ctx, 0).total(EXECUTION, "exec-1", tenant_id=T1)
     _expect(total.cost_micros == 1_000, "reserve-counts-spend", f"total: {total}")
 
 
 async def keeps_a_reservation_in_its_own_scope_and_key(ctx: CaseContext) -> None:
     """A reservation counts in the total of its scope and key only."""
     a = _ledger(ctx, 0)
-    _expect(await a.try_reserve(EXECUTION, "exec-1", 700, 1_000), "scope-total", "refused")
+    _expect(
+        await a.try_reserve(EXECUTION, "exec-1", 700, 1_000, tenant_id=T1), "scope-total", "refused"
+    )
     for scope, key in [(TENANT, "exec-1"), (APPLICATION, "exec-1"), (EXECUTION, "exec-2")]:
-        got = await _ledger(ctx, 1).total(scope, key)
+        tenant = T1 if scope is EXECUTION else None
+        got = await _ledger(ctx, 1).total(scope, key, tenant_id=tenant)
         _expect(got == CostTotal(), "scope-total", f"total({scope.value}, {key}) = {got}")
-        ok = await _ledger(ctx, 1).try_reserve(scope, key, 1_000, 1_000)
+        ok = await _ledger(ctx, 1).try_reserve(scope, key, 1_000, 1_000, tenant_id=tenant)
         _expect(ok, "scope-total", f"{scope.value} {key} saw exec-1's reservation")
 
 
+async def keeps_entry_ids_per_tenant(ctx: CaseContext) -> None:
+    """Entry ids are per tenant: another tenant's entry under an id one tenant used first is
+    recorded (and counted), not dropped as a replay."""
+    now = ctx.clock.now()
+    a = await _ledger(ctx, 0).record(_entry("call-1", now, tenant="t-1", cost=10))
+    b = await _ledger(ctx, 1).record(_entry("call-1", now, tenant="t-2", cost=20))
+    _expect(a, "tenant-apart", "the first tenant's entry was not recorded")
+    _expect(b, "tenant-apart", "another tenant's entry under the same id was dropped")
+    again = await _ledger(ctx, 1).record(_entry("call-1", now + 1, tenant="t-2", cost=99))
+    _expect(not again, "record-once", "a tenant's replayed entry was recorded again")
+    for tenant, cost in (("t-1", 10), ("t-2", 20)):
+        got = await _ledger(ctx, 0).total(TENANT, tenant)
+        _expect(got.cost_micros == cost, "tenant-apart", f"{tenant}'s total is {got}")
+
+
+async def keeps_an_executions_spend_in_its_tenant(ctx: CaseContext) -> None:
+    """The EXECUTION scope is per tenant: two tenants' executions of one id total and
+    reserve apart, and a total or reservation without the tenant is refused
+    (`InvalidIdentifierError`) with nothing reserved."""
+    now = ctx.clock.now()
+    await _ledger(ctx, 0).record(_entry("e-1", now, tenant="t-1", execution="x-1", cost=300))
+    await _ledger(ctx, 1).record(_entry("e-2", now, tenant="t-2", execution="x-1", cost=500))
+    for tenant, cost in (("t-1", 300), ("t-2", 500)):
+        got = await _ledger(ctx, 0).total(EXECUTION, "x-1", tenant_id=tenant)
+        _expect(got.cost_micros == cost, "tenant-apart", f"{tenant}'s x-1 totals {got}")
+    fits = await _ledger(ctx, 1).try_reserve(EXECUTION, "x-1", 600, 1_000, tenant_id="t-1")
+    _expect(fits, "tenant-apart", "t-1's reservation counted t-2's spend of x-1")
+    over = await _ledger(ctx, 1).try_reserve(EXECUTION, "x-1", 600, 1_000, tenant_id="t-2")
+    _expect(not over, "reserve-within-limit", "t-2's 500 + 600 passed a 1000 limit")
+    got = await _ledger(ctx, 0).total(EXECUTION, "x-1", tenant_id="t-2")
+    _expect(got.cost_micros == 500, "tenant-apart", f"t-1's reservation counts in t-2's: {got}")
+    for what, call in (
+        ("total", lambda: _ledger(ctx, 0).total(EXECUTION, "x-1")),
+        ("try_reserve", lambda: _ledger(ctx, 0).try_reserve(EXECUTION, "x-1", 1, 10**9)),
+    ):
+        try:
+            await call()
+        except InvalidIdentifierError:
+            pass
+        else:
+            _expect(False, "tenant-apart", f"{what} of an execution without its tenant answered")
+    got = await _ledger(ctx, 0).total(EXECUTION, "x-1", tenant_id="t-1")
+    _expect(got.cost_micros == 900, "tenant-apart", f"a refused reservation counted: {got}")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
+    ("keeps entry ids per tenant", keeps_entry_ids_per_tenant),
+    ("keeps an execution's spend in its tenant", keeps_an_executions_spend_in_its_tenant),
     ("records an entry once", records_an_entry_once),
     (
         "records an entry once under concurrent replays",
@@ -272,7 +327,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The cost ledger's cases (none is a fencing case: the ledger is not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]

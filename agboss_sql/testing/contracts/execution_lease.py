@@ -37,6 +37,8 @@ from agboss_sql.testing.contracts._fencing import (
     rounds,
     skew_text,
 )
+from agboss_sql.testing.contracts._limits import limit_cases
+from agboss_sql.testing.contracts._matrix import move_cases
 
 CONTRACT = "execution_lease"
 
@@ -1143,7 +1145,7 @@ def cases() -> list[Case]:
             )
         )
     named.append(("database time decides, whatever the instances' clocks", database_time_decides))
-    return [Case(CONTRACT, name, run) for name, run in named]
+    return [Case(CONTRACT, name, run) for name, run in named] + move_cases() + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]

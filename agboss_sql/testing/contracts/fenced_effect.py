@@ -41,6 +41,8 @@ from agboss_sql.testing.contracts._fencing import (
     step_of,
     unreplayable_keys,
 )
+from agboss_sql.testing.contracts._limits import limit_cases
+from agboss_sql.testing.contracts._matrix import write_cases
 
 CONTRACT = "fenced_effect"
 
@@ -797,7 +799,11 @@ def cases() -> list[Case]:
     named.append(
         ("database time decides, whatever the writer's clock", database_time_decides, True)
     )
-    return [Case(CONTRACT, name, run, fencing=fencing) for name, run, fencing in named]
+    return (
+        [Case(CONTRACT, name, run, fencing=fencing) for name, run, fencing in named]
+        + write_cases(CONTRACT)
+        + limit_cases(CONTRACT)
+    )
 
 
 __all__ = ["CONTRACT", "cases"]

@@ -14,6 +14,7 @@ from agboss_sql.contracts.errors import IdempotencyKeyConflictError
 from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import MeshRequest
 from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "mesh_request"
 TENANT = "tenant-1"
@@ -44,9 +45,9 @@ async def creates_a_request_once(ctx: CaseContext) -> None:
     )
     _expect(not created, "create-once", "a retried request was created a second time")
     _expect(retry == want, "create-once", f"the retry answered {retry}, expected {want}")
-    got = await _mesh(ctx, 1).get("key-1")
+    got = await _mesh(ctx, 1).get(TENANT, "key-1")
     _expect(got == want, "create-once", f"get() reads {got}")
-    unknown = await _mesh(ctx, 0).get("key-unknown")
+    unknown = await _mesh(ctx, 0).get(TENANT, "key-unknown")
     _expect(unknown is None, "create-once", f"an unknown key reads {unknown}")
 
 
@@ -91,7 +92,7 @@ async def refuses_a_key_with_another_fingerprint(ctx: CaseContext) -> None:
             raise AssertionError(
                 "[fingerprint-conflict] the same key with another fingerprint was accepted"
             )
-    got = await _mesh(ctx, 1).get("key-1")
+    got = await _mesh(ctx, 1).get(TENANT, "key-1")
     _expect(
         got == MeshRequest("key-1", TENANT, FINGERPRINT, received),
         "fingerprint-conflict",
@@ -112,7 +113,7 @@ async def lets_one_fingerprint_win_concurrent_saves_of_one_key(ctx: CaseContext)
             ),
             return_exceptions=True,
         )
-        stored = await _mesh(ctx, 0).get(key)
+        stored = await _mesh(ctx, 0).get(TENANT, key)
         _expect(stored is not None, "create-once", f"round {round_ + 1}: nothing stored")
         assert stored is not None
         for fp, result in zip(prints, results, strict=True):
@@ -137,14 +138,14 @@ async def stores_the_response_once(ctx: CaseContext) -> None:
     complete is False and the first response stands; a retry then reads it."""
     received = ctx.clock.now()
     await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, received)
-    done = await _mesh(ctx, 1).complete("key-1", {"answer": [1, "zwei", None], "ok": True})
+    done = await _mesh(ctx, 1).complete(TENANT, "key-1", {"answer": [1, "zwei", None], "ok": True})
     _expect(done, "complete-once", "the first complete returned False")
-    again = await _mesh(ctx, 0).complete("key-1", {"answer": "overwritten"})
+    again = await _mesh(ctx, 0).complete(TENANT, "key-1", {"answer": "overwritten"})
     _expect(not again, "complete-once", "a second complete returned True")
     want = MeshRequest(
         "key-1", TENANT, FINGERPRINT, received, {"answer": [1, "zwei", None], "ok": True}, True
     )
-    got = await _mesh(ctx, 0).get("key-1")
+    got = await _mesh(ctx, 0).get(TENANT, "key-1")
     _expect(got == want, "complete-once", f"after two completes get() reads {got}")
     retry, created = await _mesh(ctx, 1).save_if_absent("key-1", TENANT, FINGERPRINT, received + 5)
     _expect(
@@ -152,10 +153,10 @@ async def stores_the_response_once(ctx: CaseContext) -> None:
         "complete-once",
         f"a retry after the response answered {retry}, created={created}",
     )
-    unknown = await _mesh(ctx, 1).complete("key-unknown", "x")
+    unknown = await _mesh(ctx, 1).complete(TENANT, "key-unknown", "x")
     _expect(not unknown, "complete-once", "completing an unknown key returned True")
     _expect(
-        await _mesh(ctx, 0).get("key-unknown") is None,
+        await _mesh(ctx, 0).get(TENANT, "key-unknown") is None,
         "complete-once",
         "completing an unknown key created it",
     )
@@ -168,7 +169,7 @@ async def stores_one_of_concurrent_responses(ctx: CaseContext) -> None:
         key = f"key-{round_}"
         await _mesh(ctx, round_ % 2).save_if_absent(key, TENANT, FINGERPRINT, ctx.clock.now())
         done = await asyncio.gather(
-            *(_mesh(ctx, i % 2).complete(key, {"by": i}) for i in range(10))
+            *(_mesh(ctx, i % 2).complete(TENANT, key, {"by": i}) for i in range(10))
         )
         winners = [i for i, ok in enumerate(done) if ok]
         _expect(
@@ -176,7 +177,7 @@ async def stores_one_of_concurrent_responses(ctx: CaseContext) -> None:
             "complete-once",
             f"round {round_ + 1}: {len(winners)} of 10 concurrent completes returned True",
         )
-        got = await _mesh(ctx, 1).get(key)
+        got = await _mesh(ctx, 1).get(TENANT, key)
         _expect(
             got is not None and got.completed and got.response == {"by": winners[0]},
             "complete-once",
@@ -184,7 +185,30 @@ async def stores_one_of_concurrent_responses(ctx: CaseContext) -> None:
         )
 
 
+async def another_tenant_neither_reads_nor_completes(ctx: CaseContext) -> None:
+    """`get` and `complete` are by tenant and key: another tenant, with the key, neither
+    reads the request (nor its response) nor completes it."""
+    received = ctx.clock.now()
+    await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, received)
+    other = "tenant-2"
+    seen = await _mesh(ctx, 1).get(other, "key-1")
+    _expect(seen is None, "tenant-apart", f"another tenant's get() read {seen}")
+    done = await _mesh(ctx, 1).complete(other, "key-1", {"from": "the other tenant"})
+    _expect(not done, "tenant-apart", "another tenant's complete() returned True")
+    got = await _mesh(ctx, 0).get(TENANT, "key-1")
+    want = MeshRequest("key-1", TENANT, FINGERPRINT, received, None, False)
+    _expect(got == want, "tenant-apart", f"after another tenant's complete, get() reads {got}")
+    mine = await _mesh(ctx, 0).complete(TENANT, "key-1", {"ok": True})
+    _expect(mine, "tenant-apart", "the tenant's own complete returned False")
+    seen = await _mesh(ctx, 1).get(other, "key-1")
+    _expect(seen is None, "tenant-apart", f"another tenant's get() read the response: {seen}")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
+    (
+        "another tenant neither reads nor completes a request",
+        another_tenant_neither_reads_nor_completes,
+    ),
     ("creates a request once", creates_a_request_once),
     (
         "creates a request once under concurrent saves",
@@ -202,7 +226,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The mesh requests' cases (none is a fencing case: mesh requests are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]

@@ -53,6 +53,7 @@ from agboss_sql.testing.contracts._fencing import (
     skew_text,
     unreplayable_keys,
 )
+from agboss_sql.testing.contracts._matrix import write_cases
 
 CONTRACT = "outbound_call"
 
@@ -1117,7 +1118,9 @@ def cases() -> list[Case]:
     named.append(
         ("database time decides, whatever the caller's clock", database_time_decides, True)
     )
-    return [Case(CONTRACT, name, run, fencing=fencing) for name, run, fencing in named]
+    return [
+        Case(CONTRACT, name, run, fencing=fencing) for name, run, fencing in named
+    ] + write_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]

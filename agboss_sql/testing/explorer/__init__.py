@@ -4,11 +4,19 @@ Simulated instances take, renew, yield, reclaim, release and finish a tree's
 lease, ask `lease_state_of`, write the step's fenced effect and move an
 outbound call through its protocol (read the intent, record it, reconcile,
 claim the next attempt, send, end it), with time advancing as a scheduled step
-of its own. Each operation is sent only once the store answered the one
+of its own. Instances also act out of turn, as a zombie, a buggy runtime or a
+replayed message would: each keeps every lease it was ever granted (older
+epochs, the same instance at an older epoch after taking over from itself,
+yielded and released leases) and may renew, yield, reclaim, release or finish
+with any of them, write the fenced effect, or record, claim and end the call;
+the model decides what must be refused. Each operation is sent only once the store answered the one
 before, so the order the explorer chose is the order the store sees, for any
-store. Four worlds: the lease; the step's fenced effect; an outbound call
+store. Five worlds: the lease; the step's fenced effect; an outbound call
 handed over on one tree; an outbound call under one business key from two
-trees. Each runs both orders of its two-outcome races, every schedule of two
+trees; a parent's two children in the child queue (claim, list the running
+ones, restart and finish with any attempt an instance saw: a finish or restart
+at a stale attempt must be refused, and exactly one finish of the last child
+answers none left). Each runs both orders of its two-outcome races, every schedule of two
 instances to `depth` (each state explored once, at the fewest steps that reach
 it) and seeded walks of three instances, with the other instances' clocks
 skewed by +-lease/2, +-lease and +-10 x lease while the store decides by the
@@ -92,7 +100,8 @@ def register(
 ) -> list[str]:
     """Add the explorer's cases to the pytest class `cls`, for each world the set can run
     (a lease store; the fenced-effect world also needs the fenced-effect store, the
-    outbound-call worlds the outbound-call store): `test_interleavings__<world>__exhaustive`
+    outbound-call worlds the outbound-call store, the child-queue world the child-queue
+    store and a reset, since a claim takes any tenant's queued child): `test_interleavings__<world>__exhaustive`
     (its races and its exhaustive search) and `test_interleavings__<world>__walks_seed_<seed>`
     (its walks), each async on the event loop scope of the class's store set (a
     `store_conformance` class), else the session's. `interleavings` is
@@ -103,6 +112,9 @@ def register(
     options = options_of(interleavings)
     if options is None or "execution_lease" not in factories:
         return []
+    has_reset = reset is not None or any(
+        getattr(factory, "reset", None) is not None for factory in factories.values()
+    )
     import pytest
 
     added: list[str] = []
@@ -112,6 +124,8 @@ def register(
     for world in WORLDS.values():
         if any(key not in factories for key in world.needs):
             continue
+        if world.queue and not has_reset:
+            continue  # its schedules cannot share a queue
         cases = []
         if options["depth"]:
             cases.append((f"test_interleavings__{world.ident}__exhaustive", False))

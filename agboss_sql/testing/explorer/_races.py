@@ -13,14 +13,18 @@ from dataclasses import dataclass
 from agboss_sql.contracts.types import LeaseState
 from agboss_sql.testing.explorer._sim import (
     ACQUIRE,
+    ATTEMPTS,
     CLAIM,
+    CLAIM_CHILD,
     EFFECT,
     END,
     FINISH,
+    FINISH_CHILD,
     LEASE_MS,
     LEASE_STATE_OF,
     NO_STALE_WRITE,
     NO_TAKEOVER_OF_FINISHED_WORK,
+    ONE_EFFECT_PER_KEY,
     ONE_LIVE_HOLDER,
     ONE_SEND_PER_BUSINESS_KEY,
     READ,
@@ -28,6 +32,8 @@ from agboss_sql.testing.explorer._sim import (
     RECORD,
     RELEASE,
     RENEW,
+    RESTART,
+    RUNNING,
     TIME,
     WAIT_EXPIRY,
     Action,
@@ -278,11 +284,37 @@ RACES: tuple[Race, ...] = (
         (_is("completed"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
         (_is("claimed attempt 2"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
     ),
+    # --- a parent's children in the child queue ---
+    Race(
+        "a finish vs a restart of its attempt",
+        "child_queue",
+        (
+            (_a(0, CLAIM_CHILD), _is("child-1 attempt 1")),
+            (_a(1, RUNNING), _is("child-1 attempt 1")),
+        ),
+        Side("finish", (_a(0, FINISH_CHILD, 1),)),
+        Side("restart", (_a(1, RESTART, 1),)),
+        (_is("finished, 1 left"), _is(REFUSED, NO_STALE_WRITE)),
+        (_is("attempt 2"), _is("refused, 2 left", NO_STALE_WRITE)),
+    ),
+    Race(
+        "the finishes of a parent's last two children",
+        "child_queue",
+        (
+            (_a(0, CLAIM_CHILD), _is("child-1 attempt 1")),
+            (_a(1, CLAIM_CHILD), _is("child-2 attempt 1")),
+        ),
+        Side("child-1's finish", (_a(0, FINISH_CHILD, 1),)),
+        Side("child-2's finish", (_a(1, FINISH_CHILD, ATTEMPTS + 1),)),
+        (_is("finished, 1 left"), _is("finished, 0 left", ONE_EFFECT_PER_KEY)),
+        (_is("finished, 1 left"), _is("finished, 0 left", ONE_EFFECT_PER_KEY)),
+    ),
 )
 """Both orders of every two-outcome race: finish vs take past the lease, release vs take,
 lease_state_of vs take and vs finish (and vs a late renewal), a write vs its lease's
 hand-over, two claims of one attempt, an ending vs a newer claim, two executions recording
-one business key, a claim vs its hand-over."""
+one business key, a claim vs its hand-over, a child's finish vs a restart of its attempt,
+the finishes of a parent's last two children."""
 
 
 def races_of(world: str, *, lease_state_of: bool) -> list[Race]:

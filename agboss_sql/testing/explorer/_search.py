@@ -32,6 +32,7 @@ from agboss_sql.testing.explorer._sim import (
     SEND,
     SEND_REFUSED,
     SKEWS,
+    STALE,
     START_MS,
     TIME,
     WAIT_EXPIRY,
@@ -201,6 +202,16 @@ _WEIGHTS = {EFFECT: 3, READ: 2, RECORD: 3, RECONCILE: 3, CLAIM: 3, SEND: 3, SEND
 a lease move or a wait: a walk of uniform steps rarely gets a call through to its end."""
 
 
+_STALE_WEIGHT = 0.25
+"""A move out of turn is less likely than any good-faith step: an instance has many of them
+(every context it held, every move), and a walk of mostly zombie moves rarely gets the work
+through to its end."""
+
+
+def _weight(op: str) -> float:
+    return _STALE_WEIGHT if op.startswith(STALE) else _WEIGHTS.get(op, 1)
+
+
 class _Stopped(Exception):
     """The search reached its time limit."""
 
@@ -261,6 +272,12 @@ class Explorer:
                 f"the {world.title} needs the {', '.join(missing)} store(s); the set gives "
                 f"{', '.join(sorted(self.factories)) or 'none'}",
             )
+        if world.queue and reset is None and self.factories["child_queue"].reset is None:
+            raise StoreConformanceError.of(
+                INVALID_OPTION,
+                f"the {world.title} needs a reset: a claim takes any tenant's queued child, "
+                "so its schedules cannot share a queue",
+            )
         self.world = world
         self.name = name
         self.business_rows = business_rows if world.effect else None
@@ -307,11 +324,16 @@ class Explorer:
                 store_clock=store_clock,
                 application=ApplicationContext(name),
             )
-            leases = self._build("execution_lease", seam)
+            leases = self._build("execution_lease", seam) if not world.queue else None
             effects = self._build("fenced_effect", seam) if world.effect else None
             wants_calls = world.call or (self.lease_state_of and world.ident == "lease")
             calls = self._build("outbound_call", seam) if wants_calls else None
-            stores.append(InstanceStores(name, skew, leases, effects, calls))
+            queue = None
+            if world.queue:
+                # The child queue is on the application's clock, and nothing in its world
+                # waits: its stores get the run's time, so one skew's search stands for all.
+                queue = self._build("child_queue", dataclasses.replace(seam, clock=self.clock))
+            stores.append(InstanceStores(name, skew, leases, effects, calls, queue))
         found = Sim(
             world,
             stores,
@@ -357,6 +379,7 @@ class Explorer:
         # Without a reset, every schedule works in a tenant of its own.
         tenant = "tenant-1" if self.resets else f"explorer-{self.uid}-{self.schedule_number}"
         sim.start(tenant, f"interleavings/{self.uid}/{self.schedule_number}/")
+        await sim.setup()
 
     async def close(self) -> None:
         """Close every store it built, with its factory's close."""
@@ -692,7 +715,7 @@ class Explorer:
                 actions = sim.enabled()
                 if not actions:
                     break
-                action = rng.choices(actions, [_WEIGHTS.get(a[1], 1) for a in actions])[0]
+                action = rng.choices(actions, [_weight(a[1]) for a in actions])[0]
                 schedule.append(action)
                 steps += 1
                 try:

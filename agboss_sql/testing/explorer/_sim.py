@@ -33,17 +33,20 @@ from agboss_sql.contracts.keys import (
 )
 from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import (
+    ChildExecutionQueueRepository,
     ExecutionLeaseRepository,
     FencedEffectRepository,
     OutboundCallRepository,
 )
 from agboss_sql.contracts.types import (
     AttemptRef,
+    ChildStatus,
     ExecutionContext,
     ExecutionLease,
     FencedEffectKey,
     LeaseState,
     OutboundCallStatus,
+    QueuedChild,
     StepRef,
 )
 from agboss_sql.testing.contracts._case import BusinessRows
@@ -108,6 +111,27 @@ CLAIM = "claim"
 SEND = "send"
 SEND_REFUSED = "send-refused"
 END = "end"
+# The same moves made with a context the instance should no longer trust (an older epoch,
+# a lease it yielded, released or was told it lost): a zombie, a buggy runtime, a replayed
+# message. The parameter is the context's epoch.
+STALE = "stale "
+STALE_RENEW = STALE + RENEW
+STALE_YIELD = STALE + YIELD
+STALE_RECLAIM = STALE + RECLAIM
+STALE_RELEASE = STALE + RELEASE
+STALE_FINISH = STALE + FINISH
+STALE_EFFECT = STALE + EFFECT
+STALE_RECORD = STALE + RECORD
+STALE_CLAIM = STALE + CLAIM
+STALE_END = STALE + END
+STALE_LEASE_MOVES = (RENEW, YIELD, RECLAIM, RELEASE, FINISH)
+"""The lease moves an instance may make with any context it ever held."""
+# The child queue's steps: the parameter of a restart or finish is `child * 1000 + attempt`.
+CLAIM_CHILD = "claim-child"
+RUNNING = "running"
+RESTART = "restart"
+FINISH_CHILD = "finish-child"
+ATTEMPTS = 1000
 # Time, as a scheduled step of its own.
 WAIT_EXPIRY = "wait-to-expiry"
 WAIT_1MS = "wait-1ms"
@@ -118,7 +142,8 @@ TIME = -1
 
 Action = tuple[int, str, int]
 """(instance index or `TIME`, operation, parameter): the parameter is a token for
-`lease_state_of` (0: the latest granted epoch) and unused otherwise."""
+`lease_state_of` (0: the latest granted epoch), the context's epoch for a stale move, and
+unused otherwise."""
 
 ABSENT = "absent"
 """An instance's view of a call that has no row."""
@@ -153,6 +178,8 @@ class World:
     business_key: bool = False
     trees: int = 1
     """How many trees the instances work on: instance `i` works on tree `i % trees`."""
+    queue: bool = False
+    """The world drives the child queue (and no lease)."""
     needs: tuple[str, ...] = ("execution_lease",)
     """The store contracts the world needs."""
     fencing: tuple[str, ...] = ()
@@ -168,7 +195,7 @@ LEASE_WORLD = World(
 FENCED_EFFECT_WORLD = World(
     "fenced_effect",
     "fenced-effect world",
-    (ACQUIRE, RENEW, YIELD, RELEASE, FINISH),
+    (ACQUIRE, RENEW, YIELD, RECLAIM, RELEASE, FINISH),
     effect=True,
     needs=("execution_lease", "fenced_effect"),
     fencing=("fenced_effect",),
@@ -176,7 +203,7 @@ FENCED_EFFECT_WORLD = World(
 HANDOVER_WORLD = World(
     "outbound_call_handover",
     "outbound-call hand-over world",
-    (ACQUIRE, RENEW, RELEASE),
+    (ACQUIRE, RENEW, YIELD, RECLAIM, RELEASE),
     call=True,
     needs=("execution_lease", "outbound_call"),
     fencing=("outbound_call",),
@@ -184,7 +211,7 @@ HANDOVER_WORLD = World(
 BUSINESS_KEY_WORLD = World(
     "outbound_call_business_key",
     "outbound-call business-key world",
-    (ACQUIRE, RENEW, RELEASE),
+    (ACQUIRE, RENEW, YIELD, RECLAIM, RELEASE),
     call=True,
     business_key=True,
     trees=2,
@@ -192,12 +219,30 @@ BUSINESS_KEY_WORLD = World(
     fencing=("outbound_call",),
 )
 
+CHILD_QUEUE_WORLD = World(
+    "child_queue",
+    "child-queue world",
+    (),
+    queue=True,
+    needs=("child_queue",),
+)
+
 WORLDS: dict[str, World] = {
     world.ident: world
-    for world in (LEASE_WORLD, FENCED_EFFECT_WORLD, HANDOVER_WORLD, BUSINESS_KEY_WORLD)
+    for world in (
+        LEASE_WORLD,
+        FENCED_EFFECT_WORLD,
+        HANDOVER_WORLD,
+        BUSINESS_KEY_WORLD,
+        CHILD_QUEUE_WORLD,
+    )
 }
-"""The four worlds by id: the lease; the step's fenced effect; an outbound call handed
-over on one tree; an outbound call under one business key from two trees."""
+"""The five worlds by id: the lease; the step's fenced effect; an outbound call handed
+over on one tree; an outbound call under one business key from two trees; a parent's two
+children in the child queue (claim, restart, finish races, the last child's wake)."""
+
+CHILDREN = 2
+"""How many children the child-queue world queues under its parent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +251,10 @@ class InstanceStores:
 
     name: str
     skew_ms: int
-    leases: ExecutionLeaseRepository
+    leases: ExecutionLeaseRepository | None
     effects: FencedEffectRepository[Any] | None
     calls: OutboundCallRepository | None
+    queue: ChildExecutionQueueRepository | None = None
 
 
 class TreeModel:
@@ -282,11 +328,30 @@ class TreeModel:
         return self.epoch > 0 and not self.released and not self.finished
 
 
+class ChildModel:
+    """The contract's view of one queued child, built from the store's answers."""
+
+    __slots__ = ("attempt", "finished_attempt", "index", "remaining", "status")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.status = ChildStatus.QUEUED
+        self.attempt = 0
+        self.finished_attempt = 0
+        self.remaining = -1
+        """What its finish answered (the siblings left unfinished)."""
+
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.status.value, self.attempt, self.finished_attempt, self.remaining)
+
+
 class Inst:
     """What one simulated instance believes."""
 
     __slots__ = (
+        "attempts",
         "claimed",
+        "contexts",
         "done",
         "effect_done",
         "expiry",
@@ -309,6 +374,11 @@ class Inst:
         self.tree = tree
         self.lease: ExecutionLease | None = None
         """The last lease the store granted it (kept after it let go: a zombie's)."""
+        self.contexts: dict[int, ExecutionLease] = {}
+        """Every lease the store ever granted it, by epoch: it may act with any of them."""
+        self.attempts: set[tuple[int, int]] = set()
+        """Every (child, attempt) of the child queue it ever saw: it may restart or finish
+        with any of them."""
         self.holding = False
         """It believes it holds `lease` (it has not let go, nor been told it lost it)."""
         self.yielded = False
@@ -324,6 +394,10 @@ class Inst:
         self.reconciled: str | None = None
         """For the pending attempt in `view`: `"live"`, `"landed"` or `"not-landed"`."""
         self.done = False
+
+    def acting(self) -> ExecutionLease | None:
+        """The context it acts with in good faith: the lease it holds or yielded."""
+        return self.lease if self.holding or self.yielded else None
 
     def trust_left(self, now: int) -> int:
         """How long it still trusts its lease (0: it does not)."""
@@ -368,6 +442,10 @@ class Sim:
         self.effect_value: Any = None
         self.rows: dict[str, View] = {}
         self.charges: list[tuple[str, int, str, str]] = []
+        self.children: list[ChildModel] = []
+        self.woken_by = ""
+        """Which finish answered that no sibling is left (the last child's wake)."""
+        self.suffix = ""
         self.last = ""
         self.outcome = ""
         self.outcomes: dict[str, int] = {}
@@ -399,6 +477,37 @@ class Sim:
         self.effect_value = None
         self.rows = {}
         self.charges = []
+        self.children = [ChildModel(c) for c in range(CHILDREN if self.world.queue else 0)]
+        self.woken_by = ""
+        self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
+
+    async def setup(self) -> None:
+        """What a schedule starts from: the child-queue world's parent has its children
+        queued."""
+        if not self.world.queue:
+            return
+        queue = self.insts[0].stores.queue
+        assert queue is not None
+        for child in self.children:
+            await queue.enqueue(
+                QueuedChild(
+                    tenant_id=self.tenant,
+                    root_execution_id=f"root{self.suffix}",
+                    parent_execution_id=f"parent{self.suffix}",
+                    child_execution_id=self.child_id(child.index),
+                    depth=1,
+                    payload={"child": child.index + 1},
+                )
+            )
+
+    def child_id(self, index: int) -> str:
+        return f"child-{index + 1}{self.suffix}"
+
+    def child_index(self, child_execution_id: str) -> int | None:
+        for child in self.children:
+            if self.child_id(child.index) == child_execution_id:
+                return child.index
+        return None
 
     @property
     def now(self) -> int:
@@ -513,12 +622,15 @@ class Sim:
                 inst.sent,
                 inst.reconciled,
                 inst.done,
+                tuple(sorted(inst.contexts)),
+                tuple(sorted(inst.attempts)),
             )
             for inst in self.insts
         )
         rows = tuple(sorted((s, a, short(o)) for s, a, o in self.rows.values()))
         charges = tuple((a, short(o)) for _, a, o, _ in self.charges)
-        return (trees, insts, self.effect_by, rows, charges)
+        children = tuple(child.key() for child in self.children)
+        return (trees, insts, self.effect_by, rows, charges, children, bool(self.woken_by))
 
     def deadlines(self) -> list[int]:
         """The instants a lease ends: the contract's expiries and the ones instances
@@ -537,6 +649,13 @@ class Sim:
         out: list[Action] = []
         for inst in self.insts:
             i = inst.index
+            if world.queue:
+                out.append((i, CLAIM_CHILD, 0))
+                out.append((i, RUNNING, 0))
+                for child, attempt in sorted(inst.attempts):
+                    out.append((i, RESTART, child * ATTEMPTS + attempt))
+                    out.append((i, FINISH_CHILD, child * ATTEMPTS + attempt))
+                continue
             if ACQUIRE in ops and inst.trust_left(now) == 0:
                 out.append((i, ACQUIRE, 0))
             if inst.holding:
@@ -559,6 +678,7 @@ class Sim:
                 out.append((i, LEASE_STATE_OF, 0))
             if world.call and not inst.done:
                 self._protocol(inst, now, out)
+            self._stale_moves(inst, out)
         deadlines = self.deadlines()
         if any(d > now for d in deadlines):
             out.append((TIME, WAIT_EXPIRY, 0))
@@ -566,6 +686,36 @@ class Sim:
         if now in deadlines:
             out.append((TIME, WAIT_1MS, 0))
         return out
+
+    def _stale_moves(self, inst: Inst, out: list[Action]) -> None:
+        """What `inst` may do out of turn, as a zombie, a buggy runtime or a replayed
+        message would: with every context it ever held, every lease move of the world, the
+        fenced effect, and the call's record, claim and end, but those it makes in good
+        faith (with the lease it holds, every move but reclaim; with the lease it yielded,
+        reclaim and release)."""
+        i = inst.index
+        world = self.world
+        view = inst.view
+        acting = inst.acting()
+        for epoch, lease in inst.contexts.items():
+            moves: list[str] = [m for m in STALE_LEASE_MOVES if m in world.lease_ops]
+            if world.effect:
+                moves.append(EFFECT)
+            if world.call:
+                moves.append(RECORD)
+                if isinstance(view, tuple) and view[0] != _COMPLETED:
+                    moves.append(CLAIM)
+                    if view[0] == _PENDING and view[1] > 0:
+                        moves.append(END)
+            if lease is acting:
+                if inst.holding:
+                    good = {RENEW, YIELD, RELEASE, FINISH, RECORD, CLAIM, END}
+                    if not inst.effect_done:
+                        good.add(EFFECT)
+                else:
+                    good = {RECLAIM, RELEASE}
+                moves = [m for m in moves if m not in good]
+            out.extend((i, STALE + move, epoch) for move in moves)
 
     def _protocol(self, inst: Inst, now: int, out: list[Action]) -> None:
         """The outbound-call protocol's next steps for `inst`: read the intent, record it,
@@ -629,7 +779,17 @@ class Sim:
     async def _step(
         self, inst: Inst, op: str, param: int, check: bool, log: list[str] | None
     ) -> None:
-        if op == ACQUIRE:
+        if op.startswith(STALE):
+            await self._stale_step(inst, op[len(STALE) :], inst.contexts[param], check, log)
+        elif op == CLAIM_CHILD:
+            await self._claim_child(inst, check, log)
+        elif op == RUNNING:
+            await self._running(inst, log)
+        elif op == RESTART:
+            await self._restart(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == FINISH_CHILD:
+            await self._finish_child(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == ACQUIRE:
             await self._acquire(inst, check, log)
         elif op == RENEW:
             await self._renew(inst, check, log)
@@ -658,6 +818,42 @@ class Sim:
             await self._end(inst, check, log)
         else:
             raise ValueError(f"unknown operation {op!r}")
+
+    async def _stale_step(
+        self,
+        inst: Inst,
+        op: str,
+        lease: ExecutionLease,
+        check: bool,
+        log: list[str] | None,
+    ) -> None:
+        """`op` made with `lease`, a context `inst` should no longer trust. The store's
+        answer is checked against the model as for any move; a refusal changes nothing of
+        what the instance believes (it acted as a zombie would, and goes on)."""
+        if op == RENEW:
+            await self._renew(inst, check, log, lease)
+        elif op == YIELD:
+            await self._yield(inst, check, log, lease)
+        elif op == RECLAIM:
+            await self._reclaim(inst, check, log, lease)
+        elif op in (RELEASE, FINISH):
+            await self._let_go(inst, op == FINISH, check, log, lease)
+        elif op == EFFECT:
+            await self._effect(inst, check, log, lease)
+        elif op == RECORD:
+            await self._record(inst, check, log, lease)
+        elif op == CLAIM:
+            await self._claim(inst, check, log, lease)
+        elif op == END:
+            await self._end(inst, check, log, lease)
+        else:
+            raise ValueError(f"unknown stale operation {op!r}")
+        self.outcome = f"stale {self.outcome}"
+
+    @staticmethod
+    def _with(lease: ExecutionLease, stale: bool) -> str:
+        """How a step made out of turn names the context it was made with."""
+        return f" (out of turn, with its context at {lease.lease_epoch})" if stale else ""
 
     def _said(self, log: list[str] | None, text: str, answer: str) -> None:
         if log is not None:
@@ -766,11 +962,18 @@ class Sim:
         tree.expires_at = now + LEASE_MS
         tree.released = tree.yielded = tree.closed = False
         inst.lease = lease
+        inst.contexts[epoch] = lease
         inst.holding = True
         inst.yielded = False
         inst.expiry = now + lease.remaining_ms
         inst.effect_done = False
         inst.reconciled = None
+
+    @staticmethod
+    def _leases(inst: Inst) -> ExecutionLeaseRepository:
+        leases = inst.stores.leases
+        assert leases is not None
+        return leases
 
     def _lost(self, inst: Inst) -> None:
         """The store told it its lease is over: it stops, keeping the lease as a zombie's."""
@@ -781,7 +984,7 @@ class Sim:
     async def _acquire(self, inst: Inst, check: bool, log: list[str] | None) -> None:
         tree = inst.tree
         try:
-            lease = await inst.stores.leases.acquire(self.tenant, tree.name, LEASE_MS)
+            lease = await self._leases(inst).acquire(self.tenant, tree.name, LEASE_MS)
         except Exception as exc:
             raise self._error(inst, f"acquire {tree.name}", exc) from exc
         if log is not None:
@@ -794,25 +997,33 @@ class Sim:
             self._check_grant(inst, tree, lease.lease_epoch, "acquire")
         self._grant(inst, tree, lease, "acquire")
 
-    async def _renew(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _renew(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         tree = inst.tree
-        lease = inst.lease
+        lease = given or inst.lease
         assert lease is not None
+        stale = given is not None
         epoch = lease.lease_epoch
         now = self.now
         try:
-            remaining = await inst.stores.leases.renew(lease, LEASE_MS)
+            remaining = await self._leases(inst).renew(lease, LEASE_MS)
         except Exception as exc:
             raise self._error(inst, f"renew {tree.name} at {epoch}", exc) from exc
         if log is not None:
             self._said(
                 log,
-                f"{inst.name} renew {tree.name} at {epoch}",
+                f"{inst.name} renew {tree.name} at {epoch}{self._with(lease, stale)}",
                 "over" if remaining is None else f"{remaining} ms left",
             )
         if remaining is None:
             self.outcome = "renew: over"
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         self.outcome = "renew: renewed"
         reason = tree.refusal(epoch, inst.index, now)
@@ -824,6 +1035,9 @@ class Sim:
             )
         if reason is None:
             tree.expires_at = max(tree.expires_at, now + LEASE_MS)
+        if stale and reason is not None:
+            return
+        inst.lease = lease
         inst.holding = True
         inst.expiry = now + remaining
         if check:
@@ -831,23 +1045,33 @@ class Sim:
                 tree, f"{inst.name}'s renewal of epoch {epoch} of {tree.name} was accepted"
             )
 
-    async def _yield(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _yield(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         tree = inst.tree
-        lease = inst.lease
+        lease = given or inst.lease
         assert lease is not None
+        stale = given is not None
         epoch = lease.lease_epoch
         now = self.now
         try:
-            done = await inst.stores.leases.yield_lease(lease)
+            done = await self._leases(inst).yield_lease(lease)
         except Exception as exc:
             raise self._error(inst, f"yield {tree.name} at {epoch}", exc) from exc
         if log is not None:
             self._said(
-                log, f"{inst.name} yield {tree.name} at {epoch}", "yielded" if done else "refused"
+                log,
+                f"{inst.name} yield {tree.name} at {epoch}{self._with(lease, stale)}",
+                "yielded" if done else "refused",
             )
         self.outcome = "yield: yielded" if done else "yield: refused"
         if not done:
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         reason = tree.refusal(epoch, inst.index, now, yielded_ok=True)
         if check and reason is not None:
@@ -858,28 +1082,45 @@ class Sim:
             )
         if reason is None:
             tree.yielded = True
+        if stale and reason is not None:
+            return
+        inst.lease = lease
         inst.holding = False
         inst.yielded = True
         inst.expiry = None
 
-    async def _reclaim(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _reclaim(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         tree = inst.tree
-        lease = inst.lease
+        lease = given or inst.lease
         assert lease is not None
+        stale = given is not None
         epoch = lease.lease_epoch
         now = self.now
         try:
-            new = await inst.stores.leases.reclaim(lease, LEASE_MS)
+            new = await self._leases(inst).reclaim(lease, LEASE_MS)
         except Exception as exc:
             raise self._error(inst, f"reclaim {tree.name} at {epoch}", exc) from exc
         if log is not None:
-            self._said(log, f"{inst.name} reclaim {tree.name} at {epoch}", self._lease_answer(new))
+            self._said(
+                log,
+                f"{inst.name} reclaim {tree.name} at {epoch}{self._with(lease, stale)}",
+                self._lease_answer(new),
+            )
         self.outcome = "reclaim: refused" if new is None else "reclaim: granted"
         if new is None:
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         if check:
             reason = tree.refusal(epoch, inst.index, now, yielded_ok=True)
+            if reason is None and not tree.yielded:
+                reason = "unyielded"
             if reason is not None:
                 raise Broken(
                     NO_STALE_WRITE,
@@ -889,30 +1130,43 @@ class Sim:
             self._check_grant(inst, tree, new.lease_epoch, "reclaim")
         self._grant(inst, tree, new, "reclaim")
 
-    async def _let_go(self, inst: Inst, finish: bool, check: bool, log: list[str] | None) -> None:
+    async def _let_go(
+        self,
+        inst: Inst,
+        finish: bool,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         tree = inst.tree
-        lease = inst.lease
+        lease = given or inst.lease
         assert lease is not None
+        stale = given is not None
         epoch = lease.lease_epoch
         what = "finish" if finish else "release"
         try:
-            leases = inst.stores.leases
+            leases = self._leases(inst)
             done = await (leases.finish(lease) if finish else leases.release(lease))
         except Exception as exc:
             raise self._error(inst, f"{what} {tree.name} at {epoch}", exc) from exc
         if log is not None:
             self._said(
                 log,
-                f"{inst.name} {what} {tree.name} at {epoch}",
+                f"{inst.name} {what} {tree.name} at {epoch}{self._with(lease, stale)}",
                 ("finished" if finish else "released") if done else "refused",
             )
-        inst.holding = False
-        inst.yielded = False
-        inst.expiry = None
+        reason = (
+            tree.refusal(epoch, inst.index, self.now, live=False, yielded_ok=True)
+            if done
+            else "refused"
+        )
+        if not stale or reason is None:
+            inst.holding = False
+            inst.yielded = False
+            inst.expiry = None
         self.outcome = f"{what}: {'done' if done else 'refused'}"
         if not done:
             return
-        reason = tree.refusal(epoch, inst.index, self.now, live=False, yielded_ok=True)
         if check and reason in (FenceRefusal.SUPERSEDED, "never granted"):
             raise Broken(
                 NO_STALE_WRITE,
@@ -977,9 +1231,16 @@ class Sim:
                 f"{_article(reason)} token",
             )
 
-    async def _effect(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _effect(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         tree = inst.tree
-        lease = inst.lease
+        lease = given or inst.lease
+        stale = given is not None
         effects = inst.stores.effects
         assert lease is not None and effects is not None
         epoch = lease.lease_epoch
@@ -995,6 +1256,7 @@ class Sim:
 
         text = (
             f"{inst.name} fenced effect {EFFECT_NAME} of {tree.name} {STEP_KEY} at {epoch}"
+            f"{self._with(lease, stale)}"
             if log is not None
             else ""
         )
@@ -1004,7 +1266,8 @@ class Sim:
             self.outcome = f"effect: refused ({exc.reason})"
             if log is not None:
                 self._said(log, text, f"refused ({exc.reason})")
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             if check:
                 await self._check_rows(tree)
             return
@@ -1036,7 +1299,8 @@ class Sim:
             if self.effect_by is None:
                 self.effect_by = f"{inst.name} at token {epoch}"
                 self.effect_value = value
-        inst.effect_done = True
+        if not stale:
+            inst.effect_done = True
         if check:
             await self._check_rows(tree)
 
@@ -1080,14 +1344,22 @@ class Sim:
             self._said(log, f"{inst.name} read the call {self.call_text()}", self.view_text(view))
         self._see(inst, view)
 
-    async def _record(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _record(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         calls = inst.stores.calls
-        lease = inst.lease
+        lease = given or inst.lease
+        stale = given is not None
         assert calls is not None and lease is not None
         tree = inst.tree
         epoch = lease.lease_epoch
         text = (
             f"{inst.name} record the call {self.call_text()} at {tree.name} {epoch}"
+            f"{self._with(lease, stale)}"
             if log is not None
             else ""
         )
@@ -1097,7 +1369,8 @@ class Sim:
             self.outcome = f"record: refused ({exc.reason})"
             if log is not None:
                 self._said(log, text, f"refused ({exc.reason})")
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         except Exception as exc:
             raise self._error(inst, f"record the call at {epoch}", exc) from exc
@@ -1156,9 +1429,16 @@ class Sim:
                 f"lease_state_of {parsed.execution_id} at {parsed.token}: {state.value}; {found}",
             )
 
-    async def _claim(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _claim(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         calls = inst.stores.calls
-        lease = inst.lease
+        lease = given or inst.lease
+        stale = given is not None
         view = inst.view
         assert calls is not None and lease is not None and isinstance(view, tuple)
         tree = inst.tree
@@ -1168,7 +1448,7 @@ class Sim:
         expected = AttemptRef(OutboundCallStatus(status), attempt, owner)
         text = (
             f"{inst.name} claim attempt {attempt + 1} after {self.view_text(view)}, at "
-            f"{tree.name} {epoch}"
+            f"{tree.name} {epoch}{self._with(lease, stale)}"
             if log is not None
             else ""
         )
@@ -1178,7 +1458,8 @@ class Sim:
             self.outcome = f"claim: refused ({exc.reason})"
             if log is not None:
                 self._said(log, text, f"refused ({exc.reason})")
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         except Exception as exc:
             raise self._error(inst, f"claim attempt {attempt + 1}", exc) from exc
@@ -1230,9 +1511,16 @@ class Sim:
                     f"the other system was charged {len(sends)} times for {what}: {detail}",
                 )
 
-    async def _end(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+    async def _end(
+        self,
+        inst: Inst,
+        check: bool,
+        log: list[str] | None,
+        given: ExecutionLease | None = None,
+    ) -> None:
         calls = inst.stores.calls
-        lease = inst.lease
+        lease = given or inst.lease
+        stale = given is not None
         assert calls is not None and lease is not None
         tree = inst.tree
         epoch = lease.lease_epoch
@@ -1250,6 +1538,7 @@ class Sim:
         verb = "complete" if completed else "fail"
         text = (
             f"{inst.name} {verb} {whose} attempt {ref.attempt}, at {tree.name} {epoch}"
+            f"{self._with(lease, stale)}"
             if log is not None
             else ""
         )
@@ -1262,7 +1551,8 @@ class Sim:
             self.outcome = f"end: refused ({exc.reason})"
             if log is not None:
                 self._said(log, text, f"refused ({exc.reason})")
-            self._lost(inst)
+            if not stale:
+                self._lost(inst)
             return
         except Exception as exc:
             raise self._error(inst, f"{verb} attempt {ref.attempt}", exc) from exc
@@ -1287,12 +1577,177 @@ class Sim:
         self.rows[self.identity_of(tree)] = new
         self._see(inst, new)
 
+    # --- the child queue ------------------------------------------------------------
+
+    def _queue(self, inst: Inst) -> ChildExecutionQueueRepository:
+        queue = inst.stores.queue
+        assert queue is not None
+        return queue
+
+    def _child_seen(self, inst: Inst, found: Any, how: str, check: bool) -> int | None:
+        """The model's child of a claimed child `found`, its attempt checked: an attempt
+        is given to one claimer."""
+        index = self.child_index(found.child_execution_id)
+        if index is None:
+            if check:
+                raise Broken(
+                    ONE_LIVE_HOLDER,
+                    f"{inst.name}'s {how} returned {found.child_execution_id!r}, a child this "
+                    "schedule never queued",
+                )
+            return None
+        inst.attempts.add((index, int(found.attempt)))
+        return index
+
+    async def _claim_child(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            found = await queue.claim(inst.name)
+        except Exception as exc:
+            raise self._error(inst, "claim a child", exc) from exc
+        answer = (
+            "none queued"
+            if found is None
+            else (f"{found.child_execution_id} attempt {found.attempt}")
+        )
+        self._said(log, f"{inst.name} claim a child", answer)
+        self.outcome = "claim-child: none" if found is None else "claim-child: claimed"
+        if found is None:
+            return
+        index = self._child_seen(inst, found, "claim", check)
+        if index is None:
+            return
+        child = self.children[index]
+        if check and (child.status is not ChildStatus.QUEUED or found.attempt != child.attempt + 1):
+            raise Broken(
+                ONE_LIVE_HOLDER,
+                f"{inst.name} claimed {found.child_execution_id} at attempt {found.attempt} "
+                f"while it was {child.status.value} at attempt {child.attempt}: a queued child "
+                "is claimed once, at its next attempt",
+            )
+        child.status = ChildStatus.RUNNING
+        child.attempt = int(found.attempt)
+
+    async def _running(self, inst: Inst, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            rows = await queue.running(10)
+        except Exception as exc:
+            raise self._error(inst, "list the running children", exc) from exc
+        seen = []
+        for row in rows:
+            index = self.child_index(row.child_execution_id)
+            if index is not None:
+                inst.attempts.add((index, int(row.attempt)))
+                seen.append(f"{row.child_execution_id} attempt {row.attempt}")
+        self.outcome = f"running: {len(seen)}"
+        self._said(log, f"{inst.name} list the running children", ", ".join(seen) or "none")
+
+    async def _restart(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            found = await queue.restart(name, attempt)
+        except Exception as exc:
+            raise self._error(inst, f"restart {name} at attempt {attempt}", exc) from exc
+        self._said(
+            log,
+            f"{inst.name} restart {name} at attempt {attempt}",
+            "refused" if found is None else f"attempt {found.attempt}",
+        )
+        self.outcome = "restart: refused" if found is None else "restart: restarted"
+        if found is None:
+            return
+        child = self.children[index]
+        if check and (
+            child.status is not ChildStatus.RUNNING
+            or child.attempt != attempt
+            or found.attempt != attempt + 1
+        ):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s restart of {name} at attempt {attempt} was accepted (attempt "
+                f"{found.attempt}) while it was {child.status.value} at attempt "
+                f"{child.attempt}: a restart compares the attempt",
+            )
+        self._child_seen(inst, found, "restart", check)
+        child.attempt = int(found.attempt)
+
+    async def _finish_child(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            result = await queue.finish(name, {"by": inst.name}, attempt=attempt)
+        except Exception as exc:
+            raise self._error(inst, f"finish {name} at attempt {attempt}", exc) from exc
+        finished, remaining = bool(result.finished), int(result.remaining)
+        self._said(
+            log,
+            f"{inst.name} finish {name} at attempt {attempt}",
+            f"finished, {remaining} left" if finished else f"refused, {remaining} left",
+        )
+        child = self.children[index]
+        replay = child.status is ChildStatus.FINISHED and child.finished_attempt == attempt
+        self.outcome = (
+            "finish-child: refused"
+            if not finished
+            else "finish-child: replayed"
+            if replay
+            else f"finish-child: finished, {'none' if remaining == 0 else 'some'} left"
+        )
+        if not finished:
+            return
+        if replay:
+            if check and remaining != child.remaining:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s retry of the finish of {name} at attempt {attempt} "
+                    f"answered {remaining} left where the finish answered {child.remaining}: "
+                    "a retried finish answers what it answered",
+                )
+            return
+        if check and (child.status is not ChildStatus.RUNNING or child.attempt != attempt):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s finish of {name} at attempt {attempt} was accepted while it "
+                f"was {child.status.value} at attempt {child.attempt}: a finish compares the "
+                "attempt",
+            )
+        child.status = ChildStatus.FINISHED
+        child.finished_attempt = attempt
+        child.remaining = remaining
+        left = sum(1 for c in self.children if c.status is not ChildStatus.FINISHED)
+        if check and remaining != left:
+            raise Broken(
+                ONE_EFFECT_PER_KEY,
+                f"{inst.name}'s finish of {name} at attempt {attempt} answered {remaining} "
+                f"left where {left} of the parent's children are unfinished: exactly one "
+                "finisher of the last child wakes the parent",
+            )
+        if remaining == 0:
+            if check and self.woken_by:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s finish of {name} at attempt {attempt} answered none left "
+                    f"after {self.woken_by} had: the parent is woken twice",
+                )
+            self.woken_by = f"{inst.name}'s finish of {name} at attempt {attempt}"
+
 
 __all__ = [
     "ABSENT",
     "ACQUIRE",
     "BUSINESS_KEY",
     "BUSINESS_KEY_WORLD",
+    "CHILD_QUEUE_WORLD",
+    "CLAIM_CHILD",
+    "FINISH_CHILD",
+    "RESTART",
+    "RUNNING",
     "CLAIM",
     "EFFECT",
     "END",

@@ -434,7 +434,7 @@ class Workload:
         while True:
             keeper.guard()
             woken = await self.stores.tree.get(config.tenant_id, tree, WOKEN_KEY)
-            children = await queue.children(tree)
+            children = await queue.children(config.tenant_id, tree)
             if woken is not None or all(c.status == "finished" for c in children):
                 return
             await self.pod.clock.sleep(config.poll_ms)

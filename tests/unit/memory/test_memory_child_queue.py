@@ -35,7 +35,7 @@ async def test_a_claim_marks_the_child_running_for_its_claimer(cluster: Cluster)
         TENANT, "root-1", "parent-1", "c-1", 1, {"input": 1}, attempt=1, claimed_by="instance-2"
     )
     assert await queue.claim("instance-3") is None
-    [listed] = await queue.children("parent-1")
+    [listed] = await queue.children(TENANT, "parent-1")
     assert (listed.status, listed.attempt, listed.claimed_by, listed.queued_at) == (
         ChildStatus.RUNNING,
         1,
@@ -49,8 +49,8 @@ async def test_a_child_id_is_queued_once(cluster: Cluster) -> None:
     await queue.enqueue(child("c-1"))
     with pytest.raises(DuplicateChildError):
         await cluster.queue(2).enqueue(child("c-1", parent="parent-2"))
-    assert len(await queue.children("parent-1")) == 1
-    assert await queue.children("parent-2") == []
+    assert len(await queue.children(TENANT, "parent-1")) == 1
+    assert await queue.children(TENANT, "parent-2") == []
 
 
 async def test_claims_go_deepest_first_then_oldest_then_in_queue_order(cluster: Cluster) -> None:
@@ -110,7 +110,7 @@ async def test_restart_moves_a_running_child_to_this_instance_at_the_next_attemp
     assert (restarted.attempt, restarted.claimed_by) == (2, "instance-2")
     # A compare-and-set on the attempt read: a second sweeper with the old attempt loses.
     assert await cluster.queue(3).restart("c-1", 1) is None
-    [listed] = await cluster.queue(1).children("parent-1")
+    [listed] = await cluster.queue(1).children(TENANT, "parent-1")
     assert (listed.attempt, listed.claimed_by) == (2, "instance-2")
 
 
@@ -144,7 +144,7 @@ async def test_finish_moves_running_to_finished_once_and_counts_the_siblings_lef
     assert await queue.finish("c-0", {"ok": "again"}) == FinishResult(False, 2)
     assert await queue.finish("c-1", {"ok": 1}) == FinishResult(True, 1)
     assert await queue.finish("c-2", {"ok": 2}) == FinishResult(True, 0)
-    children = await queue.children("parent-1")
+    children = await queue.children(TENANT, "parent-1")
     assert [(c.status, c.outcome) for c in children] == [
         (ChildStatus.FINISHED, {"ok": 0}),
         (ChildStatus.FINISHED, {"ok": 1}),
@@ -173,7 +173,7 @@ async def test_a_superseded_attempts_late_finish_changes_nothing(cluster: Cluste
     assert late == FinishResult(False, 2)
     done = await cluster.queue(2).finish(first.child_execution_id, "real", attempt=2)
     assert done == FinishResult(True, 1)
-    [listed, _] = await cluster.queue(1).children("parent-1")
+    [listed, _] = await cluster.queue(1).children(TENANT, "parent-1")
     assert listed.outcome == "real"
 
 
@@ -200,8 +200,8 @@ async def test_children_lists_a_parents_children_in_queue_order(cluster: Cluster
     await queue.enqueue(child("b", depth=1))
     await queue.enqueue(child("a", depth=5))
     await queue.enqueue(child("x", parent="parent-2"))
-    assert [c.child_execution_id for c in await queue.children("parent-1")] == ["b", "a"]
-    assert await queue.children("nobody") == []
+    assert [c.child_execution_id for c in await queue.children(TENANT, "parent-1")] == ["b", "a"]
+    assert await queue.children(TENANT, "nobody") == []
 
 
 async def test_payloads_and_outcomes_are_copies(cluster: Cluster) -> None:
@@ -212,7 +212,7 @@ async def test_payloads_and_outcomes_are_copies(cluster: Cluster) -> None:
     claimed = await queue.claim("instance-1")
     assert claimed is not None and claimed.payload == {"items": [1]}
     claimed.payload["items"].append(3)
-    [listed] = await queue.children("parent-1")
+    [listed] = await queue.children(TENANT, "parent-1")
     assert listed.payload == {"items": [1]}
 
 

@@ -206,7 +206,9 @@ async def test_an_entry_is_recorded_once(cluster: Cluster) -> None:
     costs = cluster.costs(1)
     assert await costs.record(entry("e-1")) is True
     assert await cluster.costs(2).record(entry("e-1")) is False
-    assert await costs.total(BudgetScope.EXECUTION, "run-1") == CostTotal(10, 5, 100)
+    assert await costs.total(BudgetScope.EXECUTION, "run-1", tenant_id=TENANT) == CostTotal(
+        10, 5, 100
+    )
 
 
 async def test_totals_per_scope(cluster: Cluster) -> None:
@@ -214,7 +216,9 @@ async def test_totals_per_scope(cluster: Cluster) -> None:
     await costs.record(entry("e-1", execution="run-1"))
     await costs.record(entry("e-2", execution="run-2"))
     await costs.record(entry("e-3", execution="run-3", tenant="tenant-2"))
-    assert await costs.total(BudgetScope.EXECUTION, "run-2") == CostTotal(10, 5, 100)
+    assert await costs.total(BudgetScope.EXECUTION, "run-2", tenant_id=TENANT) == CostTotal(
+        10, 5, 100
+    )
     assert await costs.total(BudgetScope.TENANT, TENANT) == CostTotal(20, 10, 200)
     assert await costs.total(BudgetScope.APPLICATION, "support") == CostTotal(30, 15, 300)
     assert await costs.total(BudgetScope.TENANT, "nobody") == CostTotal()
@@ -238,7 +242,9 @@ async def test_reservations_stay_within_the_limit_and_count_in_the_total(
     assert await costs.try_reserve(BudgetScope.TENANT, TENANT, 100, 1_000) is True
     assert await costs.total(BudgetScope.TENANT, TENANT) == CostTotal(10, 5, 1_000)
     # A reservation belongs to its scope and key only.
-    assert await costs.total(BudgetScope.EXECUTION, "run-1") == CostTotal(10, 5, 600)
+    assert await costs.total(BudgetScope.EXECUTION, "run-1", tenant_id=TENANT) == CostTotal(
+        10, 5, 600
+    )
     assert await costs.total(BudgetScope.TENANT, "tenant-2") == CostTotal()
 
 
@@ -246,11 +252,13 @@ async def test_reservations_count_in_every_total_of_their_key_whatever_since(
     cluster: Cluster,
 ) -> None:
     costs = cluster.costs(1)
-    assert await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 50, 100)
+    assert await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 50, 100, tenant_id=TENANT)
     await cluster.clock.advance(10)
-    assert await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 50, 100)
-    assert await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 1, 100) is False
-    later = await costs.total(BudgetScope.EXECUTION, "run-1", since=START + 1_000)
+    assert await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 50, 100, tenant_id=TENANT)
+    assert (
+        await costs.try_reserve(BudgetScope.EXECUTION, "run-1", 1, 100, tenant_id=TENANT) is False
+    )
+    later = await costs.total(BudgetScope.EXECUTION, "run-1", since=START + 1_000, tenant_id=TENANT)
     assert later == CostTotal(0, 0, 100)
 
 

@@ -258,22 +258,22 @@ async def test_the_same_key_with_other_content_is_a_conflict(cluster: Cluster) -
 
 async def test_a_request_completes_once(cluster: Cluster) -> None:
     mesh = cluster.mesh(1)
-    assert await mesh.complete("req-1", {"ok": True}) is False
+    assert await mesh.complete(TENANT, "req-1", {"ok": True}) is False
     await mesh.save_if_absent("req-1", TENANT, "fp", START)
-    assert await mesh.complete("req-1", {"ok": True}) is True
-    assert await cluster.mesh(2).complete("req-1", {"ok": False}) is False
-    assert await mesh.get("req-1") == MeshRequest(
+    assert await mesh.complete(TENANT, "req-1", {"ok": True}) is True
+    assert await cluster.mesh(2).complete(TENANT, "req-1", {"ok": False}) is False
+    assert await mesh.get(TENANT, "req-1") == MeshRequest(
         "req-1", TENANT, "fp", START, response={"ok": True}, completed=True
     )
     saved = await mesh.save_if_absent("req-1", TENANT, "fp", START)
     assert saved.request.completed and saved.request.response == {"ok": True}
-    assert await mesh.get("req-2") is None
+    assert await mesh.get(TENANT, "req-2") is None
 
 
 async def test_a_request_time_is_whole_ms(cluster: Cluster) -> None:
     with pytest.raises(ValueError):
         await cluster.mesh(1).save_if_absent("req-1", TENANT, "fp", 1.5)  # type: ignore[arg-type]
-    assert await cluster.mesh(1).get("req-1") is None
+    assert await cluster.mesh(1).get(TENANT, "req-1") is None
 
 
 async def test_concurrent_saves_of_one_request_create_it_once(cluster: Cluster) -> None:
