@@ -1,7 +1,7 @@
 """tenants kept apart: cost entry ids per tenant, budget reservations per tenant
 
 Revision ID: 0003_tenant_keys
-Revises: 0004_saver_keys
+Revises: 0002
 Create Date: 2026-12-01 19:40:00.000000
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision: str = "0003_tenant_keys"
-down_revision: str | Sequence[str] | None = "0004_saver_keys"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ whole text is kept where a read answers it (`agboss_checkpoints.thread_id`,
 SQL (SQLite: a function registered on the migration's connection).
 
 Revision ID: 0004_saver_keys
-Revises: 0002
+Revises: 0003_tenant_keys
 Create Date: 2026-12-01 19:30:00.000000
 """
 
@@ -22,7 +22,7 @@ from alembic import context, op
 from sqlalchemy.dialects import mysql
 
 revision: str = "0004_saver_keys"
-down_revision: str | Sequence[str] | None = "0002"
+down_revision: str | Sequence[str] | None = "0003_tenant_keys"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
