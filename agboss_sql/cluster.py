@@ -95,6 +95,8 @@ class ClusterConfig:
     timeout_s: float = 240.0
     shutdown_s: float = 15.0
     run_dir: Path | None = None
+    migrate: bool = True
+    """Migrate the database first (off for a test database made from the schema)."""
 
     def __post_init__(self) -> None:
         for what in ("workers", "trees", "fan_out", "lease_ms", "max_concurrent_steps"):
@@ -162,7 +164,8 @@ def run_cluster(
     from agboss_sql.testing.business import create_business_table
 
     started = time.monotonic()
-    upgrade(config.url)
+    if config.migrate:
+        upgrade(config.url)
     create_business_table(config.url)
     run_id = uuid.uuid4().hex[:8]
     tenant = f"cluster-{run_id}"

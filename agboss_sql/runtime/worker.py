@@ -202,6 +202,11 @@ class WorkerConfig:
         return self.sweep_ms if self.sweep_ms is not None else max(1, self.lease_ms // 3)
 
     @property
+    def trust_margin_ms(self) -> int:
+        """The keepers' trust margin: 1 s, or a third of a shorter lease."""
+        return min(1_000, self.lease_ms // 3)
+
+    @property
     def poll_every_ms(self) -> int:
         return self.poll_ms if self.poll_ms is not None else max(10, self.lease_ms // 15)
 
@@ -323,6 +328,18 @@ class Worker:
     def outbound(self) -> OutboundCallRepository:
         return self._store(OutboundCallRepository)  # type: ignore[no-any-return]
 
+    @property
+    def sweep(self) -> RecoverySweep:
+        """The recovery sweep (after `start()`)."""
+        assert self._sweep is not None, "start the worker first"
+        return self._sweep
+
+    @property
+    def child_worker(self) -> ChildWorker:
+        """The child worker (after `start()`)."""
+        assert self._children is not None, "start the worker first"
+        return self._children
+
     # -- life ----------------------------------------------------------------------------
 
     async def start(self, *, background: bool = True) -> None:
@@ -363,6 +380,7 @@ class Worker:
             lease_ms=config.lease_ms,
             tree=self.tree,
             instance_id=self.instance_id,
+            trust_margin_ms=config.trust_margin_ms,
             wake_claim_ms=max(config.lease_ms, 1_000),
         )
         if background:
@@ -533,7 +551,7 @@ class Worker:
             lease_ms=self.config.lease_ms,
             tree=self.tree,
             root_execution_id=root,
-            trust_margin_ms=min(1_000, self.config.lease_ms // 3),
+            trust_margin_ms=self.config.trust_margin_ms,
         )
 
     async def _run_root(
