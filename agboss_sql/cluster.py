@@ -29,8 +29,9 @@ The audit rules (the fault suite's rules where they apply, read from the same ro
   each once;
 - `epochs-increase`: per lease, the epochs granted rise strictly in the log's order, and
   the lease's current epoch has its grant in the log (every takeover is visible);
-- `zombie-fenced`: every lease the frozen worker held when it was frozen was lost by it
-  (logged `lost`), unless it released or finished it before the freeze took hold;
+- `zombie-fenced`: after the frozen worker woke, nothing was stored under a lease it held
+  at the freeze once a later epoch of that lease was granted, and it logged at least one
+  of those leases `lost` (it fenced itself);
 - `graceful-stop`: every worker stopped (exit 0) within the shutdown bound.
 """
 
@@ -130,6 +131,8 @@ class Report:
     steps_stored: int
     wall_s: float
     violations: list[str] = field(default_factory=list)
+    run_dir: str = ""
+    """Where the workers' configs, stderr, events and the audited rows were written."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,17 +252,21 @@ def run_cluster(
     (run_dir / "history.json").write_text(
         json.dumps(asdict(history), default=str), encoding="utf-8"
     )
+    with open(run_dir / "events.jsonl", "w", encoding="utf-8") as log:
+        for event in cluster.snapshot():
+            log.write(json.dumps(event, default=str) + "\n")
     report = audit_cluster(
         history,
         cluster.snapshot(),
         config=config,
         tenant=tenant,
         spec_of=spec_of,
-        frozen=(frozen_pod, frozen_held),
+        frozen=(frozen_pod, frozen_held, plan.thawed_at),
         slow_stops=slow_stops,
         chaos=state.chaos,
         wall_s=time.monotonic() - started,
     )
+    report.run_dir = str(run_dir)
     if out is not None:
         out(f"run directory: {run_dir}")
     return report
@@ -354,6 +361,8 @@ class _Chaos:
         self.frozen: Pod | None = None
         self.freeze_done = not config.chaos
         self.thaw_at: float | None = None
+        self.thawed_at: int | None = None
+        """When the frozen worker was thawed (ms since the epoch)."""
 
     def act(
         self, cluster: Cluster, state: _State, events: list[Event], engine: sa.Engine
@@ -403,6 +412,7 @@ class _Chaos:
         if self.frozen is None or self.freeze_done:
             return
         cluster.signal(self.frozen, signal.SIGCONT)
+        self.thawed_at = time.time_ns() // 1_000_000
         state.alive[self.frozen.instance_id] = "up (thawed)"
         state.chaos.append(f"SIGCONT {self.frozen.instance_id}")
         self.freeze_done = True
@@ -470,7 +480,7 @@ def audit_cluster(
     config: ClusterConfig,
     tenant: str,
     spec_of: dict[str, TreeSpec],
-    frozen: tuple[str | None, list[tuple[str, str, int]]],
+    frozen: tuple[str | None, list[tuple[str, str, int]], int | None],
     slow_stops: list[str],
     chaos: list[str],
     wall_s: float,
@@ -542,9 +552,9 @@ def audit_cluster(
         else:
             violations.append(Violation("tree-ends", f"tree {tree} did not end (status {status})"))
     violations += _epochs_increase(history)
-    frozen_pod, held = frozen
+    frozen_pod, held, thawed_at = frozen
     if frozen_pod is not None:
-        violations += _zombie_fenced(history, frozen_pod, held)
+        violations += _zombie_fenced(history, frozen_pod, held, thawed_at)
     for pod in slow_stops:
         violations.append(
             Violation("graceful-stop", f"{pod} did not stop (exit 0) within the shutdown bound")
@@ -610,23 +620,50 @@ def _epochs_increase(history: StoreHistory) -> list[Violation]:
 
 
 def _zombie_fenced(
-    history: StoreHistory, pod: str, held: list[tuple[str, str, int]]
+    history: StoreHistory, pod: str, held: list[tuple[str, str, int]], thawed_at: int | None
 ) -> list[Violation]:
+    """The frozen worker came back a zombie: nothing was stored under a lease it held at
+    the freeze once a later epoch of that lease was granted (its writes were refused), and
+    it logged at least one of those leases lost after it woke (it fenced itself)."""
     found = []
+    taken_over = []
     for _, execution, epoch in held:
-        moves = {
-            e["kind"]
+        later = [
+            int(e["lease_epoch"])
             for e in history.lease_events
-            if e["instance_id"] == pod
-            and e["execution_id"] == execution
-            and int(e["lease_epoch"]) == epoch
-        }
-        if not moves & {"lost", "released", "finished", "yielded"}:
+            if e["execution_id"] == execution
+            and e["kind"] in GRANTS
+            and int(e["lease_epoch"]) > epoch
+        ]
+        if not later:
+            continue
+        taken_over.append((execution, epoch))
+        for row in history.results:
+            if (
+                row["lease_execution_id"] == execution
+                and int(row["token"]) == epoch
+                and thawed_at is not None
+                and int(row["stored_at"]) >= thawed_at
+            ):
+                found.append(
+                    Violation(
+                        "zombie-fenced",
+                        f"{pod} stored {row['step_execution_id']}|{row['step_idempotency_key']} "
+                        f"at its old epoch {epoch} of {execution} after it woke",
+                    )
+                )
+    if taken_over and thawed_at is not None:
+        fenced = [
+            e
+            for e in history.lease_events
+            if e["instance_id"] == pod and e["kind"] == "lost" and int(e["at"]) >= thawed_at
+        ]
+        if not fenced:
             found.append(
                 Violation(
                     "zombie-fenced",
-                    f"{pod} was frozen holding {execution} at epoch {epoch} and never logged "
-                    "it lost after it woke",
+                    f"{pod} was frozen past its leases ({len(taken_over)} taken over) but "
+                    "logged none lost after it woke",
                 )
             )
     return found
@@ -669,7 +706,7 @@ def render_report(report: Report) -> str:
         f"zombie writes refused by the store: {report.zombie_writes_refused}",
         f"steps stored: {report.steps_stored}, latency p50 {report.step_ms_p50} ms, "
         f"p99 {report.step_ms_p99} ms",
-        f"wall time: {report.wall_s} s",
+        f"wall time: {report.wall_s} s (workers' output, events and rows: {report.run_dir})",
         "chaos:",
         *(f"  {c}" for c in report.chaos or ["(none)"]),
     ]

@@ -404,10 +404,12 @@ class Worker:
                     await self._sweep.stop()
                 if self._children is not None:
                     await self._children.stop()
+                self.emit({"kind": "stop-phase", "phase": "children stopped"})
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self.emit({"kind": "stop-phase", "phase": "runs stopped"})
                 released = 0
                 for keeper in list(self._keepers):
                     if keeper.held:
@@ -490,8 +492,12 @@ class Worker:
         """Take the tree's lease and run it as a task of this worker. False when the lease is
         held elsewhere (the holder runs it)."""
         keeper = self._keeper(tree_id)
+        # Known before the take: a stop that cancels this call after the take still
+        # releases the lease (or logs it lost).
+        self._keepers.add(keeper)
         lease = await keeper.take(tenant_id, tree_id)
         if lease is None:
+            self._keepers.discard(keeper)
             return False
         self._spawn(self._run_root(tenant_id, tree_id, keeper, kind))
         return True
@@ -499,6 +505,7 @@ class Worker:
     async def _resume_claimed(self, record: ExecutionRecord, lease: ExecutionLease) -> None:
         """The sweep's resume: hold the lease it took and run the tree from its stored steps."""
         keeper = self._keeper(record.execution_id)
+        self._keepers.add(keeper)
         if not await keeper.adopt(lease):
             raise ExecutionLeaseLostError(f"could not confirm the lease of {record.execution_id}")
         self.emit({"kind": "recovered", "tree": record.execution_id, "epoch": lease.lease_epoch})
@@ -1166,7 +1173,7 @@ class Worker:
 
     async def _status(self) -> None:
         while True:
-            self._keepers = {k for k in self._keepers if k.held}
+            self._keepers = {k for k in self._keepers if k.held or k.lease is None}
             self.emit(
                 {
                     "kind": "status",
