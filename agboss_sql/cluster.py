@@ -224,9 +224,9 @@ def run_cluster(
                 _observe(state, event)
             seen = len(events)
             now = time.monotonic()
-            if now - last_poll > 0.5:
+            if now - last_poll > 0.2:
                 last_poll = now
-                state.statuses = _statuses(engine, tenant)
+                _poll(engine, tenant, f"r{run_id}-", state)
                 if sum(state.statuses[s] for s in ("succeeded", "cancelled", "failed")) >= len(
                     trees
                 ):
@@ -311,28 +311,41 @@ def _submit(url: str, tenant: str, spec_of: dict[str, TreeSpec]) -> None:
     asyncio.run(submit())
 
 
-def _statuses(engine: sa.Engine, tenant: str) -> Counter[str]:
-    from agboss_sql.sql.schema import execution_records
+def _poll(engine: sa.Engine, tenant: str, prefix: str, state: _State) -> None:
+    """The run's figures as the database has them now: tree statuses, orders charged,
+    takeovers, leases lost and zombie writes refused."""
+    from agboss_sql.sql.schema import execution_lease_events as events
+    from agboss_sql.sql.schema import execution_records as records
+    from agboss_sql.testing.business import business_rows
 
     with engine.connect() as connection:
         rows = connection.execute(
-            sa.select(execution_records.c.status, sa.func.count())
-            .where(execution_records.c.tenant_id == tenant)
-            .group_by(execution_records.c.status)
+            sa.select(records.c.status, sa.func.count())
+            .where(records.c.tenant_id == tenant)
+            .group_by(records.c.status)
         )
-        return Counter({str(status): int(count) for status, count in rows})
+        state.statuses = Counter({str(status): int(count) for status, count in rows})
+        state.charged = int(
+            connection.execute(
+                sa.select(sa.func.count()).where(business_rows.c.row.like(f"{prefix}%|charge"))
+            ).scalar_one()
+        )
+        kinds = connection.execute(
+            sa.select(events.c.kind, events.c.reason).where(
+                events.c.tenant_id == tenant, events.c.kind.in_(("taken-over", "lost"))
+            )
+        ).all()
+    state.takeovers = sum(1 for kind, _ in kinds if kind == "taken-over")
+    state.lost = sum(1 for kind, _ in kinds if kind == "lost")
+    state.refused = sum(
+        1 for kind, why in kinds if kind == "lost" and str(why or "").startswith("refused by")
+    )
 
 
 def _observe(state: _State, event: Event) -> None:
     kind, pod = event.get("kind"), event.get("pod")
     if kind == "status" and isinstance(pod, str):
         state.slots[pod] = (int(event["busy"]), int(event["max"]), int(event["waiting"]))
-    elif kind == "step" and event.get("step") == "charge" and not event.get("replayed"):
-        state.charged += 1
-    elif kind == "tree-run" and event.get("taken_over_from"):
-        state.takeovers += 1
-    elif kind == "refused":
-        state.refused += 1
     elif kind == "stopped" and isinstance(pod, str):
         state.alive[pod] = "stopped"
     elif kind == "ready" and isinstance(pod, str):
@@ -374,9 +387,12 @@ class _Chaos:
             self._cancel(cluster, state, events)
         if not self.killed and share >= 0.30:
             self.killed = True
-            victim = cluster.pods[0]
+            # The live worker holding the most leases: its death has the most to recover.
+            alive = [p for p in cluster.pods if p.alive]
+            victim = max(alive, key=lambda p: len(_held_by(engine, self.tenant, p.instance_id)))
             cluster.kill(victim)
             state.alive[victim.instance_id] = "killed"
+            state.slots.pop(victim.instance_id, None)
             replacement = cluster.add(
                 {
                     **json.loads(cluster.pods[1].config_path.read_text()),
@@ -389,8 +405,11 @@ class _Chaos:
                 f"{replacement.instance_id} started"
             )
         if not self.freeze_done and self.frozen is None and share >= 0.45:
-            pod = cluster.pods[1]
-            held = _held_by(engine, self.tenant, pod.instance_id)
+            # The live worker holding the most leases: its freeze has the most to lose.
+            alive = [p for p in cluster.pods if p.alive]
+            holding = {p.instance_id: _held_by(engine, self.tenant, p.instance_id) for p in alive}
+            pod = max(alive, key=lambda p: len(holding[p.instance_id]))
+            held = holding[pod.instance_id]
             cluster.signal(pod, signal.SIGSTOP)
             self.frozen = pod
             self.thaw_at = time.monotonic() + 2 * self.config.lease_ms / 1000
@@ -747,7 +766,7 @@ def live_view() -> tuple[Callable[[_State, ClusterConfig], None], Callable[[], N
         )
         summary = Text(
             f"orders charged {state.charged}   takeovers {state.takeovers}   "
-            f"zombie writes refused {state.refused}"
+            f"leases lost {state.lost}   zombie writes refused by the store {state.refused}"
         )
         chaos = Text("\n".join(state.chaos[-4:]), style="yellow")
         live.update(Group(table, trees, summary, chaos))
