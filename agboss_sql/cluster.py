@@ -27,8 +27,10 @@ The audit rules (the fault suite's rules where they apply, read from the same ro
   a succeeded tree charged every order of its leaves and undid nothing; a cancelled tree
   unwound (`UNWINDING_KEY`), undid its reserve and refunded each order it charged,
   each once;
-- `epochs-increase`: per lease, the epochs granted rise strictly in the log's order, and
-  the lease's current epoch has its grant in the log (every takeover is visible);
+- `epochs-increase`: per lease, the epochs granted rise strictly in the log's order (a
+  holder frozen between its take and its log entry logs an older epoch late: allowed
+  only when it logs that epoch `lost` after it), and the lease's current epoch has its
+  grant in the log (every takeover is visible);
 - `zombie-fenced`: after the frozen worker woke, nothing was stored under a lease it held
   at the freeze once a later epoch of that lease was granted, and it logged at least one
   of those leases `lost` (it fenced itself);
@@ -37,7 +39,6 @@ The audit rules (the fault suite's rules where they apply, read from the same ro
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import statistics
@@ -611,18 +612,37 @@ def audit_cluster(
 
 
 def _epochs_increase(history: StoreHistory) -> list[Violation]:
+    """Per lease, the epochs granted rise in the log's order. A holder logs its take after
+    the move, so a holder frozen between the two logs an older epoch late: allowed only
+    when that holder logs the same epoch `lost` after it (it learned it was superseded)."""
     found = []
     grants: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_lease: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for event in history.lease_events:
+        by_lease[(event["tenant_id"], event["execution_id"])].append(event)
         if event["kind"] in GRANTS:
             grants[(event["tenant_id"], event["execution_id"])].append(int(event["lease_epoch"]))
-    for (tenant, execution), epochs in sorted(grants.items()):
-        for before, after in itertools.pairwise(epochs):
-            if after <= before:
+    for (tenant, execution), log in sorted(by_lease.items()):
+        highest = 0
+        for index, event in enumerate(log):
+            if event["kind"] not in GRANTS:
+                continue
+            epoch = int(event["lease_epoch"])
+            if epoch > highest:
+                highest = epoch
+                continue
+            fenced = any(
+                later["kind"] == "lost"
+                and later["instance_id"] == event["instance_id"]
+                and int(later["lease_epoch"]) == epoch
+                for later in log[index + 1 :]
+            )
+            if not fenced:
                 found.append(
                     Violation(
                         "epochs-increase",
-                        f"{tenant}/{execution}: epoch {after} granted after epoch {before}",
+                        f"{tenant}/{execution}: epoch {epoch} granted to "
+                        f"{event['instance_id']} after epoch {highest}, and never lost by it",
                     )
                 )
     for lease in history.leases:
