@@ -31,9 +31,10 @@ The audit rules (the fault suite's rules where they apply, read from the same ro
   holder frozen between its take and its log entry logs an older epoch late: allowed
   only when it logs that epoch `lost` after it), and the lease's current epoch has its
   grant in the log (every takeover is visible);
-- `zombie-fenced`: after the frozen worker woke, nothing was stored under a lease it held
-  at the freeze once a later epoch of that lease was granted, and it logged at least one
-  of those leases `lost` (it fenced itself);
+- `zombie-fenced`: nothing was stored under a lease the frozen worker held at the freeze
+  after a later epoch of that lease was granted (a write fenced before the freeze may
+  commit after the thaw: its transaction holds the lease row, so no takeover can come
+  between), and it logged at least one of those leases `lost` after it woke;
 - `graceful-stop`: every worker stopped (exit 0) within the shutdown bound.
 """
 
@@ -385,7 +386,7 @@ class _Chaos:
         answer = None
         if not self.cancelled and share >= 0.15:
             self.cancelled = True
-            self._cancel(cluster, state, events)
+            self._cancel(cluster, state, events, engine)
         if not self.killed and share >= 0.30:
             self.killed = True
             # The live worker holding the most leases: its death has the most to recover.
@@ -437,8 +438,13 @@ class _Chaos:
         state.chaos.append(f"SIGCONT {self.frozen.instance_id}")
         self.freeze_done = True
 
-    def _cancel(self, cluster: Cluster, state: _State, events: list[Event]) -> None:
-        # A tree without a pause, seen running on some worker: cancelled from another one.
+    def _cancel(
+        self, cluster: Cluster, state: _State, events: list[Event], engine: sa.Engine
+    ) -> None:
+        # A tree without a pause, seen running on some worker and with the fewest orders
+        # charged (the most left to undo and to stop): cancelled from another worker.
+        from agboss_sql.testing.business import business_rows
+
         running: dict[str, str] = {}
         for event in events:
             if event.get("kind") == "tree-run":
@@ -446,7 +452,16 @@ class _Chaos:
             elif event.get("kind") == "tree-end":
                 running.pop(event["tree"], None)
         candidates = [t for t in self.trees if t in running and not self.spec_of[t].pause]
-        tree = candidates[0] if candidates else self.trees[0]
+        with engine.connect() as connection:
+            charged = {
+                t: int(
+                    connection.execute(
+                        sa.select(sa.func.count()).where(business_rows.c.row.like(f"{t}.%|charge"))
+                    ).scalar_one()
+                )
+                for t in candidates
+            }
+        tree = min(candidates, key=lambda t: charged[t]) if candidates else self.trees[0]
         holder = running.get(tree)
         others = [p for p in cluster.pods if p.alive and p.instance_id != holder]
         pod = others[-1] if others else cluster.pods[-1]
@@ -662,13 +677,17 @@ def _zombie_fenced(
     history: StoreHistory, pod: str, held: list[tuple[str, str, int]], thawed_at: int | None
 ) -> list[Violation]:
     """The frozen worker came back a zombie: nothing was stored under a lease it held at
-    the freeze once a later epoch of that lease was granted (its writes were refused), and
-    it logged at least one of those leases lost after it woke (it fenced itself)."""
+    the freeze after a later epoch of that lease was granted (its writes were refused), and
+    it logged at least one of those leases lost after it woke (it fenced itself).
+
+    A write whose fence passed before the freeze may commit after the thaw: its
+    transaction held the lease row, so no later epoch could be granted before it ended;
+    the grant's log entry (written after the move) dates the later epoch."""
     found = []
     taken_over = []
     for _, execution, epoch in held:
         later = [
-            int(e["lease_epoch"])
+            int(e["at"])
             for e in history.lease_events
             if e["execution_id"] == execution
             and e["kind"] in GRANTS
@@ -681,14 +700,14 @@ def _zombie_fenced(
             if (
                 row["lease_execution_id"] == execution
                 and int(row["token"]) == epoch
-                and thawed_at is not None
-                and int(row["stored_at"]) >= thawed_at
+                and int(row["stored_at"]) > min(later)
             ):
                 found.append(
                     Violation(
                         "zombie-fenced",
                         f"{pod} stored {row['step_execution_id']}|{row['step_idempotency_key']} "
-                        f"at its old epoch {epoch} of {execution} after it woke",
+                        f"at its old epoch {epoch} of {execution} after a later epoch was "
+                        "granted",
                     )
                 )
     if taken_over and thawed_at is not None:
