@@ -211,6 +211,11 @@ class WorkerConfig:
         return self.poll_ms if self.poll_ms is not None else max(10, self.lease_ms // 15)
 
 
+class StoreGaveUpError(ExecutionLeaseLostError):
+    """A store call kept failing on this instance for a whole lease: the run stops as if
+    its lease were lost (nothing is undone) and another instance runs the execution on."""
+
+
 class _NotStored(Exception):
     """Raised inside a probe's work: nothing is stored under the key (rolled back)."""
 
@@ -983,7 +988,11 @@ class Worker:
         *,
         guard: bool = True,
     ) -> Any:
-        """Run a store call again after a store outage while the lease is trusted."""
+        """Run a store call again after a store outage while the lease is trusted, for up
+        to one lease: past that this instance hands the execution over
+        (`StoreGaveUpError`, a lease loss: the lease is released or runs out, and another
+        instance, perhaps with a working connection, runs it on)."""
+        first_failure: int | None = None
         while True:
             if guard:
                 run.keeper.guard()
@@ -992,6 +1001,13 @@ class Worker:
             try:
                 return await call()
             except StoreUnavailableError as error:
+                now = self.clock.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure >= self.config.lease_ms:
+                    raise StoreGaveUpError(
+                        f"{what} failed for {now - first_failure} ms on this instance "
+                        f"(last: {error}); handing {run.execution} over"
+                    ) from error
                 self.emit({"kind": "retry", "what": what, "error": repr(error)[:200]})
                 await self.clock.sleep(self.config.poll_every_ms)
 
@@ -1353,6 +1369,7 @@ __all__ = [
     "HANDOVER",
     "SPEC_KEY",
     "STEP_EFFECT",
+    "StoreGaveUpError",
     "TreeSpec",
     "Worker",
     "WorkerConfig",

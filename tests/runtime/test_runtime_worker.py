@@ -326,3 +326,38 @@ async def test_a_graceful_stop_releases_every_lease_it_holds(
     for execution in (leaf, f"{tree}.c0"):
         assert (await lease_log(sql, tenant, execution))[-1][2] == "released", execution
     assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [2]
+
+
+async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    from agboss_sql.testing.faults.fixture import InjectedOutageError
+
+    a = await workers("wa", lease_ms=1_500)
+    b = await workers("wb", lease_ms=1_500)
+    tenant, tree = workers.tenant, "tree-outage"
+    assert a.app is not None
+    (connection,) = a.app._owned_connections
+
+    def refuse(statement: str, _params: Any) -> None:
+        # Only this worker's step writes fail; its lease renewals go on.
+        if "agboss_fenced_effect_results" in statement:
+            raise InjectedOutageError("injected: the effect table is unreachable from wa")
+
+    connection.add_statement_listener(refuse)
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+
+    async def handed_over() -> bool:
+        return bool(workers.of("handover", tree=tree))
+
+    await until(handed_over, f"wa handing {tree} over")
+    assert workers.of("handover", tree=tree)[0]["error"] == "StoreGaveUpError"
+    assert len(workers.of("retry")) >= 2
+
+    async def released() -> bool:
+        return (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+
+    await until(released, f"wa releasing {tree}")
+    # Another worker, whose store works, takes the tree on from there.
+    assert await b.sweep.run_once() != []
+    await until(is_status(b, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} on wb")
