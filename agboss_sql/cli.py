@@ -231,7 +231,7 @@ def _worker(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {config.instance_id or 'worker'} %(levelname)s %(name)s: %(message)s",
     )
-    return asyncio.run(run_worker(config, commands=not args.no_commands))
+    return asyncio.run(run_worker(config, commands=args.commands))
 
 
 def database_url_of(url: str | None) -> str:

@@ -199,7 +199,7 @@ def run_cluster(
         run_dir,
         config.url,
         [base() for _ in range(config.workers)],
-        command=(sys.executable, "-m", "agboss_sql.cli", "worker", "--config"),
+        command=(sys.executable, "-m", "agboss_sql.cli", "worker", "--commands", "--config"),
     )
     state = _State()
     engine = sa.create_engine(sync_url(config.url))

@@ -1341,9 +1341,10 @@ def worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="graceful stop bound on SIGTERM (default 10000)",
     )
     parser.add_argument(
-        "--no-commands",
+        "--commands",
         action="store_true",
-        help="do not read commands from standard input",
+        help="read commands (JSON lines: start, cancel, resume, stop) from standard input; "
+        "standard input closing stops the worker (what `agboss-sql cluster` uses)",
     )
 
 
