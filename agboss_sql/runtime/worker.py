@@ -500,9 +500,12 @@ class Worker:
         # Known before the take: a stop that cancels this call after the take still
         # releases the lease (or logs it lost).
         self._keepers.add(keeper)
-        lease = await keeper.take(tenant_id, tree_id)
+        try:
+            lease = await keeper.take(tenant_id, tree_id)
+        finally:
+            if not keeper.held:
+                self._keepers.discard(keeper)
         if lease is None:
-            self._keepers.discard(keeper)
             return False
         self._spawn(self._run_root(tenant_id, tree_id, keeper, kind))
         return True
