@@ -74,7 +74,7 @@ from agboss_sql.testing.faults.audit import (
     _result_and_row,
     read_sql_history,
 )
-from agboss_sql.testing.faults.harness import Cluster, Event, Pod
+from agboss_sql.testing.faults.harness import Cluster, Event, Pod, WaitTimeout
 
 GRANTS = ("acquired", "taken-over", "reclaimed")
 
@@ -274,6 +274,17 @@ def run_cluster(
     return report
 
 
+def _said(instance_id: str, kind: str, tree: str) -> Callable[[Event], bool]:
+    def match(event: Event) -> bool:
+        return (
+            event.get("pod") == instance_id
+            and event.get("kind") == kind
+            and event.get("tree") == tree
+        )
+
+    return match
+
+
 def _ready(instance_id: str) -> Callable[[Event], bool]:
     def match(event: Event) -> bool:
         return event.get("pod") == instance_id and event.get("kind") == "ready"
@@ -464,9 +475,19 @@ class _Chaos:
         tree = min(candidates, key=lambda t: charged[t]) if candidates else self.trees[0]
         holder = running.get(tree)
         others = [p for p in cluster.pods if p.alive and p.instance_id != holder]
-        pod = others[-1] if others else cluster.pods[-1]
-        cluster.send(pod, {"cmd": "cancel", "tenant": self.tenant, "tree": tree})
-        state.chaos.append(f"cancel {tree} from {pod.instance_id} (last run on {holder})")
+        # Sent until a worker says it wrote the request (a worker may be busy or die first).
+        for pod in [*reversed(others), *(p for p in cluster.pods if p.alive)]:
+            since = cluster.mark()
+            cluster.send(pod, {"cmd": "cancel", "tenant": self.tenant, "tree": tree})
+            try:
+                cluster.wait_for(
+                    _said(pod.instance_id, "cancel-requested", tree), 10, "cancel", since=since
+                )
+            except WaitTimeout:
+                continue
+            state.chaos.append(f"cancel {tree} from {pod.instance_id} (last run on {holder})")
+            return
+        state.chaos.append(f"cancel {tree}: no worker wrote the request")
 
 
 def _held_by(engine: sa.Engine, tenant: str, instance_id: str) -> list[tuple[str, str, int]]:

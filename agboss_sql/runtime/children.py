@@ -132,6 +132,7 @@ class ChildWorker:
         self.store_retries = store_retries
         self._task: asyncio.Task[None] | None = None
         self._runs: set[asyncio.Task[None]] = set()
+        self._keepers: set[LeaseKeeper] = set()
         self._keeper()  # the lease settings are checked now, not at the first child
 
     def _keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
@@ -160,7 +161,7 @@ class ChildWorker:
         if claimed is None:
             return False
         keeper = self._keeper(claimed.root_execution_id)
-        lease = await keeper.take(claimed.tenant_id, claimed.child_execution_id)
+        lease = await self._take(keeper, claimed.tenant_id, claimed.child_execution_id)
         if lease is None:
             logger.warning(
                 "child %s is claimed but its lease is held elsewhere; leaving it to the rescue",
@@ -179,7 +180,7 @@ class ChildWorker:
         if claimed is None:
             return None, None
         keeper = self._keeper(claimed.root_execution_id)
-        lease = await keeper.take(claimed.tenant_id, claimed.child_execution_id)
+        lease = await self._take(keeper, claimed.tenant_id, claimed.child_execution_id)
         if lease is None:
             logger.warning(
                 "child %s is claimed but its lease is held elsewhere; leaving it to the rescue",
@@ -187,6 +188,19 @@ class ChildWorker:
             )
             return claimed, None
         return claimed, self._spawn_run(claimed, keeper, lease)
+
+    async def _take(
+        self, keeper: LeaseKeeper, tenant_id: str, child_execution_id: str
+    ) -> ExecutionLease | None:
+        """`keeper.take`, with the keeper known before the take: a `stop(release=True)`
+        that cancels this call after the take still releases the lease."""
+        self._keepers.add(keeper)
+        try:
+            lease = await keeper.take(tenant_id, child_execution_id)
+        finally:
+            if not keeper.held:
+                self._keepers.discard(keeper)
+        return lease
 
     def _spawn_run(
         self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease
@@ -216,7 +230,7 @@ class ChildWorker:
             if max_runs is not None and rescued >= max_runs:
                 break
             keeper = self._keeper(child.root_execution_id)
-            lease = await keeper.take(child.tenant_id, child.child_execution_id)
+            lease = await self._take(keeper, child.tenant_id, child.child_execution_id)
             if lease is None:
                 continue
             restarted = await self.queue.restart(child.child_execution_id, child.attempt)
@@ -232,6 +246,18 @@ class ChildWorker:
         return rescued
 
     async def _run(self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease) -> None:
+        try:
+            await self._run_held(child, keeper, lease)
+        except asyncio.CancelledError:
+            raise  # the keeper stays known: `stop(release=True)` releases its lease
+        except BaseException:
+            self._keepers.discard(keeper)
+            raise
+        self._keepers.discard(keeper)
+
+    async def _run_held(
+        self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease
+    ) -> None:
         async def call() -> JsonValue:
             return await self.run_child(child, lease)
 
@@ -369,9 +395,11 @@ class ChildWorker:
                 self._loop(poll_ms, rescue_every_ms)
             )
 
-    async def stop(self) -> None:
+    async def stop(self, *, release: bool = False) -> int:
         """Stop the loop and the runs `start_once` started; a child being run is cancelled
-        and its lease left to run out (or released by the caller, from its keeper)."""
+        and its lease left to run out for the rescue, or, with `release`, released (each
+        release bounded to 2 s) so another instance takes it at once. A release the store
+        refuses (the lease was taken over meanwhile) logs the lease `lost`."""
         task, self._task = self._task, None
         tasks = [*([task] if task is not None else []), *self._runs]
         for each in tasks:
@@ -379,6 +407,15 @@ class ChildWorker:
         for each in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await each
+        released = 0
+        if release:
+            for keeper in list(self._keepers):
+                if keeper.held:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(2):
+                            released += await keeper.release()
+            self._keepers.clear()
+        return released
 
     async def _loop(self, poll_ms: int, rescue_every_ms: int) -> None:
         next_rescue = self.clock.monotonic()

@@ -407,15 +407,15 @@ class Worker:
             async with asyncio.timeout(self.config.shutdown_ms / 1000):
                 if self._sweep is not None:
                     await self._sweep.stop()
+                released = 0
                 if self._children is not None:
-                    await self._children.stop()
+                    released += await self._children.stop(release=True)
                 self.emit({"kind": "stop-phase", "phase": "children stopped"})
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.emit({"kind": "stop-phase", "phase": "runs stopped"})
-                released = 0
                 for keeper in list(self._keepers):
                     if keeper.held:
                         with contextlib.suppress(Exception):
@@ -1282,7 +1282,7 @@ async def _commands(worker: Worker, stop: asyncio.Event) -> None:
             if kind == "start":
                 worker._spawn(worker.start_tree(tenant_id, tree_id, StepKind.ROOT))
             elif kind == "cancel":
-                worker._spawn(worker.cancel(tenant_id, tree_id))
+                worker._spawn(_retried(worker, "cancel", worker.cancel, tenant_id, tree_id))
             elif kind == "resume":
 
                 async def resume(t: str = tenant_id, r: str = tree_id) -> None:
@@ -1298,6 +1298,25 @@ async def _commands(worker: Worker, stop: asyncio.Event) -> None:
                 worker.emit({"kind": "bad-command", "command": command})
         except Exception as error:
             worker.emit({"kind": "bad-command", "error": repr(error)})
+
+
+async def _retried(
+    worker: Worker, what: str, call: Callable[[str, str], Awaitable[None]], tenant: str, tree: str
+) -> None:
+    """A command's call, tried again after a store outage for up to three leases; a failure
+    that persists is reported as a `command-failed` event."""
+    deadline = worker.clock.monotonic() + 3 * worker.config.lease_ms
+    while True:
+        try:
+            await call(tenant, tree)
+            return
+        except StoreUnavailableError as error:
+            if worker.clock.monotonic() >= deadline:
+                worker.emit(
+                    {"kind": "command-failed", "cmd": what, "tree": tree, "error": repr(error)}
+                )
+                return
+            await worker.clock.sleep(worker.config.poll_every_ms)
 
 
 async def run_worker(config: WorkerConfig, *, commands: bool = True) -> int:

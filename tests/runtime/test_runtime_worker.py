@@ -190,8 +190,12 @@ async def test_a_resume_raced_from_two_workers_runs_the_branch_once(
     tenant, tree = workers.tenant, "tree-paused"
     await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1, pause=True))
     await until(is_status(a, tenant, tree, ExecutionRecordStatus.PAUSED), f"{tree} paused")
-    # Paused: no lease held.
-    assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+    # Paused: no lease held (the record moves first, then the lease is released).
+
+    async def released() -> bool:
+        return (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+
+    await until(released, f"{tree} released while paused")
     answers = await asyncio.gather(
         a.resume(tenant, tree, {"approved": True, "by": "wa"}),
         b.resume(tenant, tree, {"approved": True, "by": "wb"}),
