@@ -27,7 +27,11 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from agboss_sql.contracts.clocks import Clock, StoreClock, SystemClock
-from agboss_sql.contracts.errors import AssemblyError, FencedEffectStoreMismatchError
+from agboss_sql.contracts.errors import (
+    AssemblyError,
+    FencedEffectStoreMismatchError,
+    StoreUnavailableError,
+)
 from agboss_sql.contracts.stores import (
     CONTRACTS,
     ExecutionLeaseRepository,
@@ -40,7 +44,7 @@ from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.memory import InMemoryBackend, memory_stores
 from agboss_sql.sql import sql_stores
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.sql.migrate import DEFAULT_DATABASE_URL, resolve_url
+from agboss_sql.sql.migrate import DEFAULT_DATABASE_URL, require_head, resolve_url
 
 S = TypeVar("S")
 
@@ -139,8 +143,10 @@ class Application:
     """An application instance: its stores, built from `providers` (defaults in memory).
 
     Build one per instance; `start()` assembles and checks the layout, raising one
-    `AssemblyError` that lists every violation; `close()` closes the connections it
-    created. `async with Application(...) as app:` does both around the block."""
+    `AssemblyError` that lists every violation, and refuses a SQL database whose schema
+    is not at the head revision (`SchemaNotReadyError`; `require_schema=False` skips that
+    check); `close()` closes the connections it created. `async with Application(...) as
+    app:` does both around the block."""
 
     def __init__(
         self,
@@ -150,11 +156,13 @@ class Application:
         *,
         strict: bool = False,
         instance_id: str | None = None,
+        require_schema: bool = True,
     ) -> None:
         self.name = name
         self.providers = tuple(providers)
         self.values: dict[Any, Any] = dict(values or {})
         self.strict = strict
+        self.require_schema = require_schema
         self.instance_id = instance_id or f"{name}-{uuid.uuid4().hex[:12]}"
         self.context = ApplicationContext(instance_id=self.instance_id, name=name)
         self._stores: dict[type[Any], Any] = {}
@@ -217,9 +225,57 @@ class Application:
 
     async def start(self) -> None:
         """Build every store and check the layout; raise one `AssemblyError` listing every
-        violation. An opted-out fencing store logs `[application.lease-check-not-atomic]`."""
+        violation. An opted-out fencing store logs `[application.lease-check-not-atomic]`.
+
+        Then, unless `require_schema=False`, read the schema revision of each SQL
+        database the stores use: a database that answers at a revision other than the head
+        (unmigrated, or behind) is refused at once with `SchemaNotReadyError`, naming the
+        command to run, and the connections the application created are closed. A database
+        that does not answer within `READINESS_TIMEOUT_S` is left to `check_readiness()`
+        (a warning is logged): an instance may start before its database is up.
+
+        Building the stores (compiling their statements, importing drivers) runs on a
+        worker thread, so the event loop is not held while it lasts."""
         if self._started:
             return
+        built, violations = await asyncio.to_thread(self._assemble)
+        if violations:
+            await self._close_owned()
+            raise AssemblyError(
+                f"the store layout of application {self.name!r} is invalid:\n  "
+                + "\n  ".join(violations)
+            )
+        if self.require_schema:
+            try:
+                await self._require_schema()
+            except BaseException:
+                await self._close_owned()
+                raise
+        self._stores = built
+        self._started = True
+
+    def _sql_connections(self) -> list[SqlConnection]:
+        found: list[SqlConnection] = []
+        for value in self.values.values():
+            if isinstance(value, SqlConnection) and value not in found:
+                found.append(value)
+        return found
+
+    async def _require_schema(self) -> None:
+        for connection in self._sql_connections():
+            try:
+                await asyncio.wait_for(require_head(connection), READINESS_TIMEOUT_S)
+            except (StoreUnavailableError, TimeoutError) as exc:
+                logger.warning(
+                    "[application.schema-unchecked] the schema revision of %s could not be "
+                    "read at start (%s): readiness reports it until the database answers",
+                    connection.url.render_as_string(hide_password=True),
+                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                )
+
+    def _assemble(self) -> tuple[dict[type[Any], Any], list[str]]:
+        """Build every store (blocking work: run on a worker thread by `start()`); answer
+        them and the layout's violations."""
         violations: list[str] = []
         by_contract: dict[type[Any], list[type[Any]]] = {}
         for provider in self.providers:
@@ -262,14 +318,7 @@ class Application:
                 continue
             store = built[contract]
             violations.extend(self._layout_violations(store, lease_store))
-        if violations:
-            await self._close_owned()
-            raise AssemblyError(
-                f"the store layout of application {self.name!r} is invalid:\n  "
-                + "\n  ".join(violations)
-            )
-        self._stores = built
-        self._started = True
+        return built, violations
 
     def _layout_violations(self, store: Any, lease_store: Any) -> list[str]:
         cls, lease_cls = type(store), type(lease_store)
@@ -327,8 +376,10 @@ class Application:
         self._components[name] = probe
 
     async def check_readiness(self, timeout_s: float = READINESS_TIMEOUT_S) -> ReadinessReport:
-        """Ping every store concurrently, each under `timeout_s`; never hangs longer. The
-        components added by `add_readiness_component` are reported beside them."""
+        """Ping every store concurrently, each under `timeout_s`, and read the schema
+        revision of each SQL database the stores use (a `schema (URL)` component, down
+        unless the database is at the head revision); never hangs longer. The components
+        added by `add_readiness_component` are reported beside them."""
 
         async def probe(contract: type[Any], store: Any) -> ComponentHealth:
             name = f"{_name(contract)} ({_name(type(store))})"
@@ -348,9 +399,27 @@ class Application:
             elapsed = (time.perf_counter() - started) * 1000
             return ComponentHealth(name, HealthStatus.UP, elapsed)
 
+        async def schema(connection: SqlConnection) -> ComponentHealth:
+            shown = connection.url.set(drivername=connection.dialect_name)
+            name = f"schema ({shown.render_as_string(hide_password=True)})"
+            started = time.perf_counter()
+            try:
+                await asyncio.wait_for(require_head(connection), timeout_s)
+            except TimeoutError:
+                elapsed = (time.perf_counter() - started) * 1000
+                return ComponentHealth(
+                    name, HealthStatus.DOWN, elapsed, f"no answer within {timeout_s:g} s"
+                )
+            except Exception as exc:
+                elapsed = (time.perf_counter() - started) * 1000
+                return ComponentHealth(name, HealthStatus.DOWN, elapsed, str(exc))
+            elapsed = (time.perf_counter() - started) * 1000
+            return ComponentHealth(name, HealthStatus.UP, elapsed)
+
         components = list(
             await asyncio.gather(
-                *(probe(contract, store) for contract, store in self._stores.items())
+                *(probe(contract, store) for contract, store in self._stores.items()),
+                *(schema(connection) for connection in self._sql_connections()),
             )
         )
         for name, local in self._components.items():

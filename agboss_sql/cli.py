@@ -4,16 +4,39 @@ Each subcommand is one `Subcommand` in `SUBCOMMANDS`: a function that adds its
 arguments to its parser and a function that runs it and answers the exit
 status. Adding one is writing those two functions and one table entry; heavy
 imports stay inside the run function, so `agboss-sql --help` stays fast.
+
+A failure prints one line on stderr, `agboss-sql COMMAND: what is wrong: what to
+do`, and exits 1 (2 for a misuse of the options, 130 when interrupted);
+`--debug` prints the traceback instead. The read-only commands (`current`,
+`history`, `check`, `leases`) never create a database.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 PROG = "agboss-sql"
+
+FAILED = 1
+"""The exit status of a command that failed (a database that cannot be used, a bad URL)."""
+
+MISUSED = 2
+"""The exit status of a command given options that do not go together (as argparse's)."""
+
+INTERRUPTED = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT)."""
+
+
+class CommandFailed(Exception):
+    """An expected failure a subcommand reports itself: `message` is the line to print
+    (what is wrong and what to do), `status` the exit status."""
+
+    def __init__(self, message: str, status: int = FAILED) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +69,65 @@ def database_url(args: argparse.Namespace) -> str:
 
 
 def shown(url: str) -> str:
-    """A URL as it may be printed: without its password."""
+    """A URL as it may be printed: without its password (a SQLite path as written, not
+    percent-encoded: `sqlite:///:memory:`)."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return f"{parsed.drivername}:///{parsed.database or ''}"
+    return parsed.render_as_string(hide_password=True)
+
+
+def existing_database(args: argparse.Namespace) -> str:
+    """The URL a read-only subcommand works on, refused when it names a SQLite file that
+    does not exist: a read never creates a database."""
+    from agboss_sql.sql.migrate import missing_sqlite_file
+
+    url = database_url(args)
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise CommandFailed(
+            f"no database at {missing} (this command never creates one): "
+            f"`{PROG} upgrade --url {shown(url)}` creates and migrates it"
+        )
+    return url
+
+
+def require_head(url: str) -> str:
+    """The database's revision, refused unless it is the head (the agboss tables exist
+    and are current), with the command that brings it there."""
+    from agboss_sql.sql import migrate
+
+    revision, head = migrate.current(url), migrate.head()
+    if revision != head:
+        raise CommandFailed(_behind(url, revision, head))
+    return head
+
+
+def _behind(url: str, revision: str | None, head: str) -> str:
+    """What is wrong with a database not at `head`, and what to run."""
+    if revision is None:
+        return f"{shown(url)} has no agboss schema revision recorded: {_advice(url, revision)}"
+    return f"{shown(url)} is at schema revision {revision}, behind {head}: {_advice(url, revision)}"
+
+
+def _advice(url: str, revision: str | None) -> str:
+    """The command that brings a database not at the head there: `stamp` for agboss
+    tables without a recorded revision, else `upgrade`."""
+    from agboss_sql.sql import migrate
+
+    if revision is None and migrate.agboss_tables(url):
+        return (
+            f"its agboss tables were made without these migrations: if they are the current "
+            f"schema, run `{PROG} stamp --url {shown(url)}` (it compares them first)"
+        )
+    if revision is None:
+        return (
+            f"run `{PROG} upgrade --url {shown(url)}` (or `{PROG} stamp` to adopt tables "
+            "made another way)"
+        )
+    return f"run `{PROG} upgrade --url {shown(url)}`"
 
 
 # --- upgrade ---------------------------------------------------------------------------
@@ -72,6 +150,34 @@ def _upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- stamp -----------------------------------------------------------------------------
+
+
+def _stamp_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--revision", default="head", help="the revision the tables match (default: head)"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="record the revision even when no agboss table exists or the tables differ "
+        "from the head's schema",
+    )
+
+
+def _stamp(args: argparse.Namespace) -> int:
+    from agboss_sql.sql import migrate
+
+    url = database_url(args)
+    done = migrate.stamp(url, args.revision, force=args.force)
+    if done.changed:
+        print(f"stamped {shown(url)}: {_revision(done.before)} -> {_revision(done.after)}")
+    else:
+        print(f"{shown(url)} is already stamped {_revision(done.after)}: nothing to do")
+    return 0
+
+
 # --- current ---------------------------------------------------------------------------
 
 
@@ -82,11 +188,12 @@ def _current_arguments(parser: argparse.ArgumentParser) -> None:
 def _current(args: argparse.Namespace) -> int:
     from agboss_sql.sql import migrate
 
-    url = database_url(args)
+    url = existing_database(args)
     revision = migrate.current(url)
     head = migrate.head()
-    state = "up to date" if revision == head else f"behind head {head}: run `{PROG} upgrade`"
-    print(f"{shown(url)}: {_revision(revision)} ({state})")
+    if revision != head:
+        raise CommandFailed(_behind(url, revision, head))
+    print(f"{shown(url)}: {_revision(revision)} (up to date)")
     return 0
 
 
@@ -94,7 +201,12 @@ def _current(args: argparse.Namespace) -> int:
 
 
 def _history_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        default=None,
+        help="also mark the revision this database is at (without --url no database is read)",
+    )
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -102,10 +214,18 @@ def _history(args: argparse.Namespace) -> int:
 
     from agboss_sql.sql import migrate
 
+    at: str | None = None
+    if args.url is not None:
+        at = migrate.current(existing_database(args))
     scripts = ScriptDirectory(str(migrate.script_location()))
     for script in scripts.walk_revisions():
-        mark = " (head)" if script.is_head else ""
+        marks = [
+            m for m, on in (("head", script.is_head), ("current", script.revision == at)) if on
+        ]
+        mark = f" ({', '.join(marks)})" if marks else ""
         print(f"{_revision(script.down_revision)} -> {script.revision}{mark}: {script.doc}")
+    if args.url is not None and at is None:
+        print(f"{shown(database_url(args))}: base (no schema)")
     return 0
 
 
@@ -126,7 +246,7 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> int:
     import asyncio
 
-    return asyncio.run(_check_async(database_url(args), strict=args.strict))
+    return asyncio.run(_check_async(existing_database(args), strict=args.strict))
 
 
 async def _check_async(url: str, *, strict: bool) -> int:
@@ -143,9 +263,14 @@ async def _check_async(url: str, *, strict: bool) -> int:
         print(f"schema: {revision} (head)")
     else:
         healthy = False
-        print(f"schema: {_revision(revision)}, head is {head}: run `{PROG} upgrade --url URL`")
+        print(f"schema: {_revision(revision)}, head is {head}: {_advice(url, revision)}")
+    # The report says what is wrong with the schema; start() would refuse it instead.
     app = Application(
-        "agboss-sql-check", sql_stores(), {DatabaseUrl: DatabaseUrl(url)}, strict=strict
+        "agboss-sql-check",
+        sql_stores(),
+        {DatabaseUrl: DatabaseUrl(url)},
+        strict=strict,
+        require_schema=False,
     )
     await app.start()
     try:
@@ -190,7 +315,7 @@ def _demo(args: argparse.Namespace) -> int:
     from agboss_sql.demo import run_demo
 
     url = database_url(args)
-    print(f"demo on {shown(url)}")
+    print(f"demo on {shown(url)}", flush=True)
     return asyncio.run(run_demo(url))
 
 
@@ -308,14 +433,47 @@ def _cluster(args: argparse.Namespace) -> int:
 def _leases_arguments(parser: argparse.ArgumentParser) -> None:
     add_url_argument(parser)
     parser.add_argument("--tenant", help="with --execution: one lease and its whole log")
-    parser.add_argument("--execution", help="the execution (tree root or child) id")
+    parser.add_argument("--execution", help="with --tenant: the execution (tree root or child) id")
     parser.add_argument("--limit", type=int, default=20, help="recent events to show")
 
 
 def _leases(args: argparse.Namespace) -> int:
     import asyncio
 
-    return asyncio.run(_leases_async(database_url(args), args.tenant, args.execution, args.limit))
+    if (args.tenant is None) != (args.execution is None):
+        given, missing = ("--tenant", "--execution") if args.tenant else ("--execution", "--tenant")
+        raise CommandFailed(
+            f"{given} needs {missing}: a lease is named by both (without either, the recent "
+            "moves of every lease are shown)",
+            MISUSED,
+        )
+    if args.limit < 1:
+        raise CommandFailed(f"--limit must be at least 1, got {args.limit}", MISUSED)
+    url = existing_database(args)
+    require_head(url)
+    return asyncio.run(_leases_async(url, args.tenant, args.execution, args.limit))
+
+
+def iso_ms(epoch_ms: int) -> str:
+    """An epoch-millisecond time as ISO 8601 in UTC, to the millisecond."""
+    from datetime import UTC, datetime
+
+    moment = datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def span_ms(ms: int) -> str:
+    """A duration for a person: `850 ms`, `12.5 s`, `7 min`, `3.0 h`, `2.0 d`."""
+    ms = abs(ms)
+    if ms < 1_000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000} min"
+    if ms < 86_400_000:
+        return f"{ms / 3_600_000:.1f} h"
+    return f"{ms / 86_400_000:.1f} d"
 
 
 async def _leases_async(url: str, tenant: str | None, execution: str | None, limit: int) -> int:
@@ -331,7 +489,10 @@ async def _leases_async(url: str, tenant: str | None, execution: str | None, lim
         log = SqlExecutionLeaseEventRepository(
             connection, StoreClock(), ApplicationContext("agboss-sql-leases")
         )
-        if tenant and execution:
+        # Ages are measured on the database's clock, the one that decides the leases.
+        now = int((await connection.execute(_select(connection.ops.now_ms()))).scalar() or 0)
+        print(f"database time: {iso_ms(now)}")
+        if tenant is not None and execution is not None:
             row = (
                 await connection.execute(
                     sa.select(
@@ -342,37 +503,38 @@ async def _leases_async(url: str, tenant: str | None, execution: str | None, lim
                         leases.c.yielded,
                         leases.c.finished,
                         leases.c.closed_reason,
-                        connection.ops.now_ms(),
                     ).where(leases.c.tenant_id == tenant, leases.c.execution_id == execution)
                 )
             ).first()
             if row is None:
                 print(f"{tenant}/{execution}: no lease")
             else:
-                holder, epoch, expires_at, released, yielded, finished, closed, now = row
-                state = (
-                    "finished"
-                    if finished
-                    else f"closed ({closed})"
-                    if closed
-                    else "released"
-                    if released
-                    else "yielded"
-                    if yielded
-                    else f"live, {expires_at - now} ms left"
-                    if expires_at > now
-                    else "expired"
-                )
+                holder, epoch, expires_at, released, yielded, finished, closed = row
+                if finished:
+                    state = "finished"
+                elif closed:
+                    state = f"closed ({closed})"
+                elif released:
+                    state = "released"
+                elif yielded:
+                    state = "yielded"
+                elif expires_at > now:
+                    state = f"live, expires {iso_ms(expires_at)} (in {span_ms(expires_at - now)})"
+                else:
+                    state = f"expired {iso_ms(expires_at)} ({span_ms(now - expires_at)} ago)"
                 print(f"{tenant}/{execution}: {holder} at epoch {epoch}, {state}")
             events = list(await log.list(tenant, execution))
         else:
             events = list(await log.recent(limit))
+            if not events:
+                print("no lease moves recorded yet")
         for event in events:
             taken = event.taken_over_from
             extra = f" from {taken.instance_id}@{taken.lease_epoch}" if taken else ""
             extra += f" ({event.reason})" if event.reason else ""
             print(
-                f"{event.at} {event.tenant_id}/{event.execution_id} {event.instance_id} "
+                f"{iso_ms(event.at)} ({span_ms(now - event.at)} ago) "
+                f"{event.tenant_id}/{event.execution_id} {event.instance_id} "
                 f"epoch {event.lease_epoch} {event.kind}{extra}"
             )
         # A zombie is an instance acting at an epoch below the lease's current one.
@@ -458,13 +620,15 @@ def _faults(args: argparse.Namespace) -> int:
             print(f"{scenario.name:<22} ({on}) {scenario.doc}")
         return 0
     if args.repeat < 1:
-        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+        raise CommandFailed(f"--repeat must be at least 1, got {args.repeat}", MISUSED)
     url = database_url(args)
     dialect = dialect_of(url)
     names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`")
+        raise CommandFailed(
+            f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`", MISUSED
+        )
     settings = FaultSettings(pods=args.pods, time_scale=args.time_scale)
     results = []
     width = 20
@@ -499,8 +663,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         _upgrade_arguments,
         _upgrade,
     ),
-    "current": Subcommand("show the schema revision of a database", _current_arguments, _current),
-    "history": Subcommand("list the schema revisions", _history_arguments, _history),
+    "stamp": Subcommand(
+        "record the revision of agboss tables made without these migrations (adopt a "
+        "database that has the tables but no agboss_alembic_version), running nothing",
+        _stamp_arguments,
+        _stamp,
+    ),
+    "current": Subcommand(
+        "show the schema revision of a database (exit 1 unless it is the head)",
+        _current_arguments,
+        _current,
+    ),
+    "history": Subcommand(
+        "list the schema revisions (with --url: and the one a database is at)",
+        _history_arguments,
+        _history,
+    ),
     "check": Subcommand(
         "readiness of the SQL stores, the schema revision and the database's clock skew",
         _check_arguments,
@@ -549,9 +727,20 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog=PROG, description="Durable stores on SQLite, PostgreSQL and MySQL/MariaDB."
     )
+    top.add_argument("--debug", action="store_true", help="on a failure, print the traceback")
+    # Accepted after the subcommand too; SUPPRESS keeps a top-level --debug from being reset.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="on a failure, print the traceback",
+    )
     subparsers = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, subcommand in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=subcommand.help, description=subcommand.help)
+        sub = subparsers.add_parser(
+            name, help=subcommand.help, description=subcommand.help, parents=[common]
+        )
         subcommand.arguments(sub)
         sub.set_defaults(run=subcommand.run)
     return top
@@ -559,32 +748,182 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: `sys.argv[1:]`); answer the exit status.
-    An expected failure (a database that cannot be reached or migrated, a bad URL or
-    revision) prints the subcommand and its cause, without a traceback, and answers 1."""
+
+    Every failure prints one line on stderr, `agboss-sql COMMAND: what is wrong: what to
+    do`, and answers `FAILED` (`MISUSED` for options that do not go together,
+    `INTERRUPTED` for Ctrl-C); with `--debug` the traceback follows the line."""
     args = parser().parse_args(argv)
     try:
         status: int = args.run(args)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
     except Exception as exc:
-        if not _is_expected_failure(exc):
-            raise
-        print(f"{PROG} {args.command}: {_cause(exc)}", file=sys.stderr)
-        return 1
+        status = exc.status if isinstance(exc, CommandFailed) else FAILED
+        line = str(exc) if isinstance(exc, CommandFailed) else explain(exc, args)
+        print(f"{PROG} {args.command}: {line}", file=sys.stderr)
+        if args.debug:
+            import traceback
+
+            traceback.print_exception(exc, file=sys.stderr)
+        return status
     return status
 
 
-def _cause(exc: Exception) -> str:
-    # A driver error says it best; SQLAlchemy's wrapper adds the statement and a link.
-    cause = getattr(exc, "orig", None) or exc
-    return f"{type(cause).__name__}: {cause}"
+_EXTRAS = {
+    "psycopg": ("the PostgreSQL driver", "postgresql"),
+    "psycopg_binary": ("the PostgreSQL driver", "postgresql"),
+    "aiomysql": ("the MySQL/MariaDB driver", "mysql"),
+    "pymysql": ("the MySQL/MariaDB driver", "mysql"),
+    "langgraph": ("LangGraph's checkpoint package", "langgraph"),
+}
+"""A missing module, what it is and the extra that installs it."""
 
 
-def _is_expected_failure(exc: Exception) -> bool:
-    """A database that cannot be reached or migrated, a bad URL or revision: reported
-    without a traceback. Anything else is a bug and keeps its traceback."""
-    from alembic.util import CommandError
-    from sqlalchemy.exc import SQLAlchemyError
+def explain(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line saying what `exc` means to the person who ran the command, and what to
+    do about it: a missing driver names its extra, a file path given as a URL gets its
+    `sqlite:///` form, a refused connection, a missing database, missing tables, a
+    refused login each say so. Anything else is shown as its type and first line, with
+    the hint to run again with `--debug`."""
+    from agboss_sql.contracts.errors import AgbossError
 
-    return isinstance(exc, (SQLAlchemyError, CommandError, OSError, ValueError))
+    given = getattr(args, "url", None)
+    try:
+        url = database_url(args) if hasattr(args, "url") else None
+    except Exception:  # pragma: no cover - resolving a URL reads only the environment
+        url = None
+    chain = list(_chain(exc))
+    text = " | ".join(str(e) for e in chain)
+    lowered = text.lower()
+    rerun = f"--url {shown_or(url)}"
+
+    missing = next((e for e in chain if isinstance(e, ImportError)), None)
+    if missing is not None:
+        module = (missing.name or "").split(".")[0]
+        if module in _EXTRAS:
+            what, extra = _EXTRAS[module]
+            return (
+                f"{what} ({module}) is not installed: install agboss-sql with its `{extra}` "
+                f"extra: `pip install '.[{extra}]'` in a checkout, or "
+                f"`pip install 'dist/agboss_sql-<version>-py3-none-any.whl[{extra}]'`"
+            )
+    if "could not parse sqlalchemy url" in lowered or (
+        url is not None and "://" not in url and isinstance(exc, ValueError)
+    ):
+        written = given or url or ""
+        return (
+            f"{written!r} is not a database URL: for a SQLite file write "
+            f"sqlite:///{written} (relative to here) or sqlite:////absolute/path; "
+            "for a server postgresql://user@host/db or mysql://user@host/db"
+        )
+    if isinstance(exc, ValueError) and "unsupported database" in lowered:
+        return f"{exc}: e.g. sqlite:///file.sqlite, postgresql://user@host/db, mysql://user@host/db"
+    where = _server_of(url)
+    if (
+        "connection refused" in lowered
+        or "can't connect to" in lowered
+        or "could not connect to server" in lowered
+    ):
+        why = "connection refused" if "refused" in lowered else "cannot connect"
+        return (
+            f"nothing answers at {where} ({why}): start the database server, "
+            "or correct the host and port in the URL"
+        )
+    database = _database_of(url)
+    if f'database "{database}" does not exist' in lowered or "unknown database" in lowered:
+        return (
+            f"database {database!r} does not exist on {where}: create it "
+            f"(`CREATE DATABASE {database}`), then run `{PROG} upgrade {rerun}`"
+        )
+    if (
+        "password authentication failed" in lowered
+        or "access denied" in lowered
+        or (f'role "{_user_of(url)}" does not exist' in lowered)
+    ):
+        return (
+            f"{where} refused the login ({_first_line(_innermost(chain))}): check the user "
+            "and password in the URL"
+        )
+    if "agboss_" in lowered and (
+        "no such table" in lowered or "doesn't exist" in lowered or "does not exist" in lowered
+    ):
+        return f"the agboss tables are missing on {shown_or(url)}: run `{PROG} upgrade {rerun}`"
+    if isinstance(exc, AgbossError):
+        return str(exc).replace("--url URL", rerun)
+    cause = _innermost(chain)
+    return (
+        f"{type(cause).__name__}: {_first_line(cause)} (run again with --debug for the traceback)"
+    )
+
+
+def shown_or(url: str | None) -> str:
+    """`shown(url)`, or `URL` when there is none or it cannot be parsed."""
+    if url is None:
+        return "URL"
+    try:
+        return shown(url)
+    except Exception:
+        return url
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        pending.extend(
+            [
+                orig if isinstance(orig, BaseException) else None,
+                current.__cause__,
+                current.__context__,
+            ]
+        )
+
+
+def _innermost(chain: list[BaseException]) -> BaseException:
+    # A driver's error says it best; SQLAlchemy's wrapper adds the statement and a link.
+    return chain[-1] if len(chain) > 1 else chain[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _server_of(url: str | None) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url or "")
+    except Exception:
+        return "the database"
+    if parsed.host is None:
+        return shown_or(url)
+    return f"{parsed.host}:{parsed.port}" if parsed.port else parsed.host
+
+
+def _user_of(url: str | None) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url or "").username or ""
+    except Exception:
+        return ""
+
+
+def _database_of(url: str | None) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url or "").database or ""
+    except Exception:
+        return ""
 
 
 if __name__ == "__main__":

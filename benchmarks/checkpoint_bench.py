@@ -10,7 +10,10 @@ for that database when it is installed (`langgraph-checkpoint-postgres`,
 operation is what a graph step costs its checkpointer: `aput` of a realistic checkpoint
 (3 channels of a few hundred bytes each, all three at a new version, parent = the
 previous checkpoint) then `aget_tuple` of the thread's latest checkpoint. Scenarios:
-every operation on one thread (its history grows), and round robin over 100 threads.
+every operation on one thread (its history grows), round robin over 100 threads, a chat
+path (the whole conversation in a `messages` channel that grows two messages a turn, turns
+round robin over 10 threads), and history paging (pages of 10 checkpoints newest first with
+`alist(limit=10, before=…)`, as `aget_state_history` reads, over a thread of 200).
 One client, operations in sequence; the savers take turns in slices (`--rounds`) so a
 change in the machine's load falls on both. Prints a table, then one JSON line per
 measurement and per comparison.
@@ -43,7 +46,16 @@ from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.testing.database import sync_url
 
-SCENARIOS = (("1 thread", 1), ("100 threads", 100))
+SCENARIOS = (("1 thread", 1), ("100 threads", 100), ("chat", 10))
+"""(name, threads): "chat" is a chat graph's path: each turn adds two messages to a
+`messages` channel that holds the whole conversation (LangGraph's `add_messages`), so the
+value written per checkpoint grows with the thread (turns go round robin over the threads)."""
+
+HISTORY_CHECKPOINTS = 200
+"""Checkpoints of the thread whose history the "history" scenario pages through."""
+HISTORY_PAGE = 10
+"""Checkpoints per page of the "history" scenario (`alist(limit=…, before=…)`, what
+`graph.aget_state_history` reads)."""
 
 
 def channel_values(step: int) -> dict[str, Any]:
@@ -77,11 +89,29 @@ def channel_values(step: int) -> dict[str, Any]:
     }
 
 
+def chat_values(turn: int) -> dict[str, Any]:
+    """A chat graph's state after `turn` turns: the whole conversation (two messages a turn)
+    in `messages`, and a small `turn` counter; both change every turn."""
+    messages: list[Any] = []
+    for t in range(turn + 1):
+        messages.append(
+            HumanMessage(
+                content=f"Turn {t}: here is what I tried and what went wrong. " * 3, id=f"h{t}"
+            )
+        )
+        messages.append(
+            AIMessage(
+                content=f"Turn {t}: thanks, let us go through it step by step. " * 3, id=f"a{t}"
+            )
+        )
+    return {"messages": messages, "turn": turn}
+
+
 def checkpoint_of(
-    saver: BaseCheckpointSaver[Any], step: int, versions: dict[str, Any]
+    saver: BaseCheckpointSaver[Any], step: int, versions: dict[str, Any], *, turn: int | None = None
 ) -> Checkpoint:
     checkpoint = empty_checkpoint()
-    checkpoint["channel_values"] = channel_values(step)
+    checkpoint["channel_values"] = channel_values(step) if turn is None else chat_values(turn)
     for channel in checkpoint["channel_values"]:
         versions[channel] = saver.get_next_version(versions.get(channel), None)
     checkpoint["channel_versions"] = dict(versions)
@@ -105,9 +135,16 @@ class Workload:
     """One saver's operations on its threads; run in slices, the history carries on."""
 
     def __init__(
-        self, saver: BaseCheckpointSaver[Any], name: str, threads: int, run_id: str, tag: str
+        self,
+        saver: BaseCheckpointSaver[Any],
+        name: str,
+        threads: int,
+        run_id: str,
+        tag: str,
+        *,
+        chat: bool = False,
     ) -> None:
-        self.saver, self.name = saver, name
+        self.saver, self.name, self.chat = saver, name, chat
         self.thread_ids = [f"bench-{run_id}-{tag}-{i}" for i in range(threads)]
         self.parents: dict[str, str | None] = dict.fromkeys(self.thread_ids)
         self.versions: dict[str, dict[str, Any]] = {t: {} for t in self.thread_ids}
@@ -126,7 +163,8 @@ class Workload:
             configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
             if self.parents[thread_id] is not None:
                 configurable["checkpoint_id"] = self.parents[thread_id]
-            checkpoint = checkpoint_of(saver, step, self.versions[thread_id])
+            turn = step // len(self.thread_ids) if self.chat else None
+            checkpoint = checkpoint_of(saver, step, self.versions[thread_id], turn=turn)
             metadata: Any = {"source": "loop", "step": step, "parents": {}}
             t0 = time.perf_counter()
             stored = await saver.aput(
@@ -236,7 +274,7 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
             for scenario, threads in SCENARIOS:
                 tag = scenario.replace(" ", "")
                 loads = [
-                    Workload(saver, name, threads, run_id, f"{i}{tag}")
+                    Workload(saver, name, threads, run_id, f"{i}{tag}", chat=scenario == "chat")
                     for i, (name, saver) in enumerate(savers)
                 ]
                 written += [(w.saver, w.thread_ids) for w in loads]
@@ -248,6 +286,7 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
                     for load in loads:
                         await load.run(slice_ops)
                 measurements += [load.measurement(database, scenario) for load in loads]
+            measurements += await history(savers, database, run_id, ops, rounds, written)
             for saver, thread_ids in written:
                 for thread_id in thread_ids:
                     await saver.adelete_thread(thread_id)
@@ -256,20 +295,77 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
     return measurements
 
 
+async def history(
+    savers: list[tuple[str, BaseCheckpointSaver[Any]]],
+    database: str,
+    run_id: str,
+    ops: int,
+    rounds: int,
+    written: list[tuple[BaseCheckpointSaver[Any], list[str]]],
+) -> list[Measurement]:
+    """The "history" scenario: one thread of `HISTORY_CHECKPOINTS` checkpoints per saver, then
+    `ops` pages of `HISTORY_PAGE` read newest first with `alist(limit, before)` (from the
+    latest again once the history is read through). One op is one page."""
+    loads = []
+    for i, (name, saver) in enumerate(savers):
+        load = Workload(saver, name, 1, run_id, f"{i}history")
+        await load.run(HISTORY_CHECKPOINTS, timed=False)
+        written.append((saver, load.thread_ids))
+        loads.append(load)
+    cursors: dict[str, str | None] = {load.name: None for load in loads}
+    seconds = dict.fromkeys(cursors, 0.0)
+    for slice_ops in slices(ops, rounds):
+        for load in loads:
+            config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+            started = time.perf_counter()
+            for _ in range(slice_ops):
+                cursor = cursors[load.name]
+                before = (
+                    None
+                    if cursor is None
+                    else {"configurable": {**config["configurable"], "checkpoint_id": cursor}}
+                )
+                page = [
+                    t async for t in load.saver.alist(config, before=before, limit=HISTORY_PAGE)
+                ]
+                if not page:
+                    # Read through (the history is a whole number of pages): from the latest.
+                    page = [t async for t in load.saver.alist(config, limit=HISTORY_PAGE)]
+                last = page[-1].config["configurable"]["checkpoint_id"]
+                cursors[load.name] = last if len(page) == HISTORY_PAGE else None
+            seconds[load.name] += time.perf_counter() - started
+    return [
+        Measurement(
+            database=database,
+            scenario="history",
+            saver=name,
+            ops=ops,
+            seconds=round(spent, 4),
+            ops_per_s=round(ops / spent, 1),
+            put_ms=0.0,
+            get_ms=round(spent * 1000 / ops, 3),
+        )
+        for name, spent in seconds.items()
+    ]
+
+
 def report(measurements: list[Measurement]) -> None:
     by_key = {(m.scenario, m.saver): m for m in measurements}
-    scenarios = [s for s, _ in SCENARIOS]
+    scenarios = [*(s for s, _ in SCENARIOS), "history"]
     theirs_names = sorted({m.saver for m in measurements} - {"SqlCheckpointSaver"})
-    header = f"{'database':<10} {'scenario':<12} {'saver':<20} {'ops/s':>9} {'put ms':>8} {'get ms':>8} {'ours/theirs':>12}"
+    header = f"{'database':<10} {'scenario':<12} {'saver':<20} {'ops/s':>9} {'put ms':>8} {'get ms':>8} {'ours/theirs':>12} {'saver time':>11}"
     print(header)
     print("-" * len(header))
     comparisons: list[dict[str, Any]] = []
     for scenario in scenarios:
         ours = by_key.get((scenario, "SqlCheckpointSaver"))
         for m in [x for x in measurements if x.scenario == scenario]:
-            ratio = ""
+            ratio = in_saver = ""
             if ours is not None and m.saver != "SqlCheckpointSaver":
                 ratio = f"{ours.ops_per_s / m.ops_per_s:.2f}x"
+                # The savers' own time (put + get), without the benchmark building its inputs.
+                saver_ratio = (m.put_ms + m.get_ms) / (ours.put_ms + ours.get_ms)
+                in_saver = f"{saver_ratio:.2f}x"
                 comparisons.append(
                     {
                         "database": m.database,
@@ -279,10 +375,11 @@ def report(measurements: list[Measurement]) -> None:
                         "ours_ops_per_s": ours.ops_per_s,
                         "theirs_ops_per_s": m.ops_per_s,
                         "ratio": round(ours.ops_per_s / m.ops_per_s, 2),
+                        "saver_time_ratio": round(saver_ratio, 2),
                     }
                 )
             print(
-                f"{m.database:<10} {scenario:<12} {m.saver:<20} {m.ops_per_s:>9.1f} {m.put_ms:>8.3f} {m.get_ms:>8.3f} {ratio:>12}"
+                f"{m.database:<10} {scenario:<12} {m.saver:<20} {m.ops_per_s:>9.1f} {m.put_ms:>8.3f} {m.get_ms:>8.3f} {ratio:>12} {in_saver:>11}"
             )
     if not theirs_names:
         print("(no official saver measured: ratio not available)")
@@ -293,6 +390,52 @@ def report(measurements: list[Measurement]) -> None:
         print(json.dumps({"kind": "comparison", **c}))
 
 
+async def flatness(url: str, checkpoints: int) -> None:
+    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of one thread at 10 checkpoints and
+    at `checkpoints`, per saver: it should not grow with the history."""
+    parsed = sa.make_url(url)
+    connection = SqlConnection(url)
+    try:
+        ours = SqlCheckpointSaver(connection)
+        async with official_saver(parsed) as (their_name, theirs, _):
+            savers = [("SqlCheckpointSaver", ours)]
+            if theirs is not None:
+                savers.append((their_name, theirs))
+            run_id = uuid.uuid4().hex[:8]
+            for i, (name, saver) in enumerate(savers):
+                load = Workload(saver, name, 1, run_id, f"{i}flat")
+                config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+                await load.run(10, timed=False)
+                early = await _latest_p50_ms(saver, config)
+                await load.run(checkpoints - 10, timed=False)
+                late = await _latest_p50_ms(saver, config)
+                print(
+                    json.dumps(
+                        {
+                            "kind": "latest_read",
+                            "database": connection.dialect_name,
+                            "saver": name,
+                            "p50_ms_at_10": round(early, 3),
+                            f"p50_ms_at_{checkpoints}": round(late, 3),
+                            "growth": round(late / early, 2),
+                        }
+                    )
+                )
+                await saver.adelete_thread(load.thread_ids[0])
+    finally:
+        await connection.close()
+
+
+async def _latest_p50_ms(saver: BaseCheckpointSaver[Any], config: Any, reads: int = 200) -> float:
+    spent = []
+    for _ in range(reads):
+        started = time.perf_counter()
+        await saver.aget_tuple(config)
+        spent.append(time.perf_counter() - started)
+    spent.sort()
+    return spent[len(spent) // 2] * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,7 +444,17 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=1000, help="operations per saver and scenario")
     parser.add_argument("--warmup", type=int, default=50, help="untimed operations before each run")
     parser.add_argument("--rounds", type=int, default=10, help="slices the savers take turns in")
+    parser.add_argument(
+        "--flat",
+        type=int,
+        metavar="N",
+        help="instead: the latest-checkpoint read at 10 and at N checkpoints of one thread",
+    )
     args = parser.parse_args()
+    if args.flat:
+        ensure_our_tables(args.url)
+        asyncio.run(flatness(args.url, args.flat))
+        return
     report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds)))
 
 

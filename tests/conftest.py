@@ -4,6 +4,10 @@ module uses, and the `database` marker on every test that needs the database.
 A test needs the database exactly when its fixtures reach `database_url`, so the marker is
 set here from the fixture closure, never by hand: `pytest -m "not database"` runs the tier
 that needs no database once, and `pytest -m database` runs the rest on each database.
+
+A database server that does not answer on its port stops the run with one line
+(`support/server_watch.py`): at the start, or after the first test that fails once it
+went away.
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ import re
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from support.server_watch import (
+    pytest_collection_finish,
+    pytest_runtest_logreport,
+    pytest_sessionstart,
+)
 
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.database import create_schema, truncate_all
 
 DATABASE_URL_ENV = "AGBOSS_TEST_DATABASE_URL"
 DATABASE_FIXTURE = "database_url"
+
+# Hooks, found by name.
+__all__ = ["pytest_collection_finish", "pytest_runtest_logreport", "pytest_sessionstart"]
 
 
 def _env_database_url() -> str | None:

@@ -418,7 +418,12 @@ def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
 def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
     """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
     quoted = key.replace("\\", "\\\\").replace('"', '\\"')
-    return {f"meta_path{index}": f'$."{quoted}"', f"meta_value{index}": json.dumps(value)}
+    # Raw UTF-8, as the documents are stored: MariaDB's JSON_CONTAINS compares string bytes
+    # without decoding `\uXXXX` escapes, so an escaped "José" never matched a stored one.
+    return {
+        f"meta_path{index}": f'$."{quoted}"',
+        f"meta_value{index}": json.dumps(value, ensure_ascii=False),
+    }
 
 
 def analyze_sql(table: str) -> str:

@@ -32,6 +32,8 @@ from agboss_sql.contracts.errors import (
     InvalidIdentifierError,
     InvalidStepError,
     NotPausedError,
+    SchemaNotReadyError,
+    SchemaUnversionedError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
@@ -188,6 +190,8 @@ __all__ = [
     "MeshRequestSaved",
     "Milliseconds",
     "NotPausedError",
+    "SchemaNotReadyError",
+    "SchemaUnversionedError",
     "OutboundCall",
     "OutboundCallRepository",
     "OutboundCallSaved",

@@ -167,3 +167,35 @@ class AssemblyError(AgbossError):
     """The application's store layout is invalid."""
 
     code = "application.assembly"
+
+
+class SchemaNotReadyError(AgbossError):
+    """The database's agboss schema is not at the revision this code needs: migrate it.
+
+    `revision` is the database's revision (`None`: no agboss revision at all) and `head`
+    the one the stores need; the message names the command to run.
+    """
+
+    code = "schema.not-ready"
+
+    def __init__(self, revision: str | None, head: str, message: str | None = None) -> None:
+        self.revision = revision
+        self.head = head
+        AgbossError.__init__(
+            self,
+            message
+            or f"the database's agboss schema is at {revision or 'base (no schema)'}, the "
+            f"stores need {head}: run `agboss-sql upgrade --url URL`",
+            revision=revision,
+            head=head,
+        )
+
+
+class SchemaUnversionedError(AgbossError):
+    """The agboss tables exist but carry no revision (no `agboss_alembic_version` row).
+
+    An upgrade would try to create them again. If the tables match a revision, record it
+    with `agboss-sql stamp --url URL [--revision REV]`, then upgrade.
+    """
+
+    code = "schema.unversioned"

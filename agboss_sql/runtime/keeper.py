@@ -1,6 +1,6 @@
 """`LeaseKeeper`: holds one execution lease, renews it, and fences itself when it cannot.
 
-The trust rule (SPEC §2): a take or renewal that answers `remaining` ms lets the
+The trust rule (docs/limits.md): a take or renewal that answers `remaining` ms lets the
 holder trust its lease for `remaining - 1000` ms from the moment it **sent** the
 request, on its monotonic clock. Nothing is trusted past that instant unless a
 later renewal, sent before it, was answered before it. The store decides expiry
@@ -33,7 +33,7 @@ logger = logging.getLogger("agboss_sql.runtime")
 
 DEFAULT_LEASE_MS = 30_000
 TRUST_MARGIN_MS = 1_000
-"""How much shorter than the answered `remaining` the holder trusts its lease (SPEC §2)."""
+"""How much shorter than the answered `remaining` the holder trusts its lease (docs/limits.md)."""
 
 
 class _State(enum.Enum):

@@ -30,7 +30,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
-from agboss_sql.sql.connection import normalize_url
+from agboss_sql.contracts.errors import AgbossError, SchemaNotReadyError, SchemaUnversionedError
+from agboss_sql.sql.connection import SqlConnection, normalize_url
 from agboss_sql.sql.schema import metadata
 
 VERSION_TABLE = "agboss_alembic_version"
@@ -131,9 +132,143 @@ def _include_object(
 
 
 def current(url: str | URL | None = None) -> str | None:
-    """The project's revision on the database at `url` (`None`: none applied yet)."""
+    """The project's revision on the database at `url` (`None`: none applied yet). A
+    read: a SQLite file that does not exist is not created (its revision is `None`)."""
+    if missing_sqlite_file(url) is not None:
+        return None
     with connect(url) as connection:
         return _current_on(connection)
+
+
+def missing_sqlite_file(url: str | URL | None = None) -> Path | None:
+    """The path of the SQLite file `url` names when that file does not exist (`None` for
+    an existing file, an in-memory database or a server): a read must not create it."""
+    target = sync_url(resolve_url(url))
+    if not dialect_for(target.get_backend_name()).CAPABILITIES.inline:
+        return None
+    if target.database in (None, "", ":memory:"):
+        return None
+    path = Path(target.database)
+    return None if path.exists() else path
+
+
+def head_of(revision: str) -> str:
+    """`revision` with `head` resolved to the newest revision's id."""
+    return head() if revision == "head" else revision
+
+
+def stamp(
+    url: str | URL | None = None, revision: str = "head", *, force: bool = False
+) -> Migration:
+    """Record `revision` as the database's revision without running any migration
+    (Alembic's `stamp`), under the migration lock: to adopt a database whose agboss tables
+    were made some other way (no version table, or a lost one).
+
+    Refused with `SchemaUnversionedError`, nothing written, when no agboss table exists
+    (run `upgrade` instead), or when `revision` is the head and the tables differ from
+    the head's schema (each difference is listed); `force` stamps regardless."""
+    with connect(url) as connection:
+        if connection.in_transaction():  # pragma: no cover - a fresh connection
+            raise ValueError("the connection is in a transaction")
+        with migration_lock(connection):
+            before = _current_on(connection)
+            target = head_of(revision)
+            if not force:
+                present = agboss_tables_on(connection)
+                if not present:
+                    raise SchemaUnversionedError(
+                        "no agboss table exists on this database: there is nothing to adopt; "
+                        "run `agboss-sql upgrade --url URL` to create the schema"
+                    )
+                if target == head():
+                    differences = schema_differences_on(connection)
+                    if differences:
+                        listed = "; ".join(differences[:5])
+                        more = f" (and {len(differences) - 5} more)" if len(differences) > 5 else ""
+                        raise SchemaUnversionedError(
+                            f"the agboss tables differ from revision {target}: {listed}{more}; "
+                            "bring them in line, stamp the revision they match "
+                            "(`--revision REV`), or stamp anyway with `--force`"
+                        )
+            config = alembic_config(connection.engine.url)
+            config.attributes["connection"] = connection
+            alembic.command.stamp(config, target, purge=True)
+            return Migration(before, _current_on(connection))
+
+
+def agboss_tables(url: str | URL | None = None) -> set[str]:
+    """The tables of the project's schema that exist on the database at `url` (a read:
+    a SQLite file that does not exist is not created, and has none)."""
+    if missing_sqlite_file(url) is not None:
+        return set()
+    with connect(url) as connection:
+        return agboss_tables_on(connection)
+
+
+def agboss_tables_on(connection: sa.Connection) -> set[str]:
+    """The tables of the project's schema that exist on `connection`'s database."""
+    return set(sa.inspect(connection).get_table_names()) & set(metadata.tables)
+
+
+def schema_differences_on(connection: sa.Connection) -> list[str]:
+    """How the agboss tables on `connection`'s database differ from the project's schema
+    at head (Alembic's autogenerate comparison), one text per difference; empty when they
+    match."""
+    from alembic.autogenerate import compare_metadata
+
+    context = MigrationContext.configure(connection, opts=context_options(connection.dialect.name))
+    return [_difference(diff) for diff in compare_metadata(context, metadata)]
+
+
+def _difference(diff: Any) -> str:
+    # A difference is a tuple (op, object, ...) or a list of column modifications.
+    if isinstance(diff, list):
+        return "; ".join(_difference(d) for d in diff)
+    op, *rest = diff
+    named = [getattr(part, "name", None) for part in rest]
+    where = next((n for n in named if n), "")
+    if op in ("modify_type", "modify_nullable", "modify_default", "modify_comment"):
+        return f"{op} {rest[1]}.{rest[2]}"
+    return f"{op} {where}".strip()
+
+
+async def schema_revision(connection: SqlConnection) -> str | None:
+    """The project's revision on `connection`'s database, read through the connection
+    itself (one statement; `None`: no version table or no row). A database that cannot be
+    reached raises the connection's typed error."""
+    try:
+        rows = (await connection.execute(sa.select(_VERSION.c.version_num))).rows
+    except AgbossError:
+        raise
+    except Exception as exc:
+        # Every database names the missing table in its error.
+        if VERSION_TABLE in str(exc):
+            return None
+        raise
+    return str(rows[0][0]) if rows else None
+
+
+async def require_head(connection: SqlConnection) -> None:
+    """Raise `SchemaNotReadyError` unless `connection`'s database is at the head revision
+    (the message names the database and the command to run)."""
+    revision, newest = await schema_revision(connection), head()
+    if revision == newest:
+        return
+    url = connection.url.set(drivername=connection.dialect_name)
+    shown = url.render_as_string(hide_password=True)
+    if revision is None:
+        state = "has no agboss schema revision (no agboss_alembic_version row)"
+    else:
+        state = f"is at revision {revision}, behind {newest}"
+    raise SchemaNotReadyError(
+        revision,
+        newest,
+        f"database {shown} {state}: run `agboss-sql upgrade --url {shown}` "
+        "(or `agboss-sql stamp` to adopt tables made another way)",
+    )
+
+
+_VERSION = sa.table(VERSION_TABLE, sa.column("version_num"))
 
 
 def upgrade(url: str | URL | None = None, revision: str = "head") -> Migration:
@@ -172,6 +307,15 @@ def _migrate_on(connection: sa.Connection, revision: str, *, upgrading: bool) ->
         if upgrading and revision == "head" and before == head():
             # What every instance after the first finds at start-up: nothing to run.
             return Migration(before, before)
+        if upgrading and before is None:
+            present = agboss_tables_on(connection)
+            if present:
+                raise SchemaUnversionedError(
+                    f"the agboss tables exist ({len(present)} of {len(metadata.tables)}, e.g. "
+                    f"{min(present)}) but carry no revision, so an upgrade would create them "
+                    "again: if they match the current schema, run `agboss-sql stamp --url URL` "
+                    "(or `--revision REV` for an older one), then upgrade"
+                )
         config = alembic_config(connection.engine.url)
         config.attributes["connection"] = connection
         step = alembic.command.upgrade if upgrading else alembic.command.downgrade

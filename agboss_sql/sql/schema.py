@@ -305,17 +305,21 @@ execution_history = sa.Table(
 )
 
 # --- LangGraph checkpoints (`SqlCheckpointSaver`) ---------------------------------------
-# A namespace (`checkpoint_ns`) nests one level per subgraph and has no bound: it is keyed by
-# its SHA-256 (`ns_hash`) and kept whole beside it in the checkpoint row. Channel values are
-# stored once per channel version (`agboss_checkpoint_blobs`), not once per checkpoint;
-# values and checkpoint bodies are LangGraph's serde output (type tag + bytes).
+# The saver accepts every thread id, namespace (`checkpoint_ns`, one level per subgraph),
+# task id and channel name LangGraph does: any text, empty, longer than a key column, ending
+# in spaces (which MySQL's collations would compare equal to the text without them). Each is
+# keyed by its SHA-256 (`*_hash`: exact, bounded) and, where a read answers it, kept whole
+# beside the key. Channel values are stored once per channel version
+# (`agboss_checkpoint_blobs`), not once per checkpoint; values and checkpoint bodies are
+# LangGraph's serde output (type tag + bytes).
 
 checkpoints = sa.Table(
     "agboss_checkpoints",
     metadata,
-    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("thread_hash", Hash(64), primary_key=True),
     sa.Column("ns_hash", Hash(64), primary_key=True),
     sa.Column("checkpoint_id", Ident(64), primary_key=True),
+    sa.Column("thread_id", sa.Text(), nullable=False),
     sa.Column("checkpoint_ns", sa.Text(), nullable=False),
     sa.Column("parent_checkpoint_id", Ident(64), nullable=True),
     # SHA-256 of the metadata's `run_id` (any text), for `delete_for_runs`.
@@ -329,9 +333,10 @@ checkpoints = sa.Table(
 checkpoint_blobs = sa.Table(
     "agboss_checkpoint_blobs",
     metadata,
-    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("thread_hash", Hash(64), primary_key=True),
     sa.Column("ns_hash", Hash(64), primary_key=True),
-    sa.Column("channel", Ident(), primary_key=True),
+    # The channel's name is in every checkpoint body that reads this value.
+    sa.Column("channel_hash", Hash(64), primary_key=True),
     sa.Column("version", Ident(128), primary_key=True),
     sa.Column("value_type", sa.String(64), nullable=False),
     sa.Column("value", Blob(), nullable=True),
@@ -340,11 +345,12 @@ checkpoint_blobs = sa.Table(
 checkpoint_writes = sa.Table(
     "agboss_checkpoint_writes",
     metadata,
-    sa.Column("thread_id", Ident(), primary_key=True),
+    sa.Column("thread_hash", Hash(64), primary_key=True),
     sa.Column("ns_hash", Hash(64), primary_key=True),
     sa.Column("checkpoint_id", Ident(64), primary_key=True),
-    sa.Column("task_id", Ident(), primary_key=True),
+    sa.Column("task_hash", Hash(64), primary_key=True),
     sa.Column("idx", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("task_id", sa.Text(), nullable=False),
     sa.Column("channel", sa.Text(), nullable=False),
     sa.Column("task_path", sa.Text(), nullable=False),
     sa.Column("value_type", sa.String(64), nullable=False),

@@ -14,9 +14,10 @@ business table's names are importable from here too.
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic.runtime.migration import MigrationContext
 
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.sql.migrate import VERSION_TABLE, sync_url
+from agboss_sql.sql.migrate import VERSION_TABLE, head, sync_url
 from agboss_sql.sql.schema import metadata
 from agboss_sql.testing.business import (
     _INSERT,
@@ -32,14 +33,30 @@ from agboss_sql.testing.business import (
 
 def create_project_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
     """Create every table of the project's metadata on `url` (dropped first with
-    `drop_first`)."""
+    `drop_first`), and record the head revision in its version table when none is
+    recorded (or, with `drop_first`, in any case): the tables are the head's schema, so
+    `Application.start()` accepts the database."""
     engine = sa.create_engine(sync_url(url))
     try:
         if drop_first:
             metadata.drop_all(engine)
         metadata.create_all(engine)
+        with engine.begin() as connection:
+            _record_head(connection, replace=drop_first)
     finally:
         engine.dispose()
+
+
+def _record_head(connection: sa.Connection, *, replace: bool) -> None:
+    """Record the head revision, unless (without `replace`) a revision is recorded
+    already: tables that existed before `create_all` may be an older revision's."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    context._ensure_version_table()
+    version = sa.table(VERSION_TABLE, sa.column("version_num"))
+    if not replace and connection.execute(sa.select(version.c.version_num)).first():
+        return
+    connection.execute(sa.delete(version))
+    connection.execute(sa.insert(version).values(version_num=head()))
 
 
 def drop_project_schema(url: str | sa.URL) -> None:

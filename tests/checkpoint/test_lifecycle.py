@@ -57,10 +57,15 @@ async def test_from_conn_string_owns_its_connection_and_closes_it_on_exit(
         checkpoint_id = await _put(saver, thread_id)
         found = await saver.aget_tuple(_config(thread_id))
         assert found is not None and found.checkpoint["channel_values"] == {"answer": 42}
-        # The sync methods, from a thread as a synchronous graph calls them.
+        # The sync methods, from a thread as a synchronous graph calls them (they run on
+        # this loop) ...
         in_thread = await asyncio.to_thread(saver.get_tuple, _config(thread_id))
         assert in_thread is not None
         assert in_thread.config["configurable"]["checkpoint_id"] == checkpoint_id
+        assert saver._sync._thread is None
+        # ... and from this loop's own thread, which they block: on the saver's own loop.
+        on_loop = saver.get_tuple(_config(thread_id))
+        assert on_loop is not None
         bridge = _bridge_thread(saver)
 
     # Both its connections are closed: every later call is refused, sync or async ...
@@ -82,7 +87,7 @@ async def test_from_conn_string_closes_when_the_block_raises(
     with pytest.raises(RuntimeError, match="the graph failed"):
         async with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
             await _put(saver, thread_id)
-            await asyncio.to_thread(saver.get_tuple, _config(thread_id))
+            saver.get_tuple(_config(thread_id))
             bridge = _bridge_thread(saver)
             raise RuntimeError("the graph failed")
     with pytest.raises(StoreUnavailableError):
@@ -143,7 +148,7 @@ async def test_async_with_on_a_saver_stops_its_loop_and_leaves_the_given_connect
     thread_id = f"thread-{uuid.uuid4()}"
     async with SqlCheckpointSaver(sql) as saver:
         checkpoint_id = await _put(saver, thread_id)
-        assert await asyncio.to_thread(saver.get_tuple, _config(thread_id)) is not None
+        assert saver.get_tuple(_config(thread_id)) is not None
         bridge = _bridge_thread(saver)
     assert not bridge.is_alive()
     # The connection is the caller's: still open, for this saver and any other.
@@ -151,7 +156,8 @@ async def test_async_with_on_a_saver_stops_its_loop_and_leaves_the_given_connect
     assert found is not None and found.config["configurable"]["checkpoint_id"] == checkpoint_id
     await sql.ping()
     # The sync methods start again on a new loop of their own.
-    assert await asyncio.to_thread(saver.get_tuple, _config(thread_id)) is not None
+    assert saver.get_tuple(_config(thread_id)) is not None
+    assert _bridge_thread(saver) is not bridge
     await saver.aclose()
 
 
@@ -163,3 +169,17 @@ async def test_opening_and_closing_sends_nothing(server: str, tmp_path: Path) ->
         async with SqlCheckpointSaver.from_conn_string(url) as saver:
             assert isinstance(saver, SqlCheckpointSaver)
     assert not (tmp_path / "none.db").exists()
+
+
+def test_from_conn_string_takes_a_bare_sqlite_path_as_langgraphs_sqlite_savers_do(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoints.sqlite"
+    with SqlCheckpointSaver.from_conn_string(str(path)) as saver:
+        saver.setup()
+        config = _config(f"thread-{uuid.uuid4()}")
+        checkpoint = empty_checkpoint()
+        saver.put(config, checkpoint, {"source": "input", "step": -1}, {})
+        found = saver.get_tuple(config)
+        assert found is not None and found.checkpoint["id"] == checkpoint["id"]
+    assert path.is_file()

@@ -91,7 +91,7 @@ async def test_a_channel_value_is_stored_once_per_version_and_each_checkpoint_re
     third = await thread.put({"counter": 3, "topic": "refunds"})
 
     # 3 channels at the first put, then only the changed ones: 3 + 1 + 2 rows.
-    assert await _count(sql, checkpoint_blobs, thread_id=thread.thread) == 6
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 6
     for checkpoint_id, counter, topic in [
         (first, 1, "billing"),
         (second, 2, "billing"),
@@ -173,7 +173,7 @@ async def test_pending_writes_are_not_duplicated_by_a_retry_and_come_back_in_tas
         ("task-c", INTERRUPT, {"ask": "?"}),  # special channels: the latest value
         ("task-c", ERROR, "boom again"),
     ]
-    assert await _count(sql, checkpoint_writes, thread_id=thread.thread) == 5
+    assert await _count(sql, checkpoint_writes, thread_hash=identity_hash(thread.thread)) == 5
 
 
 async def test_more_channels_and_writes_than_one_statement_holds(sql: SqlConnection) -> None:
@@ -261,11 +261,14 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
     elif sql.dialect_name == "mysql":
         await sql.execute("ANALYZE TABLE agboss_checkpoints, agboss_checkpoint_writes")
     ns_hash = identity_hash("")
-    read = await _plan(sql, saver._sql.read_latest, {"thread_id": busy.thread, "ns_hash": ns_hash})
+    thread_hash = identity_hash(busy.thread)
+    read = await _plan(
+        sql, saver._sql.read_latest, {"thread_hash": thread_hash, "ns_hash": ns_hash}
+    )
     latest = await saver.aget_tuple(_config(busy.thread))
     assert latest is not None and latest.config["configurable"]["checkpoint_id"] == busy.last
     keys = [
-        (busy.thread, ns_hash, ch, str(v))
+        (thread_hash, ns_hash, identity_hash(ch), str(v))
         for ch, v in latest.checkpoint["channel_versions"].items()
     ]
     assert len(keys) == 3
@@ -340,6 +343,26 @@ async def test_list_filters_metadata_in_sql_by_exact_json_value(sql: SqlConnecti
     assert [t.config["configurable"]["checkpoint_id"] for t in limited] == [ids[1]]
 
 
+async def test_list_filters_non_ascii_metadata_alike_on_every_database(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    first = await thread.put({"n": 1}, metadata={"user": "José", "tags": ["ü", "日本"], "clé": "é"})
+    second = await thread.put({"n": 2}, metadata={"user": "Jose", "who": {"name": "Zoë"}})
+
+    async def matching(**filter: Any) -> list[str]:
+        return [
+            t.config["configurable"]["checkpoint_id"]
+            async for t in saver.alist(_config(thread.thread), filter=filter)
+        ]
+
+    assert await matching(user="José") == [first]
+    assert await matching(user="Jose") == [second]
+    assert await matching(tags=["ü", "日本"]) == [first]
+    assert await matching(who={"name": "Zoë"}) == [second]
+    assert await matching(**{"clé": "é"}) == [first]
+    assert await matching(**{"clé": "e"}) == []
+
+
 async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
@@ -396,16 +419,89 @@ async def test_list_across_namespaces_and_threads(sql: SqlConnection) -> None:
     assert found is not None and found.config["configurable"]["checkpoint_ns"] == child.ns
 
 
-async def test_keys_longer_than_their_columns_are_refused_before_any_statement(
+# What LangGraph and its own savers accept as thread ids, namespaces, task ids and channel
+# names: each must be a key of its own here, on every database.
+ODD_KEYS = [
+    "",
+    "x" * 300,
+    "x" * 300 + "y",  # shares its first 300 characters with the one before
+    "t ",
+    "t  ",
+    "t",
+    "T",
+    "José",
+    "\u65e5\u672c \U0001f600",
+]
+
+
+async def test_any_text_langgraph_accepts_is_a_key_of_its_own(sql: SqlConnection) -> None:
+    saver = SqlCheckpointSaver(sql)
+    suffix = _thread()
+    threads = {key: Thread(saver, key + suffix if key else key) for key in ODD_KEYS}
+    stored = {key: await thread.put({key or "empty": key}) for key, thread in threads.items()}
+    for key, thread in threads.items():
+        found = await saver.aget_tuple(_config(thread.thread))
+        assert found is not None, repr(key)
+        assert found.config["configurable"]["thread_id"] == thread.thread
+        assert found.config["configurable"]["checkpoint_id"] == stored[key]
+        assert found.checkpoint["channel_values"] == {key or "empty": key}
+        listed = [t async for t in saver.alist(_config(thread.thread))]
+        assert [t.config["configurable"]["checkpoint_id"] for t in listed] == [stored[key]]
+        assert listed[0].checkpoint["channel_values"] == {key or "empty": key}
+
+    # Namespaces, channels and task ids alike, in one thread.
+    thread_id = "ns " + suffix + " "
+    namespaces = {key: Thread(saver, thread_id, key) for key in ODD_KEYS}
+    for key, thread in namespaces.items():
+        checkpoint_id = await thread.put({key: "value of " + key, "other": key})
+        config = _config(thread_id, key, checkpoint_id)
+        for task in ODD_KEYS:
+            await saver.aput_writes(config, [(key, task), ("x" * 300, task)], task_id=task)
+    for key in namespaces:
+        found = await saver.aget_tuple(_config(thread_id, key))
+        assert found is not None, repr(key)
+        assert found.config["configurable"]["checkpoint_ns"] == key
+        assert found.checkpoint["channel_values"] == {key: "value of " + key, "other": key}
+        writes = sorted((w for w in found.pending_writes), key=lambda w: (w[0], w[1]))
+        expected = sorted(
+            ((task, channel, task) for task in ODD_KEYS for channel in (key, "x" * 300)),
+            key=lambda w: (w[0], w[1]),
+        )
+        assert writes == expected, repr(key)
+    assert len([t async for t in saver.alist({"configurable": {"thread_id": thread_id}})]) == len(
+        ODD_KEYS
+    )
+
+    # A thread id that differs only by a trailing space is another thread, to copy and delete.
+    await saver.acopy_thread("t " + suffix, "t  " + suffix + " ")
+    copied = await saver.aget_tuple(_config("t  " + suffix + " "))
+    assert copied is not None and copied.checkpoint["channel_values"] == {"t ": "t "}
+    await saver.adelete_thread("t " + suffix)
+    assert await saver.aget_tuple(_config("t " + suffix)) is None
+    assert await saver.aget_tuple(_config("t  " + suffix)) is not None
+    assert await saver.aget_tuple(_config("t" + suffix)) is not None
+    await saver.aprune(["", "x" * 300 + suffix], strategy="delete")
+    assert await saver.aget_tuple(_config("")) is None
+    assert await saver.aget_tuple(_config("x" * 300 + "y" + suffix)) is not None
+
+
+async def test_keys_no_database_can_store_are_refused_before_any_statement(
     sql: SqlConnection,
 ) -> None:
     saver = SqlCheckpointSaver(sql)
-    with pytest.raises(InvalidIdentifierError):
-        await Thread(saver, "t" * 256).put({"n": 1})
-    with pytest.raises(InvalidIdentifierError):
-        await saver.aget_tuple(_config("t" * 256))
-    with pytest.raises(ValueError, match="thread_id"):
-        await saver.aget_tuple({"configurable": {}})
+    sent, remove = _statements(sql)
+    try:
+        with pytest.raises(InvalidIdentifierError):
+            await Thread(saver, "nul\x00").put({"n": 1})
+        with pytest.raises(InvalidIdentifierError):
+            await saver.aget_tuple(_config("lone \ud800"))
+        with pytest.raises(InvalidIdentifierError):
+            await Thread(saver, _thread(), "ns\x00").put({"n": 1})
+        with pytest.raises(ValueError, match="thread_id"):
+            await saver.aget_tuple({"configurable": {}})
+    finally:
+        remove()
+    assert sent == []
 
 
 async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_values(
@@ -433,15 +529,15 @@ async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_value
     assert last is not None and last.checkpoint["channel_values"] == {"a": "a2", "b": "b3"}
     first = await saver.aget_tuple(_config(thread.thread, checkpoint_id=kept_first))
     assert first is not None and first.checkpoint["channel_values"] == {"a": "a1", "b": "b1"}
-    assert await _count(sql, checkpoint_blobs, thread_id=thread.thread) == 4
-    assert await _count(sql, checkpoint_blobs, thread_id=other.thread) == 0
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 4
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(other.thread)) == 0
 
     # A value only the deleted run read is deleted with it.
     lone = Thread(saver, _thread())
     await lone.put({"a": "a1"}, metadata={"run_id": "run-4"})
     await lone.put({"a": "a2"}, metadata={"run_id": "run-5"})
     await saver.adelete_for_runs(["run-5"])
-    assert await _count(sql, checkpoint_blobs, thread_id=lone.thread) == 1
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(lone.thread)) == 1
 
 
 async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
@@ -471,7 +567,7 @@ async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
     assert latest.pending_writes == [("task", "n", "pending")]
     assert latest.parent_config is None
     # Only the values the kept checkpoints read remain: n, fixed (root) and m (child).
-    assert await _count(sql, checkpoint_blobs, thread_id=thread_id) == 3
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread_id)) == 3
     assert len([t async for t in saver.alist(_config(untouched.thread))]) == 2
 
     await saver.aprune([thread_id, untouched.thread], strategy="delete")
@@ -516,7 +612,7 @@ async def test_copy_thread_copies_history_values_and_writes(sql: SqlConnection) 
     assert copied[0].pending_writes == [("task", "a", 3)]
     assert copied[0].parent_config is not None
     assert copied[0].parent_config["configurable"]["thread_id"] == target
-    assert await _count(sql, checkpoint_blobs, thread_id=target) == 3
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(target)) == 3
     # The copy is independent: deleting the source leaves it.
     await saver.adelete_thread(source.thread)
     assert len([t async for t in saver.alist(_config(target))]) == 2

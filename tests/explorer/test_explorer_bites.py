@@ -156,7 +156,7 @@ async def _failure(bite: Bite, *, exhaustive: bool) -> InterleavingFailure:
 
 
 def _check_printed(failure: InterleavingFailure, bite: Bite, *, instances: int) -> list[str]:
-    """The printed failure has the SPEC's shape; returns its steps."""
+    """The printed failure has its documented shape; returns its steps."""
     lines = str(failure).splitlines()
     header = HEADER.match(lines[0])
     assert header is not None, lines[0]

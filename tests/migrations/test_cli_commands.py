@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agboss_sql.cli import main
+from agboss_sql.cli import main, shown
 from agboss_sql.sql import migrate
 
 
@@ -31,7 +31,10 @@ def test_check_says_what_to_run_when_the_schema_is_behind(
     assert main(["check", "--url", empty_url]) == 1
     out = capsys.readouterr().out
     head = migrate.head()
-    assert f"schema: base (no schema), head is {head}: run `agboss-sql upgrade --url URL`" in out
+    assert (
+        f"schema: base (no schema), head is {head}: run `agboss-sql upgrade --url {shown(empty_url)}`"
+        in out
+    )
     assert out.rstrip().endswith("NOT ready")
 
     assert main(["upgrade", "--url", empty_url]) == 0

@@ -95,8 +95,10 @@ def test_agboss_sql_upgrade_reports_an_unreachable_database() -> None:
     done = _agboss_sql("upgrade", "--url", "postgresql://nobody@127.0.0.1:1/nothing")
 
     assert done.returncode == 1
-    assert done.stderr.startswith("agboss-sql upgrade: OperationalError:")
-    assert "Traceback" not in done.stderr
+    assert done.stderr == (
+        "agboss-sql upgrade: nothing answers at 127.0.0.1:1 (connection refused): start the "
+        "database server, or correct the host and port in the URL\n"
+    )
 
 
 def test_alembic_in_a_checkout_round_trips(empty_url: str) -> None:

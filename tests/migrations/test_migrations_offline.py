@@ -33,6 +33,33 @@ def _statements(sql: str) -> set[str]:
     }
 
 
+_CREATE_TABLE = re.compile(r"^CREATE TABLE (\w+) ")
+
+
+def _final_statements(sql: str) -> set[str]:
+    """`_statements`, but of a table a later revision rebuilds (renames aside, creates anew,
+    copies, drops the old) only its last `CREATE TABLE`, and no renames."""
+    without_comments = re.sub(r"^--.*$", "", sql, flags=re.MULTILINE)
+    ordered = [
+        re.sub(r"\s+", " ", statement).strip()
+        for statement in without_comments.split(";\n")
+        if statement.strip()
+    ]
+    last = {}
+    for position, statement in enumerate(ordered):
+        found = _CREATE_TABLE.match(statement)
+        if found:
+            last[found[1]] = position
+    return {
+        statement
+        for position, statement in enumerate(ordered)
+        if not (
+            ((found := _CREATE_TABLE.match(statement)) and last[found[1]] != position)
+            or re.match(r"^ALTER TABLE \w+ RENAME ", statement)
+        )
+    }
+
+
 _ADD_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD (?:COLUMN )?(\w+) ")
 
 
@@ -53,7 +80,7 @@ def test_the_revisions_create_exactly_the_schema(dialect: str) -> None:
     alembic.command.upgrade(config, "head", sql=True)
 
     compiler = migrate.sync_url(url).get_dialect()()
-    ran = _statements(config.output_buffer.getvalue())
+    ran = _final_statements(config.output_buffer.getvalue())
     added: dict[str, set[str]] = {}
     for statement in ran:
         found = _ADD_COLUMN.match(statement)

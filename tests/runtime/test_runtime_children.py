@@ -1,5 +1,5 @@
 """`ChildWorker`: children run once each across workers, the parent woken exactly once,
-a dead worker's child rescued at the next epoch (SPEC §3.5, §7)."""
+a dead worker's child rescued at the next epoch (docs/contracts.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`LeaseKeeper`: renewal cadence, the trust window from the send time, self-fencing,
-cancel requests, and the lease log (SPEC §2, §7)."""
+cancel requests, and the lease log (docs/contracts.md)."""
 
 from __future__ import annotations
 

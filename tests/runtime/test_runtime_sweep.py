@@ -1,5 +1,5 @@
 """`RecoverySweep`: a frozen instance's tree is taken over and resumed elsewhere; no more
-trees than free slots; old pauses purged (SPEC §7)."""
+trees than free slots; old pauses purged (docs/contracts.md)."""
 
 from __future__ import annotations
 

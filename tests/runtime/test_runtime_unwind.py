@@ -1,5 +1,5 @@
 """Durable LIFO compensation: the next holder finishes the undo and skips what was done
-(SPEC §7, last bullet)."""
+(docs/contracts.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`SqlChildExecutionQueueRepository` on the database under test (SPEC 3.5).
+"""`SqlChildExecutionQueueRepository` on the database under test (docs/contracts.md).
 
 Several `SqlConnection`s stand for several instances. The races run for real: workers
 on their own connections claim and finish at once. Broken twins (a check-then-write

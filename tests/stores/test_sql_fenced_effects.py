@@ -2,7 +2,7 @@
 the rows and marks it stores, the refusal reasons, the transaction handed to the work,
 retries, cancellation, races over real connections and the statements it sends.
 
-The promises of `FencedEffectRepository` (SPEC 3.3) are the `fenced_effect` contract
+The promises of `FencedEffectRepository` (docs/contracts.md) are the `fenced_effect` contract
 cases, run once on the SQL set (tests/stores/test_conformance_sql.py).
 
 Races use separate `SqlConnection`s (separate pools, as separate instances).

@@ -1,4 +1,4 @@
-"""`SqlExecutionLeaseEventRepository` keeps the lease log exactly as saved (SPEC 3.2)."""
+"""`SqlExecutionLeaseEventRepository` keeps the lease log exactly as saved (docs/contracts.md)."""
 
 from __future__ import annotations
 

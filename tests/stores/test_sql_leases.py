@@ -2,7 +2,7 @@
 connections racing one lease, expiry on the database's own clock, the statements each move
 sends, arguments refused before any statement, and a lease closed by `lease_state_of`.
 
-Every promise of `ExecutionLeaseRepository` (SPEC 3.1) is an `execution_lease` contract
+Every promise of `ExecutionLeaseRepository` (docs/contracts.md) is an `execution_lease` contract
 case, run once on the SQL set (tests/stores/test_conformance_sql.py).
 """
 

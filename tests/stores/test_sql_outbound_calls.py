@@ -1,4 +1,4 @@
-"""`SqlOutboundCallRepository` keeps every promise of SPEC 3.4 on the database under test.
+"""`SqlOutboundCallRepository` keeps every promise of its contract (docs/contracts.md) on the database under test.
 
 Every fenced method is checked against every way a lease ends; the
 compare-and-set moves and `lease_state_of` are raced from separate

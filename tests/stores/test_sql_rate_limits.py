@@ -1,4 +1,4 @@
-"""`SqlRateLimitRepository` on the database under test (SPEC 3.9).
+"""`SqlRateLimitRepository` on the database under test (docs/contracts.md).
 
 Several `SqlConnection`s stand for several instances, all on one `VirtualClock` (the
 application's clock). The races run for real; a broken twin that counts slots and then

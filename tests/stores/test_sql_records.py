@@ -1,4 +1,4 @@
-"""`SqlExecutionRecordRepository` on the database under test (SPEC 3.6).
+"""`SqlExecutionRecordRepository` on the database under test (docs/contracts.md).
 
 Several `SqlConnection`s stand for several instances; concurrent completions of one
 run race for real, and exactly one wins each time.

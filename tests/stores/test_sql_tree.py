@@ -1,4 +1,4 @@
-"""`SqlExecutionTreeRepository` on the database under test (SPEC 3.7).
+"""`SqlExecutionTreeRepository` on the database under test (docs/contracts.md).
 
 Keys are compared by their exact characters on every database: a prefix with `%`,
 `_` or `\\` is plain text, and keys list in code point order.

@@ -198,7 +198,10 @@ async def test_unlisted_fencing_default_beside_sql_leases_fails_at_first_call(
 
     url = f"sqlite:///{tmp_path / 'app.sqlite'}"
     app = Application(
-        "support", providers=[SqlExecutionLeaseRepository], values={DatabaseUrl: DatabaseUrl(url)}
+        "support",
+        providers=[SqlExecutionLeaseRepository],
+        values={DatabaseUrl: DatabaseUrl(url)},
+        require_schema=False,  # the file has no schema: only the assembly is shown
     )
     await app.start()  # assembles: an application that never fences need not list one
     effects = app.store(FencedEffectRepository)
@@ -220,3 +223,24 @@ def test_sql_store_classes_is_a_deprecated_alias_of_sql_stores() -> None:
 
     with pytest.deprecated_call():
         assert sql_store_classes(checkpoint_saver=False) == sql_stores(checkpoint_saver=False)
+
+
+async def test_start_builds_the_stores_off_the_event_loop() -> None:
+    import threading
+
+    built_on: list[threading.Thread] = []
+
+    class RecordingLeases(InMemoryExecutionLeaseRepository):
+        def __init__(
+            self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
+        ) -> None:
+            built_on.append(threading.current_thread())
+            super().__init__(backend, clock, application)
+
+    app = Application("support", providers=[RecordingLeases])
+    await app.start()
+
+    assert len(built_on) == 1
+    assert built_on[0] is not threading.current_thread()
+    assert isinstance(app.store(ExecutionLeaseRepository), RecordingLeases)
+    await app.close()

@@ -1,4 +1,4 @@
-"""The clocks: the application's own time and the store's time (SPEC 2)."""
+"""The clocks: the application's own time and the store's time (docs/limits.md)."""
 
 from __future__ import annotations
 

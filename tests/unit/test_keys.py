@@ -1,4 +1,4 @@
-"""The key helpers keep the rules of a fenced effect's key (SPEC 4)."""
+"""The key helpers keep the rules of a fenced effect's key (docs/limits.md)."""
 
 from __future__ import annotations
 

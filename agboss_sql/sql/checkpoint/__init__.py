@@ -12,6 +12,16 @@ are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default
 metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
 (checkpoint, task, index): a retried task does not duplicate it.
 
+Keys: thread ids, namespaces, task ids and channel names are any text LangGraph accepts
+(empty, longer than a key column, ending in spaces, which MySQL's collations would compare
+equal to the text without them): each is keyed by its SHA-256 (`thread_hash`, `ns_hash`,
+`task_hash`, `channel_hash`) and kept whole where a read answers it. Only text no database
+can store (a NUL character, a lone surrogate) is refused, before any statement.
+
+Loops and threads: the saver serves any event loop (a connection of its own on each loop
+but the first) and any thread; sync calls from another thread run on the first loop while
+it runs and takes them, else on the saver's own loop (`_bridge`).
+
 Statements per operation, by what the database can do (n: more than `MAX_ROWS` new
 versions or writes take more). "Folding" databases run data-modifying statements inside
 `WITH` (`Capabilities.dml_in_with`: PostgreSQL); the others (MySQL/MariaDB, SQLite) run a

@@ -31,11 +31,12 @@ MAX_CHECKPOINT_ID = 64
 MAX_VERSION = 128
 """Characters of a channel version (the width of its column)."""
 
-CHECKPOINT_KEY = ("thread_id", "ns_hash", "checkpoint_id")
-BLOB_KEY = ("thread_id", "ns_hash", "channel", "version")
-WRITE_KEY = ("thread_id", "ns_hash", "checkpoint_id", "task_id", "idx")
-BLOB_VALUES = ("channel", "version", "value_type", "value")
+CHECKPOINT_KEY = ("thread_hash", "ns_hash", "checkpoint_id")
+BLOB_KEY = ("thread_hash", "ns_hash", "channel_hash", "version")
+WRITE_KEY = ("thread_hash", "ns_hash", "checkpoint_id", "task_hash", "idx")
+BLOB_VALUES = ("channel_hash", "version", "value_type", "value")
 CHECKPOINT_VALUES = (
+    "thread_id",
     "checkpoint_ns",
     "parent_checkpoint_id",
     "run_hash",
@@ -52,6 +53,7 @@ LISTED = (
     "checkpoint_type",
     "checkpoint",
     "metadata",
+    "thread_hash",
 )
 
 # Rows of the checkpoint-with-writes read: the checkpoint, then its pending writes.
@@ -95,40 +97,43 @@ class CheckpointStatements:
             self._fenced: Any = sa.exists(sa.select(fence.c.lease_epoch))
 
         # The checkpoint with its pending writes, in one statement.
-        thread = _bind("thread_id", checkpoints.c.thread_id)
+        thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
         latest = (
             sa.select(sa.func.max(checkpoints.c.checkpoint_id))
-            .where(checkpoints.c.thread_id == thread, checkpoints.c.ns_hash == ns_hash)
+            .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
             .scalar_subquery()
         )
         self.read_latest = self._with_writes(latest)
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
         self.select_blob_keys = sa.select(
-            checkpoint_blobs.c.ns_hash, checkpoint_blobs.c.channel, checkpoint_blobs.c.version
-        ).where(checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id))
+            checkpoint_blobs.c.ns_hash, checkpoint_blobs.c.channel_hash, checkpoint_blobs.c.version
+        ).where(
+            checkpoint_blobs.c.thread_hash == _bind("thread_hash", checkpoint_blobs.c.thread_hash)
+        )
         self.lock_thread = ops.for_update(
             sa.select(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id)
-            .where(checkpoints.c.thread_id == thread)
+            .where(checkpoints.c.thread_hash == thread)
             .order_by(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id.desc())
         )
 
         # Whole-thread deletes and copies: one statement where writes fold into `WITH`.
         self.delete_thread = self._thread_statements(
             lambda table: sa.delete(table).where(
-                table.c.thread_id == _bind("thread_id", table.c.thread_id)
+                table.c.thread_hash == _bind("thread_hash", table.c.thread_hash)
             )
         )
         self.copy_thread = self._thread_statements(self._copy)
 
         self.prune_checkpoints = sa.delete(checkpoints).where(
-            checkpoints.c.thread_id == thread,
+            checkpoints.c.thread_hash == thread,
             checkpoints.c.ns_hash == ns_hash,
             checkpoints.c.checkpoint_id < _bind("checkpoint_id", checkpoints.c.checkpoint_id),
         )
         self.prune_writes = sa.delete(checkpoint_writes).where(
-            checkpoint_writes.c.thread_id == _bind("thread_id", checkpoint_writes.c.thread_id),
+            checkpoint_writes.c.thread_hash
+            == _bind("thread_hash", checkpoint_writes.c.thread_hash),
             checkpoint_writes.c.ns_hash == _bind("ns_hash", checkpoint_writes.c.ns_hash),
             checkpoint_writes.c.checkpoint_id
             < _bind("checkpoint_id", checkpoint_writes.c.checkpoint_id),
@@ -136,7 +141,7 @@ class CheckpointStatements:
         self.orphan_head = (
             sa.update(checkpoints)
             .where(
-                checkpoints.c.thread_id == thread,
+                checkpoints.c.thread_hash == thread,
                 checkpoints.c.ns_hash == ns_hash,
                 checkpoints.c.checkpoint_id == _bind("checkpoint_id", checkpoints.c.checkpoint_id),
             )
@@ -146,7 +151,7 @@ class CheckpointStatements:
     # --- statement builders ------------------------------------------------------------
 
     def _with_writes(self, checkpoint_id: Any) -> Any:
-        thread = _bind("thread_id", checkpoints.c.thread_id)
+        thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
         checkpoint = sa.select(
             sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
@@ -157,7 +162,7 @@ class CheckpointStatements:
             checkpoints.c.checkpoint_type.label("t"),
             checkpoints.c.checkpoint.label("data"),
         ).where(
-            checkpoints.c.thread_id == thread,
+            checkpoints.c.thread_hash == thread,
             checkpoints.c.ns_hash == ns_hash,
             checkpoints.c.checkpoint_id == checkpoint_id,
         )
@@ -170,7 +175,7 @@ class CheckpointStatements:
             checkpoint_writes.c.value_type,
             checkpoint_writes.c.value,
         ).where(
-            checkpoint_writes.c.thread_id == thread,
+            checkpoint_writes.c.thread_hash == thread,
             checkpoint_writes.c.ns_hash == ns_hash,
             checkpoint_writes.c.checkpoint_id == checkpoint_id,
         )
@@ -186,12 +191,13 @@ class CheckpointStatements:
 
     def _copy(self, table: sa.Table) -> Any:
         columns = [column.name for column in table.c]
-        source = sa.select(
-            *(
-                _bind("target", table.c.thread_id) if name == "thread_id" else table.c[name]
-                for name in columns
-            )
-        ).where(table.c.thread_id == _bind("source", table.c.thread_id))
+        replaced = {
+            "thread_hash": _bind("target_hash", table.c.thread_hash),
+            "thread_id": sa.bindparam("target", type_=sa.Text()),
+        }
+        source = sa.select(*(replaced.get(name, table.c[name]) for name in columns)).where(
+            table.c.thread_hash == _bind("source_hash", table.c.thread_hash)
+        )
         keys = [column.name for column in table.primary_key.columns]
         return self.ops.skip_duplicates(self.ops.insert(table).from_select(columns, source), keys)
 
@@ -207,7 +213,7 @@ class CheckpointStatements:
         return self.cached(("blobs", count, fenced), lambda: self._blob_insert(count, fenced))
 
     def _blob_insert(self, count: int, fenced: bool) -> Any:
-        shared = _bound(checkpoint_blobs, ("thread_id", "ns_hash"), "p_")
+        shared = _bound(checkpoint_blobs, ("thread_hash", "ns_hash"), "p_")
         rows = [{**shared, **_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_")} for i in range(count)]
         statement = self.ops.insert(checkpoint_blobs)
         if fenced:
@@ -216,9 +222,9 @@ class CheckpointStatements:
             )
             table = table.data([tuple(row[c] for c in BLOB_VALUES) for row in rows])
             selected = sa.select(
-                shared["thread_id"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
+                shared["thread_hash"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
             ).where(self._fenced)
-            statement = statement.from_select(["thread_id", "ns_hash", *BLOB_VALUES], selected)
+            statement = statement.from_select(["thread_hash", "ns_hash", *BLOB_VALUES], selected)
         else:
             statement = statement.values(rows)
         return self.ops.skip_duplicates(statement, BLOB_KEY)
@@ -266,7 +272,7 @@ class CheckpointStatements:
     def _writes(self, count: int, replace: bool, fenced: bool) -> Any:
         shared = _bound(
             checkpoint_writes,
-            ("thread_id", "ns_hash", "checkpoint_id", "task_id", "task_path"),
+            ("thread_hash", "ns_hash", "checkpoint_id", "task_hash", "task_id", "task_path"),
             "p_",
         )
         per_row = ("idx", "channel", "value_type", "value")
@@ -335,7 +341,7 @@ class CheckpointStatements:
         statement = sa.select(*(checkpoints.c[c] for c in LISTED))
         if shape.thread:
             statement = statement.where(
-                checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id)
+                checkpoints.c.thread_hash == _bind("thread_hash", checkpoints.c.thread_hash)
             )
         if shape.namespace:
             statement = statement.where(
@@ -362,7 +368,7 @@ class CheckpointStatements:
             ("runs", count),
             lambda: self.ops.for_update(
                 sa.select(
-                    checkpoints.c.thread_id, checkpoints.c.ns_hash, checkpoints.c.checkpoint_id
+                    checkpoints.c.thread_hash, checkpoints.c.ns_hash, checkpoints.c.checkpoint_id
                 ).where(
                     checkpoints.c.run_hash.in_(
                         [_bind(f"k{i}_run_hash", checkpoints.c.run_hash) for i in range(count)]
@@ -378,7 +384,7 @@ class CheckpointStatements:
             ("bodies",),
             lambda: self.ops.for_share(
                 sa.select(checkpoints.c.checkpoint_type, checkpoints.c.checkpoint).where(
-                    checkpoints.c.thread_id == _bind("thread_id", checkpoints.c.thread_id),
+                    checkpoints.c.thread_hash == _bind("thread_hash", checkpoints.c.thread_hash),
                     checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash),
                 )
             ),
@@ -388,8 +394,9 @@ class CheckpointStatements:
         """The blob versions stored for one thread namespace."""
         return self.cached(
             ("blob-keys",),
-            lambda: sa.select(checkpoint_blobs.c.channel, checkpoint_blobs.c.version).where(
-                checkpoint_blobs.c.thread_id == _bind("thread_id", checkpoint_blobs.c.thread_id),
+            lambda: sa.select(checkpoint_blobs.c.channel_hash, checkpoint_blobs.c.version).where(
+                checkpoint_blobs.c.thread_hash
+                == _bind("thread_hash", checkpoint_blobs.c.thread_hash),
                 checkpoint_blobs.c.ns_hash == _bind("ns_hash", checkpoint_blobs.c.ns_hash),
             ),
         )

@@ -9,11 +9,18 @@ the fenced-effect store (`agboss_sql.sql._fence`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
@@ -35,11 +42,11 @@ from sqlalchemy.engine import URL
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import InvalidIdentifierError
-from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.keys import unstorable_text_rule_of
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
-from agboss_sql.sql.checkpoint._bridge import SyncBridge
+from agboss_sql.sql.checkpoint._bridge import Pin, SyncBridge
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import (
     BLOB_KEY,
@@ -87,6 +94,17 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _key_text(what: str, value: Any) -> str:
+    """`value` as the text LangGraph means by it (any text: empty, long, ending in spaces:
+    it is keyed by its SHA-256), or `InvalidIdentifierError` for a text no database here can
+    store (a NUL character, a lone surrogate), before anything is sent."""
+    text = _text(value)
+    unstorable = unstorable_text_rule_of(text)
+    if unstorable is not None:
+        raise InvalidIdentifierError(f"{what} must not hold {unstorable}, got {text!r:.80}")
+    return text
+
+
 def _checked_key(what: str, value: str, limit: int) -> str:
     if len(value) > limit:
         raise InvalidIdentifierError(
@@ -100,17 +118,19 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     `SqlConnection` (the tables come from the project's schema and migrations).
 
     Built on a connection the caller owns (`SqlCheckpointSaver(connection)`, which stays
-    open after the saver is closed), or on one of its own, as LangGraph's savers are:
+    open after the saver is closed), or on one of its own, as LangGraph's savers are (with
+    `async with` or `with`; `setup()` runs the project's migrations):
 
         async with SqlCheckpointSaver.from_conn_string("postgresql://…") as saver:
+            await saver.setup()
             graph = builder.compile(checkpointer=saver)
 
-    The async methods run on the caller's event loop. The sync methods (`put`,
-    `get_tuple`, `list`, ...) run the async ones on an event loop the saver owns, on a
-    daemon thread started on first use, so a synchronous graph works from any thread,
-    with or without a running loop; that loop has a connection of its own to the same
-    database (a second pool on a server, a second SQLite connection), closed by
-    `close()`/`aclose()` or on leaving `async with`.
+    Any event loop, any thread: the async methods run on the caller's loop, on the saver's
+    connection on the first loop it serves and on a connection of its own on any other (a
+    second `asyncio.run`, say). The sync methods (`put`, `get_tuple`, `list`, ...) run on
+    that first loop while it runs on another thread (a sync graph in a worker thread beside
+    async ones), else on an event loop the saver starts on a daemon thread (see `_bridge`).
+    Sync and async calls mix freely; `close()` never leaves a sync call waiting.
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held (checked in the write's transaction, by
@@ -145,8 +165,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         self._owns_connection = False
 
     @classmethod
-    @contextlib.asynccontextmanager
-    async def from_conn_string(
+    def from_conn_string(
         cls,
         conn_string: str | URL,
         *,
@@ -156,28 +175,48 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         application: ApplicationContext | None = None,
         pool_size: int = 8,
         timeouts: Timeouts | None = None,
-    ) -> AsyncIterator[SqlCheckpointSaver]:
+    ) -> OwnedSaver:
         """A saver on a `SqlConnection` of its own to `conn_string` (a database URL:
-        `sqlite:///path`, `postgresql://…`, `mysql://…`; `pool_size` and `timeouts` are the
-        connection's), closed with the saver when the block exits, however it exits. The
-        other options are the constructor's. The tables come from the project's migrations
-        (`agboss-sql upgrade`), which this does not run. Opening it sends nothing: the
-        first call connects."""
+        `sqlite:///path`, `postgresql://…`, `mysql://…`, or a bare SQLite file path as
+        LangGraph's SQLite savers take; `pool_size` and `timeouts` are the
+        connection's), to open with `async with` or `with` (as LangGraph's
+        `AsyncPostgresSaver` / `PostgresSaver` and the SQLite ones are): the saver and every
+        connection it opened are closed when the block exits, however it exits. The other
+        options are the constructor's (a bad one is refused here, before any block runs).
+        The tables come from the project's migrations: `setup()` runs them. Opening it sends
+        nothing: the first call connects."""
+        if isinstance(conn_string, str) and "://" not in conn_string:
+            # A bare path, as `SqliteSaver.from_conn_string("checkpoints.sqlite")` takes.
+            conn_string = f"sqlite:///{conn_string}"
         connection = SqlConnection(conn_string, pool_size=pool_size, timeouts=timeouts)
-        try:
-            saver = cls(
-                connection,
-                serde=serde,
-                fenced=fenced,
-                store_clock=store_clock,
-                application=application,
-            )
-        except BaseException:
-            await connection.close()
-            raise
+        saver = cls(
+            connection,
+            serde=serde,
+            fenced=fenced,
+            store_clock=store_clock,
+            application=application,
+        )
         saver._owns_connection = True
-        async with saver:
-            yield saver
+        saver._sync.owns = True
+        return OwnedSaver(saver)
+
+    def setup(self) -> _Done:
+        """Bring the database's schema to the project's head revision (the migrations `agboss-sql
+        upgrade` runs, under the database's migration lock, so instances starting together
+        take turns; at head it only checks). Synchronous, and awaitable too, so both
+        `saver.setup()` (as with `PostgresSaver`) and `await saver.setup()` (as with
+        `AsyncPostgresSaver`) work; from async code `await saver.asetup()` does not block the
+        event loop meanwhile."""
+        from agboss_sql.sql.migrate import upgrade
+
+        upgrade(self.connection.url)
+        return _Done()
+
+    async def asetup(self) -> None:
+        """`setup()` on a worker thread, without blocking the caller's event loop."""
+        from agboss_sql.sql.migrate import upgrade
+
+        await asyncio.to_thread(upgrade, self.connection.url)
 
     def _statements(self, connection: SqlConnection) -> CheckpointStatements:
         return connection.prepared(
@@ -198,11 +237,13 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 "a checkpoint config needs configurable['thread_id'] (the conversation or run "
                 "whose checkpoints these are)"
             )
-        return checked_identifier("thread_id", _text(configurable["thread_id"]))
+        return _key_text("thread_id", configurable["thread_id"])
 
     @staticmethod
     def _ns_of(config: RunnableConfig) -> str:
-        return _text((config.get("configurable") or {}).get("checkpoint_ns") or "")
+        return _key_text(
+            "checkpoint_ns", (config.get("configurable") or {}).get("checkpoint_ns") or ""
+        )
 
     def _dumps(self, value: Any) -> tuple[str, bytes | None]:
         kind, data = self.serde.dumps_typed(value)
@@ -231,7 +272,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Save `checkpoint` and the values of its `new_versions` in one transaction (fenced:
         only while the lease is held); answer the config that names it."""
-        return await self._put(self.connection, config, checkpoint, metadata, new_versions)
+        return await self._put(self._sync.here(), config, checkpoint, metadata, new_versions)
 
     async def _put(
         self,
@@ -243,6 +284,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         sql = self._statements(connection)
         thread_id = self._thread_of(config)
+        thread_hash = identity_hash(thread_id)
         ns = self._ns_of(config)
         ns_hash = identity_hash(ns)
         checkpoint_id = _checked_key("checkpoint id", _text(checkpoint["id"]), MAX_CHECKPOINT_ID)
@@ -263,7 +305,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 kind, data = self._dumps(values[channel])
                 blob_rows.append(
                     (
-                        channel,
+                        identity_hash(_key_text("channel", channel)),
                         _checked_key("channel version", str(version), MAX_VERSION),
                         kind,
                         data,
@@ -273,8 +315,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         run_id = stored_metadata.get("run_id")
         row: dict[str, Any] = {
-            "thread_id": thread_id,
+            "thread_hash": thread_hash,
             "ns_hash": ns_hash,
+            "thread_id": thread_id,
             "checkpoint_id": checkpoint_id,
             "checkpoint_ns": ns,
             "parent_checkpoint_id": parent_id or None,
@@ -284,7 +327,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             "metadata": _metadata_json(stored_metadata),
         }
         row = {f"p_{column}": value for column, value in row.items()}
-        shared: dict[str, Any] = {"p_thread_id": thread_id, "p_ns_hash": ns_hash}
+        shared: dict[str, Any] = {"p_thread_hash": thread_hash, "p_ns_hash": ns_hash}
         blob_execs: list[Exec] = []
         for chunk in chunks(blob_rows):
             params = dict(shared)
@@ -353,7 +396,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         """Save a task's pending writes for the checkpoint `config` names, keyed by (task,
         index) so a retried task adds nothing; special channels (errors, interrupts, resumes)
         replace their earlier value. Fenced: only while the lease is held."""
-        await self._put_writes(self.connection, config, writes, task_id, task_path)
+        await self._put_writes(self._sync.here(), config, writes, task_id, task_path)
 
     async def _put_writes(
         self,
@@ -371,18 +414,20 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if not checkpoint_id:
             raise ValueError("pending writes belong to a checkpoint: configurable['checkpoint_id']")
         lease = lease_of(config) if self.fenced else None
+        task = _key_text("task_id", task_id)
         shared: dict[str, Any] = {
-            "p_thread_id": thread_id,
+            "p_thread_hash": identity_hash(thread_id),
             "p_ns_hash": identity_hash(self._ns_of(config)),
             "p_checkpoint_id": _checked_key(
                 "checkpoint id", _text(checkpoint_id), MAX_CHECKPOINT_ID
             ),
-            "p_task_id": checked_identifier("task_id", _text(task_id)),
+            "p_task_hash": identity_hash(task),
+            "p_task_id": task,
             "p_task_path": task_path,
         }
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         rows = [
-            (WRITES_IDX_MAP.get(channel, idx), channel, *self._dumps(value))
+            (WRITES_IDX_MAP.get(channel, idx), _key_text("channel", channel), *self._dumps(value))
             for idx, (channel, value) in enumerate(writes)
         ]
         execs: list[Exec] = []
@@ -409,7 +454,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint `config` names (its `checkpoint_id`), or the thread namespace's
         latest (a primary-key probe), with its pending writes and parent; `None` if absent."""
-        return await self._get_tuple(self.connection, config)
+        return await self._get_tuple(self._sync.here(), config)
 
     async def _get_tuple(
         self, connection: SqlConnection, config: RunnableConfig
@@ -418,19 +463,27 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id = self._thread_of(config)
         ns = self._ns_of(config)
         checkpoint_id = get_checkpoint_id(config)
-        params: dict[str, Any] = {"thread_id": thread_id, "ns_hash": identity_hash(ns)}
+        params: dict[str, Any] = {
+            "thread_hash": identity_hash(thread_id),
+            "ns_hash": identity_hash(ns),
+        }
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
         statement = sql.read_by_id if checkpoint_id else sql.read_latest
         # One step: on SQLite run inline without interleaving, on a server on one pooled
         # connection.
         found = await connection.run(
-            lambda: self._read(sql, statement, params, ns), transaction=False
+            lambda: self._read(sql, statement, params, thread_id, ns), transaction=False
         )
         return None if found is None else self._tuple_of(*found)
 
     def _read(
-        self, sql: CheckpointStatements, statement: Any, params: dict[str, Any], ns: str
+        self,
+        sql: CheckpointStatements,
+        statement: Any,
+        params: dict[str, Any],
+        thread_id: str,
+        ns: str,
     ) -> Step[Found | None]:
         """Read a checkpoint with its pending writes, then the values its versions name."""
         result = yield Exec(statement, params)
@@ -444,25 +497,38 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 writes.append(row)
         if found is None:
             return None
-        thread_id, ns_hash = params["thread_id"], params["ns_hash"]
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
         checkpoint_id, parent_id, metadata, _, kind, data = found
-        listed = (thread_id, ns, ns_hash, checkpoint_id, parent_id, kind, data, metadata)
+        listed = (
+            thread_id,
+            ns,
+            ns_hash,
+            checkpoint_id,
+            parent_id,
+            kind,
+            data,
+            metadata,
+            thread_hash,
+        )
         body = self._loads(kind, data)
-        keys = [(thread_id, ns_hash, ch, str(v)) for ch, v in body["channel_versions"].items()]
+        keys = [
+            (thread_hash, ns_hash, identity_hash(ch), str(v))
+            for ch, v in body["channel_versions"].items()
+        ]
         blobs = yield from self._blobs(sql, keys)
         return listed, body, blobs, writes
 
     def _blobs(
         self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, str, str]]
     ) -> Step[dict[tuple[Any, Any, Any, Any], tuple[Any, Any]]]:
-        """The stored values of these (thread, namespace hash, channel, version) keys."""
+        """The stored values of these (thread, namespace, channel hashes, version) keys."""
         found: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         columns = (*BLOB_KEY, "value_type", "value")
         for chunk in chunks(list(dict.fromkeys(keys))):
             statement = sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, BLOB_KEY))
-            for thread_id, ns_hash, channel, version, kind, value in result.rows:
-                found[(thread_id, ns_hash, channel, version)] = (kind, value)
+            for thread_hash, ns_hash, channel_hash, version, kind, value in result.rows:
+                found[(thread_hash, ns_hash, channel_hash, version)] = (kind, value)
         return found
 
     def _tuple_of(
@@ -472,10 +538,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         blobs: Mapping[tuple[str, str, str, str], tuple[Any, Any]],
         writes: Sequence[Sequence[Any]],
     ) -> CheckpointTuple:
-        thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata = row
+        thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
+        thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
         for channel, version in body["channel_versions"].items():
-            stored = blobs.get((thread_id, ns_hash, channel, str(version)))
+            stored = blobs.get((thread_hash, ns_hash, identity_hash(channel), str(version)))
             if stored is not None:
                 values[channel] = self._loads(*stored)
         body["channel_values"] = values
@@ -519,7 +586,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         """The checkpoints matching `config` (thread, and namespace when given), every key of
         `filter` equal in their metadata, older than `before`, newest first, at most `limit`."""
-        async for found in self._list(self.connection, config, filter, before, limit):
+        async for found in self._list(self._sync.here(), config, filter, before, limit):
             yield found
 
     async def _list(
@@ -539,7 +606,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         namespace = thread and configurable.get("checkpoint_ns") is not None
         if thread:
             assert config is not None
-            params["thread_id"] = self._thread_of(config)
+            params["thread_hash"] = identity_hash(self._thread_of(config))
         if namespace:
             assert config is not None
             params["ns_hash"] = identity_hash(self._ns_of(config))
@@ -602,12 +669,12 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             return 0, []
         bodies = [self._loads(row[5], row[6]) for row in rows]
         blob_keys = [
-            (row[0], row[2], channel, str(version))
+            (row[8], row[2], identity_hash(channel), str(version))
             for row, body in zip(rows, bodies, strict=True)
             for channel, version in body["channel_versions"].items()
         ]
         blobs = yield from self._blobs(sql, blob_keys)
-        checkpoint_keys = [(row[0], row[2], row[3]) for row in rows]
+        checkpoint_keys = [(row[8], row[2], row[3]) for row in rows]
         writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
         columns = (
             *CHECKPOINT_KEY,
@@ -621,10 +688,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         for chunk in chunks(list(dict.fromkeys(checkpoint_keys))):
             statement = sql.keyed(checkpoint_writes, columns, CHECKPOINT_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, CHECKPOINT_KEY))
-            for thread_id, ns_hash, checkpoint_id, *write in result.rows:
-                writes.setdefault((thread_id, ns_hash, checkpoint_id), []).append(write)
+            for thread_hash, ns_hash, checkpoint_id, *write in result.rows:
+                writes.setdefault((thread_hash, ns_hash, checkpoint_id), []).append(write)
         return len(rows), [
-            (row, body, blobs, writes.get((row[0], row[2], row[3]), []))
+            (row, body, blobs, writes.get((row[8], row[2], row[3]), []))
             for row, body in zip(rows, bodies, strict=True)
         ]
 
@@ -632,32 +699,35 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, pending write and value of `thread_id`, atomically."""
-        await self._delete_thread(self.connection, thread_id)
+        await self._delete_thread(self._sync.here(), thread_id)
 
     async def _delete_thread(self, connection: SqlConnection, thread_id: str) -> None:
         sql = self._statements(connection)
-        params = {"thread_id": checked_identifier("thread_id", _text(thread_id))}
+        params = {"thread_hash": identity_hash(_key_text("thread_id", thread_id))}
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, pending write and value of one thread to another, atomically
         (rows the target already has are kept)."""
-        await self._copy_thread(self.connection, source_thread_id, target_thread_id)
+        await self._copy_thread(self._sync.here(), source_thread_id, target_thread_id)
 
     async def _copy_thread(self, connection: SqlConnection, source: str, target: str) -> None:
         sql = self._statements(connection)
-        params = {
-            "source": checked_identifier("source_thread_id", _text(source)),
-            "target": checked_identifier("target_thread_id", _text(target)),
-        }
-        if params["source"] == params["target"]:
+        source = _key_text("source_thread_id", source)
+        target = _key_text("target_thread_id", target)
+        if source == target:
             return
+        params = {
+            "source_hash": identity_hash(source),
+            "target_hash": identity_hash(target),
+            "target": target,
+        }
         await self._write(connection, [Exec(s, params) for s in sql.copy_thread])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints whose metadata names one of `run_ids`, their pending writes,
         and the values no remaining checkpoint of their namespace reads, in one transaction."""
-        await self._delete_for_runs(self.connection, run_ids)
+        await self._delete_for_runs(self._sync.here(), run_ids)
 
     async def _delete_for_runs(self, connection: SqlConnection, run_ids: Sequence[str]) -> None:
         if isinstance(run_ids, str):
@@ -676,21 +746,23 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 params = keyed_params(keys, CHECKPOINT_KEY)
                 yield Exec(sql.keyed_delete(checkpoints, CHECKPOINT_KEY, len(keys)), params)
                 yield Exec(sql.keyed_delete(checkpoint_writes, CHECKPOINT_KEY, len(keys)), params)
-            for thread_id, ns_hash in dict.fromkeys((row[0], row[1]) for row in doomed):
-                yield from self._collect_blobs(sql, thread_id, ns_hash)
+            for thread_hash, ns_hash in dict.fromkeys((row[0], row[1]) for row in doomed):
+                yield from self._collect_blobs(sql, thread_hash, ns_hash)
 
         await connection.run(step, transaction=True)
 
-    def _collect_blobs(self, sql: CheckpointStatements, thread_id: Any, ns_hash: Any) -> Step[None]:
+    def _collect_blobs(
+        self, sql: CheckpointStatements, thread_hash: Any, ns_hash: Any
+    ) -> Step[None]:
         """Delete the values of one thread namespace that no checkpoint of it reads."""
-        params = {"thread_id": thread_id, "ns_hash": ns_hash}
+        params = {"thread_hash": thread_hash, "ns_hash": ns_hash}
         read: set[tuple[str, str]] = set()
         for kind, data in (yield Exec(sql.namespace_bodies(), params)).rows:
             versions = self._loads(kind, data)["channel_versions"]
-            read.update((channel, str(version)) for channel, version in versions.items())
+            read.update((identity_hash(ch), str(version)) for ch, version in versions.items())
         stored = (yield Exec(sql.namespace_blob_keys(), params)).rows
         garbage = [
-            (thread_id, ns_hash, channel, version)
+            (thread_hash, ns_hash, channel, version)
             for channel, version in stored
             if (channel, version) not in read
         ]
@@ -706,7 +778,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         `"delete"`: delete the threads. One transaction per thread. A thread that uses a
         `DeltaChannel` is refused for `"keep_latest"` (`NotImplementedError`), as its state
         needs the ancestors."""
-        await self._prune(self.connection, thread_ids, strategy)
+        await self._prune(self._sync.here(), thread_ids, strategy)
 
     async def _prune(
         self, connection: SqlConnection, thread_ids: Sequence[str], strategy: str
@@ -715,7 +787,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             raise TypeError("thread_ids must be a sequence of thread ids, not a str")
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
-        threads = [checked_identifier("thread_id", _text(t)) for t in dict.fromkeys(thread_ids)]
+        threads = [_key_text("thread_id", t) for t in dict.fromkeys(thread_ids)]
         for thread_id in threads:
             if strategy == "delete":
                 await self._delete_thread(connection, thread_id)
@@ -729,14 +801,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _keep_latest(self, connection: SqlConnection, thread_id: str) -> Step[None]:
         sql = self._statements(connection)
-        rows = (yield Exec(sql.lock_thread, {"thread_id": thread_id})).rows
+        thread_hash = identity_hash(thread_id)
+        rows = (yield Exec(sql.lock_thread, {"thread_hash": thread_hash})).rows
         heads: dict[Any, Any] = {}
         for ns_hash, checkpoint_id in rows:
             # Rows come newest first per namespace, in the database's own order.
             heads.setdefault(ns_hash, checkpoint_id)
         if not heads:
             return
-        keys = [(thread_id, ns_hash, checkpoint_id) for ns_hash, checkpoint_id in heads.items()]
+        keys = [(thread_hash, ns_hash, checkpoint_id) for ns_hash, checkpoint_id in heads.items()]
         read: set[tuple[Any, str, str]] = set()
         for heads_chunk in chunks(keys):
             statement = sql.keyed(
@@ -754,15 +827,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                         "whose state is rebuilt from the ancestors pruning would delete"
                     )
                 versions = self._loads(kind, data)["channel_versions"]
-                read.update((ns_hash, ch, str(v)) for ch, v in versions.items())
+                read.update((ns_hash, identity_hash(ch), str(v)) for ch, v in versions.items())
         for ns_hash, head in heads.items():
-            params = {"thread_id": thread_id, "ns_hash": ns_hash, "checkpoint_id": head}
+            params = {"thread_hash": thread_hash, "ns_hash": ns_hash, "checkpoint_id": head}
             yield Exec(sql.prune_checkpoints, params)
             yield Exec(sql.prune_writes, params)
             yield Exec(sql.orphan_head, params)
-        stored = (yield Exec(sql.select_blob_keys, {"thread_id": thread_id})).rows
+        stored = (yield Exec(sql.select_blob_keys, {"thread_hash": thread_hash})).rows
         garbage: list[tuple[str, Any, Any, Any]] = [
-            (thread_id, ns_hash, channel, version)
+            (thread_hash, ns_hash, channel, version)
             for ns_hash, channel, version in stored
             if (ns_hash, channel, version) not in read
         ]
@@ -774,8 +847,14 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     # --- synchronous methods: the async ones on the saver's own event loop -----------------
 
-    def _run_sync(self, work: Callable[[SqlConnection], Coroutine[Any, Any, T]]) -> T:
-        return self._sync.run(work)
+    def _run_sync(
+        self,
+        work: Callable[[SqlConnection], Coroutine[Any, Any, T]],
+        *,
+        writes: bool = False,
+        pin: Pin | None = None,
+    ) -> T:
+        return self._sync.run(work, writes=writes, pin=pin)
 
     def put(
         self,
@@ -786,7 +865,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """`aput`, from synchronous code."""
         result: RunnableConfig = self._run_sync(
-            lambda c: self._put(c, config, checkpoint, metadata, new_versions)
+            lambda c: self._put(c, config, checkpoint, metadata, new_versions), writes=True
         )
         return result
 
@@ -798,7 +877,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """`aput_writes`, from synchronous code."""
-        self._run_sync(lambda c: self._put_writes(c, config, writes, task_id, task_path))
+        self._run_sync(
+            lambda c: self._put_writes(c, config, writes, task_id, task_path), writes=True
+        )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`aget_tuple`, from synchronous code."""
@@ -815,6 +896,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         """`alist`, from synchronous code (read a page at a time)."""
         pages: list[AsyncIterator[CheckpointTuple]] = []
+        pin = Pin()
 
         async def next_item(connection: SqlConnection) -> tuple[bool, CheckpointTuple | None]:
             if not pages:
@@ -825,7 +907,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 return False, None
 
         while True:
-            more, found = self._run_sync(next_item)
+            more, found = self._run_sync(next_item, pin=pin)
             if not more:
                 return
             assert found is not None
@@ -833,34 +915,43 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         """`adelete_thread`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_thread(c, thread_id))
+        self._run_sync(lambda c: self._delete_thread(c, thread_id), writes=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """`adelete_for_runs`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_for_runs(c, run_ids))
+        self._run_sync(lambda c: self._delete_for_runs(c, run_ids), writes=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """`acopy_thread`, from synchronous code."""
-        self._run_sync(lambda c: self._copy_thread(c, source_thread_id, target_thread_id))
+        self._run_sync(
+            lambda c: self._copy_thread(c, source_thread_id, target_thread_id), writes=True
+        )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`aprune`, from synchronous code."""
-        self._run_sync(lambda c: self._prune(c, thread_ids, strategy))
+        self._run_sync(lambda c: self._prune(c, thread_ids, strategy), writes=True)
 
     def close(self) -> None:
         """Stop the event loop of the sync methods and close its connection (a later sync
-        call starts them anew). The saver's own connection is not closed here: one given to
-        the constructor stays its owner's, one from `from_conn_string` is closed by
-        `aclose()` (on leaving the block)."""
+        call starts them anew). A sync call in flight there finishes, or after
+        `CLOSE_GRACE_S` is cancelled and raises `StoreUnavailableError`
+        (`CommitOutcomeUnknownError` for a write): no caller is left waiting. The saver's
+        own connection is not closed here: one given to the constructor stays its owner's,
+        one from `from_conn_string` is closed on leaving the block (or by `aclose()`)."""
         self._sync.close()
 
     async def aclose(self) -> None:
-        """`close()` without blocking the caller's loop; then, for a saver from
-        `from_conn_string`, its own connection too: later calls, sync or async, fail with
-        `StoreUnavailableError`. A connection given to the constructor stays open."""
+        """`close()` without blocking the caller's loop, and the connections the saver opened
+        for other event loops; then, for a saver from `from_conn_string`, its own connection
+        too: later calls, sync or async, fail with `StoreUnavailableError`. A connection
+        given to the constructor stays open."""
         await asyncio.to_thread(functools.partial(self._sync.close, final=self._owns_connection))
-        if self._owns_connection:
-            await self.connection.close()
+        await self._sync.aclose_connections(home=self._owns_connection)
+
+    def _close_owned(self) -> None:
+        """The sync `with` block's exit: `aclose()`, from synchronous code."""
+        self._sync.close(final=self._owns_connection)
+        self._sync.close_connections(home=self._owns_connection)
 
     async def __aenter__(self) -> SqlCheckpointSaver:
         return self
@@ -873,3 +964,41 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """`aclose()` on leaving `async with saver:`."""
         await self.aclose()
+
+
+class _Done:
+    """What `setup()` answers: already done, and awaitable (`await saver.setup()`)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield
+
+
+class OwnedSaver:
+    """What `SqlCheckpointSaver.from_conn_string` answers: the saver, opened by `async with`
+    or `with`, and closed with every connection it opened when the block exits."""
+
+    def __init__(self, saver: SqlCheckpointSaver) -> None:
+        self.saver = saver
+
+    def __enter__(self) -> SqlCheckpointSaver:
+        return self.saver
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.saver._close_owned()
+
+    async def __aenter__(self) -> SqlCheckpointSaver:
+        return self.saver
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.saver.aclose()

@@ -1,4 +1,4 @@
-"""Contract suite of `ChildExecutionQueueRepository` (SPEC §3.5): children on any instance.
+"""Contract suite of `ChildExecutionQueueRepository` (docs/contracts.md): children on any instance.
 
 A child is claimed once (deepest first, then oldest), restarted by compare-and-set on
 the attempt it was read at, finished once — only by its current attempt when one is

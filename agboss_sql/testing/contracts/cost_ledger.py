@@ -1,4 +1,4 @@
-"""Contract suite of `CostLedgerRepository` (SPEC §3.11): spend across instances.
+"""Contract suite of `CostLedgerRepository` (docs/contracts.md): spend across instances.
 
 An entry counts once by its id (a replayed step does not count twice), totals add up per
 execution, tenant and application (and from a time on), and a reservation is added only

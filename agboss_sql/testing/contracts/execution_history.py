@@ -1,4 +1,4 @@
-"""Contract suite of `ExecutionHistoryRepository` (SPEC §3.12): finished runs.
+"""Contract suite of `ExecutionHistoryRepository` (docs/contracts.md): finished runs.
 
 A snapshot is upserted by tenant and execution id and read back whole (its `record` JSON
 included); the tenant's snapshots are listed newest first in `[since, until)` with keyset

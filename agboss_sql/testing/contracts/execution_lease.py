@@ -1,4 +1,4 @@
-"""Contract suite of `ExecutionLeaseRepository` (SPEC §3.1): one owner at a time.
+"""Contract suite of `ExecutionLeaseRepository` (docs/contracts.md): one owner at a time.
 
 Every case runs on the case's virtual store time with two (or three) instances on one
 backing store. A lease is live while `expires_at > now` and only then: the boundary

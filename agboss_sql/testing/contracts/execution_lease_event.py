@@ -1,4 +1,4 @@
-"""Contract suite of `ExecutionLeaseEventRepository` (SPEC §3.2): the lease log.
+"""Contract suite of `ExecutionLeaseEventRepository` (docs/contracts.md): the lease log.
 
 An operator reads the log to tell a zombie from a takeover, so every field of every
 event comes back exactly as saved (its type included: a kind is a `LeaseEventKind`, a

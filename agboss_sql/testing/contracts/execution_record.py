@@ -1,4 +1,4 @@
-"""Contract suite of `ExecutionRecordRepository` (SPEC §3.6): runs and their status.
+"""Contract suite of `ExecutionRecordRepository` (docs/contracts.md): runs and their status.
 
 A record is saved once per `(tenant, execution)`, read only by its own tenant, found by
 thread and by status, and moved only by compare-and-set from the status its caller read:

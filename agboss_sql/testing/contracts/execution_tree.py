@@ -1,4 +1,4 @@
-"""Contract suite of `ExecutionTreeRepository` (SPEC §3.7): request-scoped keys of a tree.
+"""Contract suite of `ExecutionTreeRepository` (docs/contracts.md): request-scoped keys of a tree.
 
 A key is written once (the first write wins, whichever instance), listed by a literal
 prefix (`%`, `_` and `\\` are characters, not patterns) in key order, and deleted with

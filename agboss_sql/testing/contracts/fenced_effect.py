@@ -1,4 +1,4 @@
-"""Contract suite of `FencedEffectRepository` (SPEC §3.3): one effect per key.
+"""Contract suite of `FencedEffectRepository` (docs/contracts.md): one effect per key.
 
 Writes and replays, the key's rules, business keys and rollback run for every store. The
 cases marked fencing (skipped, with a note, for a store that opts out of the lease check)

@@ -1,4 +1,4 @@
-"""Contract suite of `MeshRequestRepository` (SPEC §3.8): one run per incoming request.
+"""Contract suite of `MeshRequestRepository` (docs/contracts.md): one run per incoming request.
 
 An idempotency key is saved once (whichever instance receives the request first), the
 same key with another fingerprint is `IdempotencyKeyConflictError`, and the response is

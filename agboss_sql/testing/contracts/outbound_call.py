@@ -1,4 +1,4 @@
-"""Contract suite of `OutboundCallRepository` (SPEC §3.4): one send per key.
+"""Contract suite of `OutboundCallRepository` (docs/contracts.md): one send per key.
 
 An intent is recorded once per key and moved by compare-and-set on the attempt the
 caller read; every fenced method checks the lease and the scope's mark in the step that

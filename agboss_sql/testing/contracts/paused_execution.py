@@ -1,4 +1,4 @@
-"""Contract suite of `PausedExecutionRepository` (SPEC §3.10): human-in-the-loop pauses.
+"""Contract suite of `PausedExecutionRepository` (docs/contracts.md): human-in-the-loop pauses.
 
 A pause is answered once whichever instance takes the answer (the second answer is
 `NotPausedError`), its tree's resolved pauses are drained in one pass, `take` and

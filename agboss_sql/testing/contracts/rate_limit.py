@@ -1,4 +1,4 @@
-"""Contract suite of `RateLimitRepository` (SPEC §3.9): limits across instances.
+"""Contract suite of `RateLimitRepository` (docs/contracts.md): limits across instances.
 
 On the application's clock (the case's `VirtualClock`): slots are counted and taken under
 one lock and never exceed the maximum, an expired slot does not count and cannot be

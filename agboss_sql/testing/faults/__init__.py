@@ -1,4 +1,4 @@
-"""The fault suite (SPEC §8.3): a store set run by real pod processes under real faults
+"""The fault suite (docs/testing.md): a store set run by real pod processes under real faults
 (SIGKILL at hold points, SIGSTOP past the lease, SIGTERM, a store outage inside a pod),
 then every promise audited from the database and the pods' event logs.
 
@@ -28,7 +28,8 @@ from agboss_sql.testing.faults.holds import (
     StoreHoldPoint,
     with_hold_points,
 )
-from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario
+from agboss_sql.testing.faults.network import network_scenarios
+from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario, register
 from agboss_sql.testing.faults.suite import (
     DEFAULT_STORES,
     DUMP_ENV,
@@ -39,6 +40,12 @@ from agboss_sql.testing.faults.suite import (
     format_report,
     run_scenario,
 )
+
+# The network scenarios (server databases only) are named scenarios like the others, so
+# `agboss-sql faults` runs them too; they are not in SHORT_SET (tests run them apart).
+for _scenario in network_scenarios().values():
+    if _scenario.name not in SCENARIOS:
+        register(_scenario)
 
 __all__ = [
     "AFTER_COMMIT",

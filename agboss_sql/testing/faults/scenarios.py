@@ -179,9 +179,12 @@ def _outage(run: ScenarioRun) -> None:
 def _zombie_in_transaction(run: ScenarioRun) -> None:
     held = run.held("zombie-in-transaction")
     pod = run.cluster.pods[held["pod_index"]]
+    mark = run.cluster.mark()
     run.cluster.signal(pod, signal.SIGSTOP)
     # The frozen pod holds the tree's lease row locked (on SQLite: the write lock). Every
-    # other pod's call that needs it must end in a typed error within its bound.
+    # other pod's call that needs it must end in a typed error within its bound — unless
+    # the server ended the frozen transaction first (its idle-transaction bound), and
+    # another pod took the tree over without waiting long enough to fail.
     try:
         run.wait(
             lambda e: (
@@ -192,10 +195,12 @@ def _zombie_in_transaction(run: ScenarioRun) -> None:
                         e.get("kind") == "op-error"
                         and (not e.get("typed") or str(e.get("code")).startswith("store."))
                     )
+                    or (e.get("kind") == "tree-run" and e.get("tree") == FIRST_TREE)
                 )
             ),
-            f"another pod's call to end (or be reported hung) while {pod.instance_id} is "
-            "frozen inside a transaction",
+            f"another pod's call to end (or be reported hung), or another pod to take "
+            f"{FIRST_TREE} over, while {pod.instance_id} is frozen inside a transaction",
+            since=mark,
         )
     finally:
         run.cluster.signal(pod, signal.SIGCONT)
@@ -300,6 +305,21 @@ SCENARIOS: dict[str, Scenario] = {
             act=_zombie_in_transaction,
             holds=(Hold("zombie-in-transaction", BEFORE_WORK, f"{FIRST_TREE}/s1/"),),
             tags=("freeze",),
+        ),
+        Scenario(
+            name="kill-after-complete",
+            doc="SIGKILL a pod right after the COMMIT that completed its tree, before it "
+            "reported the end or finished the lease: the tree has ended (the database says "
+            "so), no pod resumes it, and its lease runs out",
+            act=_kill_when_held("kill-after-complete"),
+            holds=(
+                Hold(
+                    "kill-after-complete",
+                    StoreHoldPoint("execution_record.complete", "after"),
+                    FIRST_TREE,
+                ),
+            ),
+            tags=("kill",),
         ),
         Scenario(
             name="kill-during-pause",

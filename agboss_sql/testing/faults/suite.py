@@ -160,6 +160,42 @@ def reset_database(url: str) -> None:
         engine.dispose()
 
 
+def _wait_for_trees(cluster: Cluster, url: str, trees: list[str], bound_s: float) -> set[str]:
+    """The trees that had not ended when `bound_s` ran out. A tree has ended when a pod
+    reported it done or its record is `succeeded` in the database: a pod killed right after
+    the COMMIT that completed a tree never reports it, and the database is what the audit
+    trusts."""
+    from agboss_sql.sql.migrate import sync_url
+    from agboss_sql.sql.schema import execution_records
+
+    deadline = time.monotonic() + bound_s
+    missing = set(trees)
+    engine = sa.create_engine(sync_url(url))
+    try:
+        while missing:
+            slice_s = min(1.0, max(0.0, deadline - time.monotonic()))
+            missing = cluster.wait_all(
+                lambda e: e.get("tree") if e.get("kind") == "tree-done" else None,
+                missing,
+                slice_s,
+                "every tree to end",
+            )
+            if missing:
+                with engine.connect() as connection:
+                    ended = connection.execute(
+                        sa.select(execution_records.c.execution_id).where(
+                            execution_records.c.execution_id.in_(sorted(missing)),
+                            execution_records.c.status == "succeeded",
+                        )
+                    )
+                    missing -= {row[0] for row in ended}
+            if time.monotonic() >= deadline:
+                break
+    finally:
+        engine.dispose()
+    return missing
+
+
 def _configs(settings: FaultSettings, stores: str, scenario: Scenario) -> list[dict[str, Any]]:
     origin = time.time_ns() // 1_000_000
     trees = {
@@ -230,12 +266,7 @@ def run_scenario(
             violations.append(Violation("no-hang", f"{scenario.name}: {error}"))
         for hold in scenario.holds:
             run.release_everywhere(hold.hold_id)
-        unfinished = cluster.wait_all(
-            lambda e: e.get("tree") if e.get("kind") == "tree-done" else None,
-            trees,
-            settings.tree_bound_s,
-            "every tree to end",
-        )
+        unfinished = _wait_for_trees(cluster, url, trees, settings.tree_bound_s)
         for pod in cluster.pods:
             if pod.alive and not cluster.stop(pod, settings.shutdown_s):
                 run.slow_stops.append(pod.instance_id)

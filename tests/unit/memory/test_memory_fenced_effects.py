@@ -2,7 +2,7 @@
 the fence marks and stored rows of its backend, the transaction handed to the work, and
 rollback on failure, cancellation and results JSON cannot hold.
 
-The promises of `FencedEffectRepository` (SPEC 3.3) are the `fenced_effect` contract
+The promises of `FencedEffectRepository` (docs/contracts.md) are the `fenced_effect` contract
 cases, run once on the in-memory set (tests/unit/test_conformance_memory.py).
 """
 

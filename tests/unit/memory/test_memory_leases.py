@@ -1,7 +1,7 @@
 """What only the in-memory lease store shows: its database time is this host's clock,
 and refused arguments leave its backend untouched.
 
-Every promise of `ExecutionLeaseRepository` (SPEC 3.1) is an `execution_lease` contract
+Every promise of `ExecutionLeaseRepository` (docs/contracts.md) is an `execution_lease` contract
 case, run once on the in-memory set (tests/unit/test_conformance_memory.py).
 """
 

@@ -1,4 +1,4 @@
-"""In-memory pauses and the cost ledger (SPEC 3.10, 3.11)."""
+"""In-memory pauses and the cost ledger (docs/contracts.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The in-memory rate limits keep every promise of `RateLimitRepository` (SPEC 3.9)."""
+"""The in-memory rate limits keep every promise of `RateLimitRepository` (docs/contracts.md)."""
 
 from __future__ import annotations
 

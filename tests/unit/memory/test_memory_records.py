@@ -1,4 +1,4 @@
-"""In-memory execution records, tree keys, mesh requests and history (SPEC 3.6-3.8, 3.12)."""
+"""In-memory execution records, tree keys, mesh requests and history (docs/contracts.md)."""
 
 from __future__ import annotations
 
