@@ -443,8 +443,10 @@ class _Chaos:
     def thaw(self, cluster: Cluster, state: _State) -> None:
         if self.frozen is None or self.freeze_done:
             return
-        cluster.signal(self.frozen, signal.SIGCONT)
+        # Read before the signal: the worker may run (and log) before this thread reads
+        # the time again.
         self.thawed_at = time.time_ns() // 1_000_000
+        cluster.signal(self.frozen, signal.SIGCONT)
         state.alive[self.frozen.instance_id] = "up (thawed)"
         state.chaos.append(f"SIGCONT {self.frozen.instance_id}")
         self.freeze_done = True

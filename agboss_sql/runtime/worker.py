@@ -407,15 +407,18 @@ class Worker:
             async with asyncio.timeout(self.config.shutdown_ms / 1000):
                 if self._sweep is not None:
                     await self._sweep.stop()
-                released = 0
-                if self._children is not None:
-                    released += await self._children.stop(release=True)
-                self.emit({"kind": "stop-phase", "phase": "children stopped"})
+                # First what starts work (the child pump, the rescue, the resolver, the
+                # commands' calls) and the tree runs, then the children's runs: nothing new
+                # is started while the leases are released.
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.emit({"kind": "stop-phase", "phase": "runs stopped"})
+                released = 0
+                if self._children is not None:
+                    released += await self._children.stop(release=True)
+                self.emit({"kind": "stop-phase", "phase": "children stopped"})
                 for keeper in list(self._keepers):
                     if keeper.held:
                         with contextlib.suppress(Exception):
