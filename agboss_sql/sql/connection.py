@@ -457,10 +457,16 @@ class SqlConnection:
         return isinstance(exc, Exception) and self.ops.is_disconnect(exc)
 
     async def _drop(self, connection: AsyncConnection) -> None:
-        """Invalidate `connection` (no ROLLBACK on it: the server rolls the session's
-        transaction back when the socket closes), so the pool opens a fresh one."""
+        """Close the driver connection under `connection` at once (no ROLLBACK on it: the
+        server rolls the session's transaction back when the socket closes) and invalidate
+        it, so the pool opens a fresh one; each part bounded by `GRACE_S`."""
+        runner = self._runner
         with contextlib.suppress(Exception):
-            await connection.invalidate()
+            raw = (await connection.get_raw_connection()).driver_connection
+            if isinstance(runner, PoolRunner):
+                await asyncio.wait_for(runner.dialect.close(raw), GRACE_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.invalidate(), GRACE_S)
 
     async def _bounded_on(
         self, connection: AsyncConnection, call: Callable[[], Awaitable[None]]
