@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -133,9 +134,15 @@ class ChildWorker:
         self._task: asyncio.Task[None] | None = None
         self._runs: set[asyncio.Task[None]] = set()
         self._keepers: set[LeaseKeeper] = set()
+        self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
         self._keeper()  # the lease settings are checked now, not at the first child
 
     def _keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
+        keeper = self._new_keeper(root_execution_id)
+        self._made.add(keeper)
+        return keeper
+
+    def _new_keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
         if self.trust_margin_ms is None:
             return LeaseKeeper(
                 self.leases,
@@ -415,6 +422,11 @@ class ChildWorker:
                         async with asyncio.timeout(2):
                             released += await keeper.release()
             self._keepers.clear()
+        # The `lost` events keepers write in the background reach the log before the
+        # caller closes the stores.
+        for keeper in list(self._made):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(keeper.flush(), 2)
         return released
 
     async def _loop(self, poll_ms: int, rescue_every_ms: int) -> None:

@@ -52,6 +52,7 @@ import signal
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -285,6 +286,7 @@ class Worker:
     _children: ChildWorker | None = None
     _active_children: int = 0
     _pending_children: set[str] = field(default_factory=set)
+    _made: weakref.WeakSet[LeaseKeeper] = field(default_factory=weakref.WeakSet)
     _roots: set[str] = field(default_factory=set)
     _changed: asyncio.Event | None = None
     _stopping: bool = False
@@ -424,6 +426,9 @@ class Worker:
                         with contextlib.suppress(Exception):
                             if await keeper.release():
                                 released += 1
+                for keeper in list(self._made):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(keeper.flush(), 2)
                 self.emit({"kind": "released", "leases": released})
         finally:
             if self.app is not None:
@@ -562,6 +567,11 @@ class Worker:
     # -- running a tree --------------------------------------------------------------------
 
     def _keeper(self, root: str) -> LeaseKeeper:
+        keeper = self._new_keeper(root)
+        self._made.add(keeper)
+        return keeper
+
+    def _new_keeper(self, root: str) -> LeaseKeeper:
         return LeaseKeeper(
             self.leases,
             self.events,
