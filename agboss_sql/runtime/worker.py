@@ -783,7 +783,10 @@ class Worker:
         self.emit({"kind": "yielded", "tree": run.root, "epoch": run.lease.lease_epoch})
         record = await self.records.get(run.tenant_id, run.root)
         woken = record is not None and record.status is ExecutionRecordStatus.RUNNING
-        if not woken and await self._all_finished(run, children):
+        # Read without the lease (it is yielded): a guarded read would refuse.
+        rows = await self.queue.children(run.execution)
+        finished = {c.child_execution_id for c in rows if c.status == "finished"}
+        if not woken and all(child in finished for child in children):
             # The last child finished before the record was `queued`: its wake found the
             # tree running and did nothing, so the tree wakes itself.
             woken = await self.records.transition(

@@ -223,7 +223,9 @@ async def test_a_cancel_from_another_worker_unwinds_once_last_first(
     workers: Workers, sql: SqlConnection
 ) -> None:
     spec = TreeSpec(fan_out=2, depth=1)
-    a = await workers("wa", background=True, step_ms=150, lease_ms=1_500)
+    # One slot and 300 ms steps: the second leaf charges at least 600 ms after the first,
+    # so the cancel (sent once the first charged) lands while the tree is still running.
+    a = await workers("wa", background=True, step_ms=300, lease_ms=1_500, max_concurrent_steps=1)
     b = await workers("wb")
     tenant, tree = workers.tenant, "tree-cancel"
     await a.submit(tenant, tree, spec)
