@@ -430,6 +430,13 @@ class Worker:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(keeper.flush(), 2)
                 self.emit({"kind": "released", "leases": released})
+        except TimeoutError:
+            # What the stop still waited for, for the operator (standard error).
+            self.emit({"kind": "stop-timeout", "ms": self.config.shutdown_ms})
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task() and not task.done():
+                    task.print_stack(limit=12, file=sys.stderr)
+            raise
         finally:
             if self.app is not None:
                 await self.app.close()
