@@ -21,7 +21,7 @@ import logging
 import time
 import typing
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -78,6 +78,9 @@ def _name(cls: type[Any]) -> str:
 
 class HealthStatus(StrEnum):
     UP = "up"
+    DEGRADED = "degraded"
+    """Serving, but a load balancer should prefer another instance (e.g. every step slot
+    is busy)."""
     DOWN = "down"
 
 
@@ -93,7 +96,8 @@ class ComponentHealth:
 
 @dataclass(frozen=True, slots=True)
 class ReadinessReport:
-    """The application's readiness: up only when every component is up."""
+    """The application's readiness: up only when every component is up; degraded when none
+    is down and one is degraded; else down."""
 
     status: HealthStatus
     components: tuple[ComponentHealth, ...] = field(default_factory=tuple)
@@ -162,6 +166,7 @@ class Application:
         self.instance_id = instance_id or f"{name}-{uuid.uuid4().hex[:12]}"
         self.context = ApplicationContext(instance_id=self.instance_id, name=name)
         self._stores: dict[type[Any], Any] = {}
+        self._components: dict[str, Callable[[], ComponentHealth]] = {}
         self._owned_connections: list[Any] = []
         self._started = False
 
@@ -365,10 +370,16 @@ class Application:
     def stores(self) -> Mapping[type[Any], Any]:
         return dict(self._stores)
 
+    def add_readiness_component(self, name: str, probe: Callable[[], ComponentHealth]) -> None:
+        """Report `probe()` (a quick, non-blocking look at local state, such as the step
+        slots) among the readiness components, under `name` (replacing one of that name)."""
+        self._components[name] = probe
+
     async def check_readiness(self, timeout_s: float = READINESS_TIMEOUT_S) -> ReadinessReport:
         """Ping every store concurrently, each under `timeout_s`, and read the schema
         revision of each SQL database the stores use (a `schema (URL)` component, down
-        unless the database is at the head revision); never hangs longer."""
+        unless the database is at the head revision); never hangs longer. The components
+        added by `add_readiness_component` are reported beside them."""
 
         async def probe(contract: type[Any], store: Any) -> ComponentHealth:
             name = f"{_name(contract)} ({_name(type(store))})"
@@ -405,15 +416,25 @@ class Application:
             elapsed = (time.perf_counter() - started) * 1000
             return ComponentHealth(name, HealthStatus.UP, elapsed)
 
-        components = await asyncio.gather(
-            *(probe(contract, store) for contract, store in self._stores.items()),
-            *(schema(connection) for connection in self._sql_connections()),
+        components = list(
+            await asyncio.gather(
+                *(probe(contract, store) for contract, store in self._stores.items()),
+                *(schema(connection) for connection in self._sql_connections()),
+            )
         )
-        status = (
-            HealthStatus.UP
-            if all(c.status is HealthStatus.UP for c in components)
-            else HealthStatus.DOWN
-        )
+        for name, local in self._components.items():
+            try:
+                components.append(local())
+            except Exception as exc:
+                components.append(
+                    ComponentHealth(name, HealthStatus.DOWN, 0.0, f"{type(exc).__name__}: {exc}")
+                )
+        if any(c.status is HealthStatus.DOWN for c in components):
+            status = HealthStatus.DOWN
+        elif any(c.status is HealthStatus.DEGRADED for c in components):
+            status = HealthStatus.DEGRADED
+        else:
+            status = HealthStatus.UP
         return ReadinessReport(status, tuple(components))
 
     async def _close_owned(self) -> None:

@@ -319,6 +319,114 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(url))
 
 
+# --- worker ----------------------------------------------------------------------------
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    from agboss_sql.runtime.worker import worker_arguments
+
+    add_url_argument(parser)
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="a JSON file of worker settings (what `agboss-sql cluster` writes); "
+        "its keys override the options",
+    )
+    worker_arguments(parser)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+    import json
+    import logging
+
+    from agboss_sql.runtime.worker import WorkerConfig, config_of, run_worker
+
+    config = config_of(args, database_url(args))
+    if args.config is not None:
+        with open(args.config, encoding="utf-8") as handle:
+            given = json.load(handle)
+        known = {f.name for f in dataclasses.fields(WorkerConfig)}
+        config = dataclasses.replace(config, **{k: v for k, v in given.items() if k in known})
+        config = dataclasses.replace(config, url=database_url_of(config.url))
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s {config.instance_id or 'worker'} %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(run_worker(config, commands=args.commands))
+
+
+def database_url_of(url: str | None) -> str:
+    """`url`, else `AGBOSS_DATABASE_URL`, else the default SQLite file."""
+    from agboss_sql.sql.migrate import resolve_url
+
+    return resolve_url(url)
+
+
+# --- cluster ---------------------------------------------------------------------------
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    parser.add_argument("--trees", type=int, default=20, help="trees submitted (default 20)")
+    parser.add_argument("--fan-out", type=int, default=2, help="children per parent (default 2)")
+    parser.add_argument("--depth", type=int, default=2, help="depth of the leaves (default 2)")
+    parser.add_argument(
+        "--pause-every", type=int, default=5, help="every Nth tree pauses for a decision (0: none)"
+    )
+    parser.add_argument("--lease-ms", type=int, default=3_000, help="lease length (default 3000)")
+    parser.add_argument(
+        "--max-concurrent-steps", type=int, default=4, help="step slots per worker (default 4)"
+    )
+    parser.add_argument("--step-ms", type=int, default=30, help="simulated work per step (ms)")
+    parser.add_argument("--no-chaos", action="store_true", help="no kill, no freeze, no cancel")
+    parser.add_argument("--timeout", type=float, default=240.0, help="bound of the run (s)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-live", action="store_true", help="no live view")
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    import json
+
+    from agboss_sql.cluster import ClusterConfig, live_view, render_report, run_cluster
+
+    url = database_url(args)
+    if url.startswith("sqlite") and "/.agboss/" in url:
+        import os
+
+        os.makedirs(".agboss", exist_ok=True)
+    config = ClusterConfig(
+        url=url,
+        workers=args.workers,
+        trees=args.trees,
+        fan_out=args.fan_out,
+        depth=args.depth,
+        pause_every=args.pause_every,
+        lease_ms=args.lease_ms,
+        max_concurrent_steps=args.max_concurrent_steps,
+        step_ms=args.step_ms,
+        chaos=not args.no_chaos,
+        cancel=not args.no_chaos,
+        timeout_s=args.timeout,
+    )
+    live = not args.json and not args.no_live and sys.stdout.isatty()
+    update, close = live_view() if live else (None, None)
+    try:
+        report = run_cluster(config, view=update)
+    finally:
+        if close is not None:
+            close()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(render_report(report))
+    return 0 if report.ok else 1
+
+
 # --- leases ----------------------------------------------------------------------------
 
 
@@ -575,6 +683,18 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "readiness of the SQL stores, the schema revision and the database's clock skew",
         _check_arguments,
         _check,
+    ),
+    "cluster": Subcommand(
+        "the main job: N worker processes on one database run a workload of trees through "
+        "kills, a freeze and a cancel, then the run is audited from the database",
+        _cluster_arguments,
+        _cluster,
+    ),
+    "worker": Subcommand(
+        "run one worker process (an application instance running trees, children, pauses "
+        "and cancels on the shared database) until SIGTERM",
+        _worker_arguments,
+        _worker,
     ),
     "demo": Subcommand(
         "two instances keep both promises through a takeover (default: the local SQLite file)",

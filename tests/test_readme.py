@@ -2,7 +2,7 @@
 
 The shell blocks of README.md marked `<!-- readme-test: quick-start -->` are run in a
 directory of their own with no `AGBOSS_DATABASE_URL` (so on the embedded SQLite
-default). The block marked `<!-- readme-test: servers -->` runs the demo on a server:
+default). The block marked `<!-- readme-test: servers -->` runs the cluster on a server:
 the line for the server under test (`AGBOSS_TEST_DATABASE_URL`), with the ready
 script pointed at that server and at a database of the test's own, dropped after. In the default run the install steps (`python3 -m venv`, `pip install`) are
 taken as done by the environment running the tests, whose `agboss-sql` stands for
@@ -65,7 +65,32 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
     )
 
 
+def readme_cluster_output() -> str:
+    """The cluster report the README shows (the first plain block after the quick start)."""
+    after = README.read_text().split(MARK, 1)[1]
+    return re.search(r"\n```\n(cluster on .*?)```", after, re.S).group(1)  # type: ignore[union-attr]
+
+
+def labels(report: str) -> list[str]:
+    """What each line of a cluster report says, without its figures."""
+    return [
+        line.split(":", 1)[0] if ":" in line else line.split(" ", 1)[0]
+        for line in (raw.strip() for raw in report.splitlines())
+    ]
+
+
+def check_cluster(out: str, url: str) -> None:
+    """A cluster report on `url`, every invariant held, shaped as the README shows it."""
+    assert out.startswith(f"cluster on {url}: 3 workers, tenant cluster-"), out
+    assert out.rstrip().endswith("\nevery invariant held"), out
+    shown = [label for label in labels(readme_cluster_output()) if label]
+    printed = set(labels(out))
+    assert [label for label in shown if label not in printed] == [], out
+
+
 def check_outputs(outputs: dict[str, str]) -> None:
+    cluster = next(o for command, o in outputs.items() if command.endswith("agboss-sql cluster"))
+    check_cluster(cluster, "sqlite:///.agboss/agboss.sqlite")
     demo = next(out for command, out in outputs.items() if command.endswith("agboss-sql demo"))
     shown = demo.split("\n", 1)[1]  # after `demo on URL`
     assert ids_hidden(shown) == ids_hidden(readme_demo_output())
@@ -142,7 +167,7 @@ def drop_database(url: sa.URL) -> None:
         engine.dispose()
 
 
-def test_the_server_demo_runs_as_written(database_url: str, tmp_path: Path) -> None:
+def test_the_server_cluster_runs_as_written(database_url: str, tmp_path: Path) -> None:
     url = make_url(database_url)
     backend = url.get_backend_name()
     if backend == "sqlite":
@@ -170,7 +195,7 @@ def test_the_server_demo_runs_as_written(database_url: str, tmp_path: Path) -> N
             check=False,
         )
         assert done.returncode == 0, (line, done.stdout, done.stderr)
-        assert f"demo on {script}://" in done.stdout and f"/{own}\n" in done.stdout
-        assert done.stdout.rstrip().endswith("one owner at a time, one effect per key: held")
+        assert f"cluster on {script}://" in done.stdout and f"/{own}: 3 workers" in done.stdout
+        assert done.stdout.rstrip().endswith("\nevery invariant held"), done.stdout
     finally:
         drop_database(url.set(database=own))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -131,9 +132,17 @@ class ChildWorker:
         self.wake_claim_ms = wake_claim_ms
         self.store_retries = store_retries
         self._task: asyncio.Task[None] | None = None
+        self._runs: set[asyncio.Task[None]] = set()
+        self._keepers: set[LeaseKeeper] = set()
+        self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
         self._keeper()  # the lease settings are checked now, not at the first child
 
     def _keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
+        keeper = self._new_keeper(root_execution_id)
+        self._made.add(keeper)
+        return keeper
+
+    def _new_keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
         if self.trust_margin_ms is None:
             return LeaseKeeper(
                 self.leases,
@@ -159,7 +168,7 @@ class ChildWorker:
         if claimed is None:
             return False
         keeper = self._keeper(claimed.root_execution_id)
-        lease = await keeper.take(claimed.tenant_id, claimed.child_execution_id)
+        lease = await self._take(keeper, claimed.tenant_id, claimed.child_execution_id)
         if lease is None:
             logger.warning(
                 "child %s is claimed but its lease is held elsewhere; leaving it to the rescue",
@@ -169,13 +178,66 @@ class ChildWorker:
         await self._run(claimed, keeper, lease)
         return True
 
-    async def rescue_once(self, limit: int = 100) -> int:
-        """Take over running children whose lease is over, and run each again. How many
-        were run."""
+    async def start_once(self) -> tuple[ClaimedChild | None, asyncio.Task[None] | None]:
+        """Claim one queued child, take its lease and start its run as a task of this
+        worker (see the class) without waiting for it: `(claimed child, task)`. `(None,
+        None)` when none was queued; `(child, None)` when the claimed child's lease is held
+        elsewhere (it is left to the rescue). `stop()` cancels the runs still going."""
+        claimed = await self.queue.claim(self.instance_id)
+        if claimed is None:
+            return None, None
+        keeper = self._keeper(claimed.root_execution_id)
+        lease = await self._take(keeper, claimed.tenant_id, claimed.child_execution_id)
+        if lease is None:
+            logger.warning(
+                "child %s is claimed but its lease is held elsewhere; leaving it to the rescue",
+                claimed.child_execution_id,
+            )
+            return claimed, None
+        return claimed, self._spawn_run(claimed, keeper, lease)
+
+    async def _take(
+        self, keeper: LeaseKeeper, tenant_id: str, child_execution_id: str
+    ) -> ExecutionLease | None:
+        """`keeper.take`, with the keeper known before the take: a `stop(release=True)`
+        that cancels this call after the take still releases the lease."""
+        self._keepers.add(keeper)
+        try:
+            lease = await keeper.take(tenant_id, child_execution_id)
+        finally:
+            if not keeper.held:
+                self._keepers.discard(keeper)
+        return lease
+
+    def _spawn_run(
+        self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease
+    ) -> asyncio.Task[None]:
+        async def run() -> None:
+            try:
+                await self._run(child, keeper, lease)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("child %s failed its run", child.child_execution_id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return task
+
+    async def rescue_once(
+        self, limit: int = 100, *, spawn: bool = False, max_runs: int | None = None
+    ) -> int:
+        """Take over running children whose lease is over, and run each again (one after
+        the other, or, with `spawn`, each as a task of this worker, as `start_once`),
+        looking at up to `limit` running children and rescuing at most `max_runs` of them.
+        How many were run (or started)."""
         rescued = 0
         for child in await self.queue.running(limit):
+            if max_runs is not None and rescued >= max_runs:
+                break
             keeper = self._keeper(child.root_execution_id)
-            lease = await keeper.take(child.tenant_id, child.child_execution_id)
+            lease = await self._take(keeper, child.tenant_id, child.child_execution_id)
             if lease is None:
                 continue
             restarted = await self.queue.restart(child.child_execution_id, child.attempt)
@@ -183,11 +245,26 @@ class ChildWorker:
                 # Finished or restarted by another rescuer since it was listed.
                 await keeper.release()
                 continue
-            await self._run(restarted, keeper, lease)
+            if spawn:
+                self._spawn_run(restarted, keeper, lease)
+            else:
+                await self._run(restarted, keeper, lease)
             rescued += 1
         return rescued
 
     async def _run(self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease) -> None:
+        try:
+            await self._run_held(child, keeper, lease)
+        except asyncio.CancelledError:
+            raise  # the keeper stays known: `stop(release=True)` releases its lease
+        except BaseException:
+            self._keepers.discard(keeper)
+            raise
+        self._keepers.discard(keeper)
+
+    async def _run_held(
+        self, child: ClaimedChild, keeper: LeaseKeeper, lease: ExecutionLease
+    ) -> None:
         async def call() -> JsonValue:
             return await self.run_child(child, lease)
 
@@ -215,6 +292,8 @@ class ChildWorker:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await run
         if keeper.lost:
+            if not run.cancelled():
+                run.exception()  # retrieved: the next holder owns the child
             return
         if not run.cancelled() and run.exception() is None:
             outcome = run.result()
@@ -323,13 +402,32 @@ class ChildWorker:
                 self._loop(poll_ms, rescue_every_ms)
             )
 
-    async def stop(self) -> None:
-        """Stop the loop; a child being run is cancelled and its lease left to run out."""
+    async def stop(self, *, release: bool = False) -> int:
+        """Stop the loop and the runs `start_once` started; a child being run is cancelled
+        and its lease left to run out for the rescue, or, with `release`, released (each
+        release bounded to 2 s) so another instance takes it at once. A release the store
+        refuses (the lease was taken over meanwhile) logs the lease `lost`."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        tasks = [*([task] if task is not None else []), *self._runs]
+        for each in tasks:
+            each.cancel()
+        for each in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await each
+        released = 0
+        if release:
+            for keeper in list(self._keepers):
+                if keeper.held:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(2):
+                            released += await keeper.release()
+            self._keepers.clear()
+        # The `lost` events keepers write in the background reach the log before the
+        # caller closes the stores.
+        for keeper in list(self._made):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(keeper.flush(), 2)
+        return released
 
     async def _loop(self, poll_ms: int, rescue_every_ms: int) -> None:
         next_rescue = self.clock.monotonic()

@@ -345,6 +345,12 @@ class LeaseKeeper:
             # The event was spawned; let it be written before the loser goes on.
             await asyncio.gather(*self._background, return_exceptions=True)
 
+    async def flush(self) -> None:
+        """Wait for the lease log writes this keeper started in the background (the `lost`
+        event of a loss found outside a renewal): call it before closing the stores."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)

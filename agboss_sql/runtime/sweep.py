@@ -129,9 +129,23 @@ class RecoverySweep:
             return None
         if lease is None:
             return None
-        await log_take(self.events, self.clock, lease)
         try:
+            await log_take(self.events, self.clock, lease)
             await self.resume(record, lease)
+        except asyncio.CancelledError:
+            # The sweep is stopped between the take and the hand-over: let the tree go now
+            # rather than when the lease runs out.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    if await self.leases.release(lease):
+                        await log_lease_event(
+                            self.events,
+                            self.clock,
+                            lease,
+                            LeaseEventKind.RELEASED,
+                            reason="the sweep was stopped",
+                        )
+            raise
         except Exception as error:
             logger.warning(
                 "resuming %s/%s failed; releasing its lease",

@@ -415,12 +415,20 @@ class SqlConnection:
                     await connection.begin()
                     try:
                         yield connection
-                    except BaseException:
-                        with contextlib.suppress(Exception):
-                            await self._bounded_on(connection, connection.rollback)
+                    except BaseException as exc:
+                        if self._unusable_after(exc):
+                            await self._drop(connection)
+                        else:
+                            with contextlib.suppress(Exception):
+                                await self._bounded_on(connection, connection.rollback)
                         raise
                     progress.committing = True
-                    await self._bounded_on(connection, connection.commit)
+                    try:
+                        await self._bounded_on(connection, connection.commit)
+                    except BaseException as exc:
+                        if self._unusable_after(exc):
+                            await self._drop(connection)
+                        raise
                 finally:
                     info.pop(_DEADLINE, None)
                     if deadline.timer is not None:
@@ -437,6 +445,28 @@ class SqlConnection:
             if self.ops.is_retryable(exc):
                 raise
             raise self.translate(exc, True, progress) from exc
+
+    def _unusable_after(self, exc: BaseException) -> bool:
+        """Whether a server connection must never be handed out again after `exc`: a
+        cancellation may have left it mid-statement (aiomysql then answers every later call
+        on it with "Cancelled during execution"), and a disconnect left nothing to reuse."""
+        if self.capabilities.inline:
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            return True
+        return isinstance(exc, Exception) and self.ops.is_disconnect(exc)
+
+    async def _drop(self, connection: AsyncConnection) -> None:
+        """Close the driver connection under `connection` at once (no ROLLBACK on it: the
+        server rolls the session's transaction back when the socket closes) and invalidate
+        it, so the pool opens a fresh one; each part bounded by `GRACE_S`."""
+        runner = self._runner
+        with contextlib.suppress(Exception):
+            raw = (await connection.get_raw_connection()).driver_connection
+            if isinstance(runner, PoolRunner):
+                await asyncio.wait_for(runner.dialect.close(raw), GRACE_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.invalidate(), GRACE_S)
 
     async def _bounded_on(
         self, connection: AsyncConnection, call: Callable[[], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""The operator commands on each database: demo, check, leases, bench."""
+"""The operator commands on each database: demo, check, leases, bench, cluster."""
 
 from __future__ import annotations
 
@@ -58,3 +58,18 @@ def test_bench_runs_ours_beside_the_raw_driver(
     ours = next(line for line in lines if line["impl"] == "agboss")
     assert ours["statements_per_op"] <= 2.0 and ours["ratio"] > 0  # two on MySQL 8 only
     assert "lease.acquire" in out and "verdict" in out
+
+
+def test_cluster_migrates_runs_and_reports_as_json(
+    empty_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The smallest cluster: two workers, no chaos; the chaos runs in the runtime tests.
+    args = ["cluster", "--url", empty_url, "--json", "--workers", "2", "--trees", "3"]
+    args += ["--depth", "1", "--pause-every", "3", "--no-chaos", "--lease-ms", "3000"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True, report["violations"]
+    assert report["trees"] == {"succeeded": 3}
+    assert report["orders_charged"] == 6
+    assert report["children_finished"] == 6
+    assert report["violations"] == []

@@ -865,3 +865,29 @@ async def test_conflicts_that_persist_past_retry_ms_end_in_a_typed_retry_timeout
         assert raised.value.__cause__ is conflict
     finally:
         await connection.close()
+
+
+async def test_a_transaction_cancelled_mid_statement_never_hands_its_connection_out_again(
+    db: SqlConnection, sql_url: str
+) -> None:
+    # The connection a cancelled statement was on may be mid-statement (aiomysql answers
+    # every later call on it with "Cancelled during execution"): the pool must drop it.
+    _server_only(db)
+    connection = SqlConnection(sql_url, pool_size=1)
+    try:
+
+        def sleep() -> Step[None]:
+            yield Exec(_sleep(db, 2), {})
+
+        async def slow() -> None:
+            # As a fenced effect runs its statements: on the transaction's driver connection.
+            async with connection.transaction() as tx:
+                await connection.drive_on(tx, sleep())
+
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(slow(), 0.3)
+        for _ in range(3):
+            async with connection.transaction() as tx:
+                assert (await tx.execute(sa.text("SELECT 1"))).scalar() == 1
+    finally:
+        await connection.close()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,6 +79,9 @@ class Cluster:
     configs: list[dict[str, Any]]
     url_for_pod: UrlForPod | None = None
     env: Mapping[str, str] | None = None
+    command: Sequence[str] | None = None
+    """The argv a pod is started with, its config file's path appended (default: the fault
+    suite's pod, `python -m agboss_sql.testing.faults.pod`)."""
     pods: list[Pod] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
@@ -88,35 +91,54 @@ class Cluster:
     def start(self) -> None:
         """Write each pod's config and start the pods."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        started = [self._prepare(base) for base in self.configs]
+        for pod in started:
+            self._launch(pod)
+
+    def add(self, base: dict[str, Any]) -> Pod:
+        """Start one more pod (a replacement) with config `base`, after `start()`."""
+        self.configs.append(base)
+        pod = self._prepare(base)
+        self._launch(pod)
+        return pod
+
+    def _prepare(self, base: dict[str, Any]) -> Pod:
+        index = len(self.pods)
+        instance_id = base["instance_id"]
+        pod = Pod(
+            index=index,
+            instance_id=instance_id,
+            config_path=self.run_dir / f"{instance_id}.json",
+            events_path=self.run_dir / f"{instance_id}.events.jsonl",
+            output_path=self.run_dir / f"{instance_id}.out",
+        )
+        url = self.url if self.url_for_pod is None else self.url_for_pod(index, self.url)
+        config = {**base, "url": url, "events_path": str(pod.events_path)}
+        pod.config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+        self.pods.append(pod)
+        return pod
+
+    def _launch(self, pod: Pod) -> None:
         env = dict(os.environ if self.env is None else self.env)
         # A pod imports what this process imports (the store set may live in a test tree).
         paths = [p for p in sys.path if p]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        for index, base in enumerate(self.configs):
-            instance_id = base["instance_id"]
-            pod = Pod(
-                index=index,
-                instance_id=instance_id,
-                config_path=self.run_dir / f"{instance_id}.json",
-                events_path=self.run_dir / f"{instance_id}.events.jsonl",
-                output_path=self.run_dir / f"{instance_id}.out",
+        command = list(
+            self.command
+            if self.command is not None
+            else (sys.executable, "-m", "agboss_sql.testing.faults.pod")
+        )
+        with open(pod.output_path, "wb") as output:
+            pod.process = subprocess.Popen(
+                [*command, str(pod.config_path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=output,
+                env=env,
+                start_new_session=True,
             )
-            url = self.url if self.url_for_pod is None else self.url_for_pod(index, self.url)
-            config = {**base, "url": url, "events_path": str(pod.events_path)}
-            pod.config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
-            self.pods.append(pod)
-        for pod in self.pods:
-            with open(pod.output_path, "wb") as output:
-                pod.process = subprocess.Popen(
-                    [sys.executable, "-m", "agboss_sql.testing.faults.pod", str(pod.config_path)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=output,
-                    env=env,
-                    start_new_session=True,
-                )
-            pod.reader = threading.Thread(target=self._read, args=(pod,), daemon=True)
-            pod.reader.start()
+        pod.reader = threading.Thread(target=self._read, args=(pod,), daemon=True)
+        pod.reader.start()
 
     def _read(self, pod: Pod) -> None:
         assert pod.process is not None and pod.process.stdout is not None

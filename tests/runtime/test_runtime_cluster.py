@@ -1,0 +1,39 @@
+"""A short cluster run on the database under test: three worker processes, the workload
+with a pause and a cancel, one worker killed and replaced, another frozen past its lease;
+the audit read from the database must hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agboss_sql.cluster import ClusterConfig, render_report, run_cluster
+
+
+def test_a_short_cluster_run_through_chaos_keeps_every_invariant(
+    sql_url: str, tmp_path: Path
+) -> None:
+    config = ClusterConfig(
+        url=sql_url,
+        workers=3,
+        trees=8,
+        fan_out=2,
+        depth=2,
+        pause_every=4,
+        lease_ms=2_000,
+        step_ms=20,
+        migrate=False,
+        run_dir=tmp_path,
+        timeout_s=150,
+    )
+    report = run_cluster(config)
+    assert report.ok, render_report(report)
+    assert report.trees == {"succeeded": 7, "cancelled": 1}, render_report(report)
+    # The chaos happened: a cancel, a kill and its replacement, a freeze and a thaw.
+    story = " | ".join(report.chaos)
+    for what in ("cancel", "SIGKILL", "started", "SIGSTOP", "SIGCONT"):
+        assert what in story, story
+    # The killed and the frozen workers' trees and children were taken over.
+    assert report.takeovers >= 1, render_report(report)
+    assert report.leases_lost >= 1, render_report(report)
+    # Every order of a succeeded tree charged once; the cancelled tree's charges refunded.
+    assert report.orders_charged == 7 * 4 + report.orders_refunded, render_report(report)

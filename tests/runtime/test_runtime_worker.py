@@ -1,0 +1,369 @@
+"""The worker's behaviours on the database under test, each with two or three workers in
+this process on one database: a parent yields while its children run and is woken by
+whoever finishes the last one; the sweep leaves a waiting parent alone; a resume raced from
+two workers runs the branch once; a cancel from another worker unwinds once, last first;
+durable steps replay and a zombie's step write is refused; readiness and the sweep follow
+the step slots; a graceful stop releases the leases it held."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from agboss_sql.application import HealthStatus
+from agboss_sql.contracts.errors import ExecutionFencedError, NotPausedError
+from agboss_sql.contracts.keys import fenced_effect_key_of
+from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
+from agboss_sql.contracts.types import ExecutionRecordStatus, PauseStatus
+from agboss_sql.runtime.slots import StepKind
+from agboss_sql.runtime.worker import (
+    STEP_EFFECT,
+    TreeSpec,
+    Worker,
+    WorkerConfig,
+    _Run,
+    leaves_of,
+    pause_id_of,
+    submit_tree,
+)
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.schema import execution_lease_events, fenced_effect_results
+from agboss_sql.testing.business import committed_business_rows
+
+Event = dict[str, Any]
+WAIT_S = 30.0
+"""Bound of every wait for the workers (they take well under a second on an idle machine;
+the bound is for a loaded CI runner)."""
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
+    """Poll `check` until it is true; fail naming `what` past the bound."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {timeout_s:.0f} s for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Workers:
+    """Workers made by a test, each with its event list, all stopped after it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.made: list[Worker] = []
+        self.events: dict[str, list[Event]] = {}
+        self.tenant = f"t-{uuid.uuid4().hex[:8]}"
+
+    async def __call__(self, name: str, *, background: bool = False, **settings: Any) -> Worker:
+        events: list[Event] = []
+        config = WorkerConfig(
+            url=self.url,
+            instance_id=name,
+            lease_ms=settings.pop("lease_ms", 3_000),
+            step_ms=settings.pop("step_ms", 0),
+            **settings,
+        )
+        worker = Worker(config, emit=events.append)
+        await worker.start(background=background)
+        self.made.append(worker)
+        self.events[name] = events
+        return worker
+
+    def of(self, kind: str, **match: Any) -> list[Event]:
+        return [
+            {**e, "worker": w}
+            for w, events in self.events.items()
+            for e in events
+            if e.get("kind") == kind and all(e.get(k) == v for k, v in match.items())
+        ]
+
+
+@pytest.fixture
+async def workers(sql: SqlConnection, sql_url: str) -> AsyncIterator[Workers]:
+    made = Workers(sql_url)
+    yield made
+    for worker in made.made:
+        await worker.stop()
+
+
+async def status_of(worker: Worker, tenant: str, tree: str) -> ExecutionRecordStatus | None:
+    record = await worker.records.get(tenant, tree)
+    return None if record is None else record.status
+
+
+def is_status(
+    worker: Worker, tenant: str, tree: str, status: ExecutionRecordStatus
+) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await status_of(worker, tenant, tree) is status
+
+    return check
+
+
+async def lease_log(sql: SqlConnection, tenant: str, execution: str) -> list[tuple[str, int, str]]:
+    """`(instance, epoch, kind)` of the execution's lease events, in save order."""
+    t = execution_lease_events
+    result = await sql.execute(
+        sa.select(t.c.instance_id, t.c.lease_epoch, t.c.kind)
+        .where(t.c.tenant_id == tenant, t.c.execution_id == execution)
+        .order_by(t.c.id)
+    )
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in result.rows]
+
+
+async def stored_steps(sql: SqlConnection, execution: str, step: str) -> int:
+    t = fenced_effect_results
+    result = await sql.execute(
+        sa.select(sa.func.count()).where(
+            t.c.step_execution_id == execution, t.c.step_idempotency_key == step
+        )
+    )
+    return int(result.rows[0][0])
+
+
+async def run_to_the_wait(workers: Workers, a: Worker, tree: str, spec: TreeSpec) -> None:
+    """Submit a tree on `a` and let it run until it waits for its children."""
+    await a.submit(workers.tenant, tree, spec)
+
+    async def waiting() -> bool:
+        return bool(workers.of("yielded", tree=tree))
+
+    await until(waiting, f"{tree} waiting for its children (its lease yielded)")
+    assert await status_of(a, workers.tenant, tree) is ExecutionRecordStatus.QUEUED
+
+
+async def test_a_parent_yields_while_its_children_run_and_the_last_finisher_wakes_it(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a, b = await workers("wa"), await workers("wb")
+    tenant, tree = workers.tenant, "tree-yield"
+    await run_to_the_wait(workers, a, tree, TreeSpec(fan_out=2, depth=1))
+    # Waiting: the record left `running`, the lease is yielded, the slot is free.
+    assert await lease_log(sql, tenant, tree) == [("wa", 1, "acquired"), ("wa", 1, "yielded")]
+    assert a.slots.busy == 0
+    assert [c.status for c in await a.queue.children(tree)] == ["queued", "queued"]
+    # Another worker runs both children; the one finishing the last wakes the tree and runs
+    # it on from its stored steps.
+    assert await b.child_worker.run_once()
+    assert await status_of(b, tenant, tree) is ExecutionRecordStatus.QUEUED
+    assert await b.child_worker.run_once()
+    await until(is_status(b, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+
+    async def lease_finished() -> bool:
+        return (await lease_log(sql, tenant, tree))[-1][2] == "finished"
+
+    await until(lease_finished, f"the lease of {tree} finished")
+    assert workers.of("woke", tree=tree, moved=True) == [
+        {**workers.of("woke", tree=tree)[0], "worker": "wb"}
+    ]
+    assert [e["worker"] for e in workers.of("tree-end", tree=tree)] == ["wb"]
+    log = await lease_log(sql, tenant, tree)
+    assert log[2:] == [("wb", 2, "acquired"), ("wb", 2, "finished")]
+    # The steps finished before the wait replayed on wb; the branch closed once.
+    replays = [e["step"] for e in workers.of("step", execution=tree, replayed=True)]
+    assert set(replays) == {"plan", "reserve"}
+    assert await stored_steps(sql, tree, "close") == 1
+
+
+async def test_the_sweep_leaves_a_waiting_parent_alone(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a, c = await workers("wa"), await workers("wc")
+    tenant, tree = workers.tenant, "tree-waiting"
+    await run_to_the_wait(workers, a, tree, TreeSpec(fan_out=1, depth=1))
+    # Its lease is yielded (anyone could take it), but its record is not `running`.
+    claimed = await c.sweep.run_once()
+    assert all(lease.execution_id != tree for lease in claimed)
+    assert [k for i, _, k in await lease_log(sql, tenant, tree) if i == "wc"] == []
+
+
+async def test_a_resume_raced_from_two_workers_runs_the_branch_once(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a, b = await workers("wa"), await workers("wb")
+    tenant, tree = workers.tenant, "tree-paused"
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1, pause=True))
+    await until(is_status(a, tenant, tree, ExecutionRecordStatus.PAUSED), f"{tree} paused")
+    # Paused: no lease held (the record moves first, then the lease is released).
+
+    async def released() -> bool:
+        return (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+
+    await until(released, f"{tree} released while paused")
+    answers = await asyncio.gather(
+        a.resume(tenant, tree, {"approved": True, "by": "wa"}),
+        b.resume(tenant, tree, {"approved": True, "by": "wb"}),
+        return_exceptions=True,
+    )
+    assert sorted(type(x).__name__ for x in answers) == ["NotPausedError", "bool"]
+    assert [x for x in answers if not isinstance(x, BaseException)] == [True]
+    with pytest.raises(NotPausedError):
+        await a.resume(tenant, tree, {"approved": True})
+    await until(is_status(a, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} waiting")
+    assert await a.child_worker.run_once()
+    await until(is_status(a, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+    pause = await a.pauses.get(tenant, pause_id_of(tree))
+    assert pause is not None and pause.status is PauseStatus.TAKEN
+    assert len(workers.of("pause-taken", tree=tree)) == 1
+    children = await a.queue.children(tree)
+    assert [(c.status, c.attempt) for c in children] == [("finished", 1)]
+    rows = await committed_business_rows(sql)
+    assert rows.count(f"{tree}|reserve") == 1
+    assert rows.count(f"{tree}.c0|charge") == 1
+    assert await stored_steps(sql, tree, "close") == 1
+
+
+async def test_a_cancel_from_another_worker_unwinds_once_last_first(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    spec = TreeSpec(fan_out=2, depth=1)
+    # One slot and 300 ms steps: the second leaf charges at least 600 ms after the first,
+    # so the cancel (sent once the first charged) lands while the tree is still running.
+    a = await workers("wa", background=True, step_ms=300, lease_ms=1_500, max_concurrent_steps=1)
+    b = await workers("wb")
+    tenant, tree = workers.tenant, "tree-cancel"
+    await a.submit(tenant, tree, spec)
+    first = f"{tree}.c0|charge"
+
+    async def charged() -> bool:
+        return first in await committed_business_rows(sql)
+
+    await until(charged, f"{first} charged")
+    await b.cancel(tenant, tree)
+    await until(is_status(a, tenant, tree, ExecutionRecordStatus.CANCELLED), f"{tree} cancelled")
+    rows = await committed_business_rows(sql)
+    undos = [r for r in rows if r.startswith(f"{tree}|undo:")]
+    charged_leaves = [leaf for leaf in leaves_of(tree, spec) if f"{leaf}|charge" in rows]
+    assert f"{tree}.c0" in charged_leaves
+    # Each charge refunded once and the reserve undone once, last done first.
+    assert undos == [
+        *(f"{tree}|undo:charge:{leaf}" for leaf in reversed(charged_leaves)),
+        f"{tree}|undo:reserve",
+    ]
+    keys = set(await a.tree.list(tenant, tree))
+    assert UNWINDING_KEY in keys
+    assert f"{COMPENSATED_PREFIX}reserve" in keys
+    assert len(workers.of("unwound", tree=tree)) == 1
+    record = await a.records.get(tenant, tree)
+    assert record is not None and isinstance(record.outcome, dict)
+    assert record.outcome["reason"] == "cancelled by request"
+    # Every child ended (each finished once); none was charged after the undo.
+    assert {c.status for c in await a.queue.children(tree)} == {"finished"}
+
+
+async def test_a_takeover_replays_finished_steps_and_the_zombies_step_write_is_refused(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a = await workers("wa", lease_ms=1_000)
+    b = await workers("wb", lease_ms=1_000)
+    tenant, tree = workers.tenant, "tree-zombie"
+    spec = TreeSpec(fan_out=1, depth=1)
+    await submit_tree(a.tree, a.records, a.leases, tenant, tree, spec, a.clock)
+    keeper = a._keeper(tree)
+    assert await keeper.take(tenant, tree) is not None
+    run = _Run(tenant, tree, tree, 0, keeper, spec)
+    assert await a._step(run, "plan", StepKind.ROOT, lambda: a._work({"n": 1})) == {"n": 1}
+    # wa freezes: nothing renews its lease; wb takes the tree over once it ran out.
+    await keeper.stop()
+
+    async def taken() -> bool:
+        return await b.start_tree(tenant, tree, StepKind.DEEPER)
+
+    await until(taken, f"wb taking {tree} over")
+    await until(is_status(b, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} waiting")
+    plans = workers.of("step", execution=tree, step="plan")
+    assert [(e["worker"], e["replayed"]) for e in plans] == [("wa", False), ("wb", True)]
+    assert await stored_steps(sql, tree, "plan") == 1
+    # The zombie wakes and writes its next step at its old epoch: the store refuses it.
+    key = fenced_effect_key_of(a._context(run, "reserve"), STEP_EFFECT)
+    with pytest.raises(ExecutionFencedError):
+        await a._store_step(run, key, "reserve", {"late": True}, 0, False)
+    lost = [
+        k for i, e, k in await lease_log(sql, tenant, tree) if i == "wa" and e == 1 and k == "lost"
+    ]
+    assert lost == ["lost"]
+    assert len(workers.of("refused", execution=tree)) == 1
+    assert (await committed_business_rows(sql)).count(f"{tree}|reserve") == 1
+
+
+async def test_readiness_and_the_sweep_follow_the_step_slots(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a = await workers("wa", max_concurrent_steps=1)
+    tenant, tree = workers.tenant, "tree-orphan"
+    await submit_tree(
+        a.tree, a.records, a.leases, tenant, tree, TreeSpec(fan_out=1, depth=1), a.clock
+    )
+    await a.slots.acquire(StepKind.ROOT)
+    report = await a.check_readiness()
+    slots = [c for c in report.components if c.name == "step-slots"]
+    assert report.status is HealthStatus.DEGRADED
+    assert [c.status for c in slots] == [HealthStatus.DEGRADED]
+    # Every slot busy: the sweep claims nothing, though an orphan is there.
+    assert await a.sweep.run_once() == []
+    a.slots.release()
+    report = await a.check_readiness()
+    assert report.status is HealthStatus.UP, str(report)
+    claimed = await a.sweep.run_once()
+    assert [lease.execution_id for lease in claimed] == [tree]
+
+
+async def test_a_graceful_stop_releases_every_lease_it_holds(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a = await workers("wa", background=True, step_ms=1_000, shutdown_ms=5_000)
+    tenant, tree = workers.tenant, "tree-stop"
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=2))
+    leaf = f"{tree}.c0.c0"
+
+    async def leaf_runs() -> bool:
+        return bool(workers.of("child-run", child=leaf))
+
+    await until(leaf_runs, f"{leaf} running")
+    await a.stop()
+    workers.made.remove(a)
+    # The leaf (mid-step) and its parent (waiting for it) were held; both were released.
+    for execution in (leaf, f"{tree}.c0"):
+        assert (await lease_log(sql, tenant, execution))[-1][2] == "released", execution
+    assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [2]
+
+
+async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    from agboss_sql.testing.faults.fixture import InjectedOutageError
+
+    a = await workers("wa", lease_ms=1_500)
+    b = await workers("wb", lease_ms=1_500)
+    tenant, tree = workers.tenant, "tree-outage"
+    assert a.app is not None
+    (connection,) = a.app._owned_connections
+
+    def refuse(statement: str, _params: Any) -> None:
+        # Only this worker's step writes fail; its lease renewals go on.
+        if "agboss_fenced_effect_results" in statement:
+            raise InjectedOutageError("injected: the effect table is unreachable from wa")
+
+    connection.add_statement_listener(refuse)
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+
+    async def handed_over() -> bool:
+        return bool(workers.of("handover", tree=tree))
+
+    await until(handed_over, f"wa handing {tree} over")
+    assert workers.of("handover", tree=tree)[0]["error"] == "StoreGaveUpError"
+    assert len(workers.of("retry")) >= 2
+
+    async def released() -> bool:
+        return (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+
+    await until(released, f"wa releasing {tree}")
+    # Another worker, whose store works, takes the tree on from there.
+    assert await b.sweep.run_once() != []
+    await until(is_status(b, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} on wb")
