@@ -769,7 +769,7 @@ class Worker:
 
     async def _all_finished(self, run: _Run, children: list[str]) -> bool:
         rows = await self._retrying(
-            run, "read the children", lambda: self.queue.children(run.execution)
+            run, "read the children", lambda: self.queue.children(run.tenant_id, run.execution)
         )
         finished = {c.child_execution_id for c in rows if c.status == "finished"}
         return all(child in finished for child in children)
@@ -791,7 +791,7 @@ class Worker:
         record = await self.records.get(run.tenant_id, run.root)
         woken = record is not None and record.status is ExecutionRecordStatus.RUNNING
         # Read without the lease (it is yielded): a guarded read would refuse.
-        rows = await self.queue.children(run.execution)
+        rows = await self.queue.children(run.tenant_id, run.execution)
         finished = {c.child_execution_id for c in rows if c.status == "finished"}
         if not woken and all(child in finished for child in children):
             # The last child finished before the record was `queued`: its wake found the
@@ -865,7 +865,7 @@ class Worker:
         pending = [run.root]
         while pending:
             parent = pending.pop()
-            for child in await self.queue.children(parent):
+            for child in await self.queue.children(run.tenant_id, parent):
                 if child.status != "finished":
                     return False
                 pending.append(child.child_execution_id)

@@ -147,7 +147,7 @@ async def test_a_parent_yields_while_its_children_run_and_the_last_finisher_wake
     # Waiting: the record left `running`, the lease is yielded, the slot is free.
     assert await lease_log(sql, tenant, tree) == [("wa", 1, "acquired"), ("wa", 1, "yielded")]
     assert a.slots.busy == 0
-    assert [c.status for c in await a.queue.children(tree)] == ["queued", "queued"]
+    assert [c.status for c in await a.queue.children(workers.tenant, tree)] == ["queued", "queued"]
     # Another worker runs both children; the one finishing the last wakes the tree and runs
     # it on from its stored steps.
     assert await b.child_worker.run_once()
@@ -211,7 +211,7 @@ async def test_a_resume_raced_from_two_workers_runs_the_branch_once(
     pause = await a.pauses.get(tenant, pause_id_of(tree))
     assert pause is not None and pause.status is PauseStatus.TAKEN
     assert len(workers.of("pause-taken", tree=tree)) == 1
-    children = await a.queue.children(tree)
+    children = await a.queue.children(workers.tenant, tree)
     assert [(c.status, c.attempt) for c in children] == [("finished", 1)]
     rows = await committed_business_rows(sql)
     assert rows.count(f"{tree}|reserve") == 1
@@ -254,7 +254,7 @@ async def test_a_cancel_from_another_worker_unwinds_once_last_first(
     assert record is not None and isinstance(record.outcome, dict)
     assert record.outcome["reason"] == "cancelled by request"
     # Every child ended (each finished once); none was charged after the undo.
-    assert {c.status for c in await a.queue.children(tree)} == {"finished"}
+    assert {c.status for c in await a.queue.children(workers.tenant, tree)} == {"finished"}
 
 
 async def test_a_takeover_replays_finished_steps_and_the_zombies_step_write_is_refused(
