@@ -8,7 +8,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import (
@@ -444,10 +444,40 @@ class ChildWorker:
             await self.clock.sleep(poll_ms)
 
 
+class FinishReporting:
+    """A child queue that reports every finish it answered (which child, which attempt,
+    whether it counted, how many siblings remain) to `emit` as a `child-finish` event, so
+    an audit can tell a finish that counted from a superseded one. Everything else is the
+    wrapped queue's."""
+
+    def __init__(self, queue: Any, emit: Callable[[dict[str, Any]], None]) -> None:
+        self._queue = queue
+        self._emit = emit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+    async def finish(
+        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
+    ) -> Any:
+        result = await self._queue.finish(child_execution_id, outcome, attempt=attempt)
+        self._emit(
+            {
+                "kind": "child-finish",
+                "child": child_execution_id,
+                "attempt": attempt,
+                "finished": result.finished,
+                "remaining": result.remaining,
+            }
+        )
+        return result
+
+
 __all__ = [
     "DEFAULT_STORE_RETRIES",
     "DEFAULT_WAKE_CLAIM_MS",
     "ChildWorker",
+    "FinishReporting",
     "RunChild",
     "WakeParent",
     "error_outcome",

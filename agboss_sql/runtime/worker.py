@@ -103,7 +103,7 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.runtime._log import log_lease_event
-from agboss_sql.runtime.children import ChildWorker
+from agboss_sql.runtime.children import ChildWorker, FinishReporting
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
@@ -243,32 +243,6 @@ class _Run:
         return lease
 
 
-class _FinishReporting:
-    """The child queue, reporting every finish it answered as an event."""
-
-    def __init__(self, queue: ChildExecutionQueueRepository, emit: Emit) -> None:
-        self._queue = queue
-        self._emit = emit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._queue, name)
-
-    async def finish(
-        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
-    ) -> Any:
-        result = await self._queue.finish(child_execution_id, outcome, attempt=attempt)
-        self._emit(
-            {
-                "kind": "child-finish",
-                "child": child_execution_id,
-                "attempt": attempt,
-                "finished": result.finished,
-                "remaining": result.remaining,
-            }
-        )
-        return result
-
-
 @dataclass
 class Worker:
     """One application instance running trees (see the module). `start()` then `stop()`,
@@ -378,7 +352,7 @@ class Worker:
             every_ms=config.sweep_every_ms,
         )
         self._children = ChildWorker(
-            _FinishReporting(self.queue, self.emit),  # type: ignore[arg-type]
+            FinishReporting(self.queue, self.emit),  # type: ignore[arg-type]
             self.leases,
             self.events,
             self.clock,

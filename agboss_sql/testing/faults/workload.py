@@ -51,6 +51,7 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.runtime import ChildWorker, LeaseKeeper, RecoverySweep, compensate
+from agboss_sql.runtime.children import FinishReporting
 from agboss_sql.testing.faults.fixture import PodIdentity, PodStores
 
 logger = logging.getLogger("agboss_sql.testing.faults")
@@ -81,33 +82,6 @@ class WorkloadConfig:
     compensate_on_handover: bool = False
     recovery: bool = True
     release_on_stop: bool = True
-
-
-class _FinishReporting:
-    """The child queue, reporting every finish it answered (who, which attempt, whether it
-    counted) as an event."""
-
-    def __init__(self, queue: Any, emit: Emit) -> None:
-        self._queue = queue
-        self._emit = emit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._queue, name)
-
-    async def finish(
-        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
-    ) -> Any:
-        result = await self._queue.finish(child_execution_id, outcome, attempt=attempt)
-        self._emit(
-            {
-                "kind": "child-finish",
-                "child": child_execution_id,
-                "attempt": attempt,
-                "finished": result.finished,
-                "remaining": result.remaining,
-            }
-        )
-        return result
 
 
 @dataclass
@@ -166,7 +140,7 @@ class Workload:
         if config.recovery:
             self._sweep.start()
         self._worker = ChildWorker(
-            _FinishReporting(stores.queue, self.emit),  # type: ignore[arg-type]
+            FinishReporting(stores.queue, self.emit),  # type: ignore[arg-type]
             stores.leases,
             stores.events,
             self.pod.clock,
