@@ -37,6 +37,13 @@ DEFAULT_STORE_RETRIES = 3
 T = TypeVar("T")
 
 
+class ChildYielded(Exception):  # noqa: N818 - an outcome of a run, not a failure
+    """Raised by a child's run that waits for children of its own: its queue entry is
+    `waiting` (`ChildExecutionQueueRepository.wait_for_children`) and its lease yielded.
+    The `ChildWorker` finishes nothing; the finish of the last of its children makes it
+    claimable again, and whoever claims it runs it on from its stored steps."""
+
+
 def error_outcome(error: BaseException) -> JsonValue:
     """The outcome a child that raised finishes with: its error's type, code and message."""
     return {
@@ -81,6 +88,8 @@ class ChildWorker:
       claimer dies after `wake_parent` returned and before the wake was recorded (then the
       sweep wakes the parent again once the claim ran out: a wake is never lost).
 
+    - A run that raised `ChildYielded` (it waits for children of its own, its lease
+      yielded) finishes nothing: the finish of its last child makes it claimable again.
     - A lease lost during the run cancels the run and finishes nothing: the next holder
       owns the child. So does a run that raised `ExecutionLeaseLostError` or
       `ExecutionFencedError`.
@@ -291,6 +300,9 @@ class ChildWorker:
             run.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await run
+        if not run.cancelled() and isinstance(run.exception(), ChildYielded):
+            await keeper.stop()  # waiting for its own children: nothing to finish
+            return
         if keeper.lost:
             if not run.cancelled():
                 run.exception()  # retrieved: the next holder owns the child
@@ -477,6 +489,7 @@ __all__ = [
     "DEFAULT_STORE_RETRIES",
     "DEFAULT_WAKE_CLAIM_MS",
     "ChildWorker",
+    "ChildYielded",
     "FinishReporting",
     "RunChild",
     "WakeParent",

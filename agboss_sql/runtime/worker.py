@@ -23,8 +23,10 @@ The tree it runs (the cluster's workload) is, under the root's lease:
 4. `close` (the step that closes the branch), then the record `succeeded` and the lease
    finished.
 
-A child above the deepest level queues its own children and waits for them (holding its
-lease, no slot), then `merge`s; a leaf `think`s, charges its order (a business effect with
+A child above the deepest level queues its own children and waits for them as a root
+does: its queue entry moves `running -> waiting` (neither claimed nor rescued while it
+waits), its lease is yielded and its run ends; the finish of its last child makes it
+claimable again, and whichever instance claims it replays its steps and `merge`s; a leaf `think`s, charges its order (a business effect with
 the order as business key) and records an outbound call. Every finished step's output is
 stored through `FencedEffectRepository.save_result_if_absent` under the step's key, so a
 run resumed elsewhere replays its finished steps (no work is done again) and runs only the
@@ -103,7 +105,7 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.runtime._log import log_lease_event
-from agboss_sql.runtime.children import ChildWorker, FinishReporting
+from agboss_sql.runtime.children import ChildWorker, ChildYielded, FinishReporting
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
@@ -786,7 +788,8 @@ class Worker:
     async def _wake_parent(self, tenant_id: str, parent_execution_id: str) -> None:
         """Called by the finisher of a parent's last child: a waiting tree's record goes
         back to `running` and this instance takes its lease and runs it on (a parent that is
-        itself a child polls its children: nothing to do)."""
+        itself a child was made claimable again by the finish itself: it has no record, and
+        the child pump claims it)."""
         moved = await self.records.transition(
             tenant_id,
             parent_execution_id,
@@ -794,6 +797,8 @@ class Worker:
             ExecutionRecordStatus.RUNNING,
         )
         self.emit({"kind": "woke", "tree": parent_execution_id, "moved": moved})
+        # A parent that is itself a child was made claimable by the finish: claim it soon.
+        self._poke()
         if moved and not self._stopping:
             # If the take is refused the record is running and its lease free: a sweep
             # (here or elsewhere) runs it.
@@ -1015,7 +1020,7 @@ class Worker:
 
     async def _child_pump(self) -> None:
         """Claim queued children while a slot is free and fewer child runs are at work than
-        there are slots (a child waiting for its own children does not count)."""
+        there are slots (a child waiting for its own children has no run: it yielded)."""
         assert self._children is not None
         while True:
             claimed = None
@@ -1080,13 +1085,8 @@ class Worker:
                 await self._step(run, "split", StepKind.DEEPER, lambda: self._work(None))
                 grandchildren = children_of(run.execution, spec.fan_out)
                 await self._enqueue(run, grandchildren)
-                self._active_children -= 1
-                self._poke()
-                try:
-                    while not await self._all_finished(run, grandchildren):
-                        await self.clock.sleep(self.config.poll_every_ms)
-                finally:
-                    self._active_children += 1
+                if await self._child_yields(run, child):
+                    raise ChildYielded(child.child_execution_id)
                 await self._step(
                     run, "merge", StepKind.CLOSE_BRANCH, lambda: self._work({"merged": True})
                 )
@@ -1111,6 +1111,36 @@ class Worker:
         finally:
             self._active_children -= 1
             self._poke()
+
+    async def _child_yields(self, run: _Run, child: ClaimedChild) -> bool:
+        """A child waiting for its own children, as a root does: its queue entry moves
+        `running -> waiting` (neither claimed nor rescued while its children run), then its
+        lease is yielded and the run ends (its slot free). True when it waits; False when
+        every one of its children finished already (it goes on)."""
+        run.keeper.guard()
+        waited = await self._retrying(
+            run,
+            f"the wait of {run.execution}",
+            lambda: self.queue.wait_for_children(run.execution, attempt=child.attempt),
+        )
+        if waited is None:
+            raise ExecutionLeaseLostError(
+                f"child {run.execution} is no longer run by attempt {child.attempt}"
+            )
+        if not waited.waiting:
+            return False
+        # If the yield is refused the lease is lost: it runs out, and whoever claims the
+        # woken child takes it then (the rescue, if the claim came too early).
+        if await run.keeper.yield_():
+            self.emit(
+                {
+                    "kind": "yielded",
+                    "tree": run.execution,
+                    "epoch": run.lease.lease_epoch,
+                    "waiting_for": waited.remaining,
+                }
+            )
+        return True
 
     async def _notify(self, run: _Run) -> None:
         """The leaf's outbound call: recorded, claimed, sent once, completed."""

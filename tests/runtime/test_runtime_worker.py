@@ -27,6 +27,7 @@ from agboss_sql.runtime.worker import (
     Worker,
     WorkerConfig,
     _Run,
+    descendants_of,
     leaves_of,
     pause_id_of,
     submit_tree,
@@ -169,6 +170,65 @@ async def test_a_parent_yields_while_its_children_run_and_the_last_finisher_wake
     replays = [e["step"] for e in workers.of("step", execution=tree, replayed=True)]
     assert set(replays) == {"plan", "reserve"}
     assert await stored_steps(sql, tree, "close") == 1
+
+
+async def test_a_mid_level_parent_yields_and_the_finish_of_its_last_child_makes_it_claimable(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a, b, c = await workers("wa"), await workers("wb"), await workers("wc")
+    tenant, tree = workers.tenant, "tree-mid"
+    mid, leaf = f"{tree}.c0", f"{tree}.c0.c0"
+    await run_to_the_wait(workers, a, tree, TreeSpec(fan_out=1, depth=2))
+    # wb runs the mid-level child: it queues its leaf and waits without lease or slot.
+    assert await b.child_worker.run_once()
+    assert await lease_log(sql, tenant, mid) == [("wb", 1, "acquired"), ("wb", 1, "yielded")]
+    assert b.slots.busy == 0
+    [row] = await b.queue.children(tenant, tree)
+    assert (row.child_execution_id, row.status, row.attempt) == (mid, "waiting", 1)
+    # Its lease is yielded (anyone could take it), yet no rescue takes it, and the only
+    # claimable child is the leaf.
+    assert await c.child_worker.rescue_once() == 0
+    assert [k for i, _, k in await lease_log(sql, tenant, mid) if i == "wc"] == []
+    assert await a.child_worker.run_once()
+    assert workers.of("child-run", child=leaf)[0]["worker"] == "wa"
+    # The leaf's finish made the parent claimable again, in the same step.
+    [row] = await c.queue.children(tenant, tree)
+    assert (row.status, row.attempt) == ("queued", 1)
+    assert await c.child_worker.run_once()
+    await until(is_status(c, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+    assert await lease_log(sql, tenant, mid) == [
+        ("wb", 1, "acquired"),
+        ("wb", 1, "yielded"),
+        ("wc", 2, "acquired"),
+        ("wc", 2, "finished"),
+    ]
+    [row] = await c.queue.children(tenant, tree)
+    assert (row.status, row.attempt) == ("finished", 2)
+    split = [(e["worker"], e["replayed"]) for e in workers.of("step", execution=mid, step="split")]
+    assert split == [("wb", False), ("wc", True)]
+    assert await stored_steps(sql, mid, "split") == 1
+    assert await stored_steps(sql, mid, "merge") == 1
+    assert (await committed_business_rows(sql)).count(f"{leaf}|charge") == 1
+
+
+async def test_a_one_slot_worker_runs_depth_two_trees_to_the_end(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """Every slot taken, parents at every level waiting on children: nothing deadlocks,
+    because a waiting parent (root or child) yields its slot and its lease."""
+    a = await workers("wa", background=True, max_concurrent_steps=1, lease_ms=2_000)
+    tenant, spec = workers.tenant, TreeSpec(fan_out=2, depth=2)
+    trees = [f"tree-full-{i}" for i in range(3)]
+    for tree in trees:
+        await a.submit(tenant, tree, spec)
+    for tree in trees:
+        await until(is_status(a, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+    mids = [child for tree in trees for child, depth in descendants_of(tree, spec) if depth == 1]
+    assert {e["tree"] for e in workers.of("yielded")} >= set(mids)
+    rows = await committed_business_rows(sql)
+    assert sorted(r for r in rows if r.endswith("|charge")) == sorted(
+        f"{leaf}|charge" for tree in trees for leaf in leaves_of(tree, spec)
+    )
 
 
 async def test_the_sweep_leaves_a_waiting_parent_alone(
@@ -328,10 +388,12 @@ async def test_a_graceful_stop_releases_every_lease_it_holds(
     await until(leaf_runs, f"{leaf} running")
     await a.stop()
     workers.made.remove(a)
-    # The leaf (mid-step) and its parent (waiting for it) were held; both were released.
-    for execution in (leaf, f"{tree}.c0"):
-        assert (await lease_log(sql, tenant, execution))[-1][2] == "released", execution
-    assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [2]
+    # The leaf (mid-step) was held and is released; its parent and the root wait for their
+    # children with their leases yielded.
+    assert (await lease_log(sql, tenant, leaf))[-1][2] == "released"
+    for execution in (f"{tree}.c0", tree):
+        assert (await lease_log(sql, tenant, execution))[-1][2] == "yielded", execution
+    assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [1]
 
 
 async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
