@@ -821,6 +821,11 @@ class Worker:
         keeper = run.keeper
         self.emit({"kind": "unwinding", "tree": run.root})
         try:
+            # Read again without the guard: a cancel seen when the lease was taken aborts
+            # the guarded read of the spec, and the undo list must be this tree's.
+            run.spec = await self._retrying(
+                run, "read the spec", lambda: self._spec(run), guard=False
+            )
             if run.spec.depth > 0:
                 while not await self._descendants_ended(run):
                     keeper.check_lease()

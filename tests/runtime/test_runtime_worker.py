@@ -21,6 +21,7 @@ from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
 from agboss_sql.contracts.types import ExecutionRecordStatus, PauseStatus
 from agboss_sql.runtime.slots import StepKind
+from agboss_sql.runtime.unwind import Unwinder
 from agboss_sql.runtime.worker import (
     STEP_EFFECT,
     TreeSpec,
@@ -429,3 +430,111 @@ async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_leas
     # Another worker, whose store works, takes the tree on from there.
     assert await b.sweep.run_once() != []
     await until(is_status(b, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} on wb")
+
+
+class ForgetfulUnwinder(Unwinder):
+    """BROKEN on purpose: forgets which compensations finished (as if their marks were
+    not durable): a holder that takes an unwind over runs every compensator again."""
+
+    async def compensated(self, tenant_id: str, root_execution_id: str) -> set[str]:
+        return set()
+
+
+async def unwind_taken_over_mid_undo(
+    workers: Workers, sql: SqlConnection, tree: str
+) -> list[tuple[str, str, bool]]:
+    """A cancelled tree's unwind on wb is frozen between two compensations (its lease no
+    longer renewed: a SIGSTOP as the worker sees it); wc takes the tree over once the lease
+    ran out and finishes the unwind; then wb thaws. Every undo step run (not the no-op
+    undo of a leaf that never charged), in order: `(worker, step, replayed)`."""
+    spec = TreeSpec(fan_out=2, depth=1)
+    c0, c1 = leaves_of(tree, spec)
+    a = await workers("wa", lease_ms=1_000)
+    b = await workers("wb", lease_ms=1_000)
+    c = await workers("wc", lease_ms=1_000)
+    tenant = workers.tenant
+    await run_to_the_wait(workers, a, tree, spec)
+    assert await b.child_worker.run_once()  # c0 charges
+    await a.cancel(tenant, tree)
+    frozen, thaw = asyncio.Event(), asyncio.Event()
+    undo_of = b._undo
+
+    def held(run: _Run, what: str, leaf: str | None) -> Callable[[], Awaitable[None]]:
+        undo = undo_of(run, what, leaf)
+        if what != "reserve":
+            return undo
+
+        async def frozen_then_undo() -> None:
+            # Past the first compensations (done and marked), before this one: frozen.
+            await run.keeper.stop()
+            frozen.set()
+            await thaw.wait()
+            await undo()
+
+        return frozen_then_undo
+
+    b._undo = held  # type: ignore[method-assign]
+    # c1 sees the cancel (it charges nothing) and finishes last: wb wakes the tree, which
+    # unwinds there.
+    assert await b.child_worker.run_once()
+    await asyncio.wait_for(frozen.wait(), WAIT_S)
+
+    async def taken_over() -> bool:
+        return any(lease.execution_id == tree for lease in await c.sweep.run_once())
+
+    await until(taken_over, f"wc taking the unwinding {tree} over")
+    await until(is_status(c, tenant, tree, ExecutionRecordStatus.CANCELLED), f"{tree} cancelled")
+    thaw.set()
+
+    async def handed_over() -> bool:
+        return bool(workers.of("handover", tree=tree))
+
+    await until(handed_over, f"wb, thawed, handing {tree} over")
+    # The tree's own charges and undos were made by wb and wc only once each.
+    rows = await committed_business_rows(sql)
+    assert rows.count(f"{c0}|charge") == 1 and f"{c1}|charge" not in rows
+    record = await c.records.get(tenant, tree)
+    assert record is not None and isinstance(record.outcome, dict)
+    assert record.outcome["by"] == "wc"
+    assert [e["worker"] for e in workers.of("unwound", tree=tree)] == ["wc"]
+    return [
+        (e["worker"], e["step"], e["replayed"])
+        for e in workers.of("step", execution=tree)
+        if str(e["step"]).startswith("undo:")
+    ]
+
+
+async def test_an_unwind_taken_over_mid_undo_runs_every_compensation_once_last_first(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    tree = "tree-undo-takeover"
+    c0 = f"{tree}.c0"
+    ran = await unwind_taken_over_mid_undo(workers, sql, tree)
+    # wb refunded c0 (the last charge first), then froze; wc undid the reserve and did not
+    # run wb's compensation again: durable, once each, last first.
+    assert ran == [("wb", f"undo:charge:{c0}", False), ("wc", "undo:reserve", False)]
+    rows = await committed_business_rows(sql)
+    assert [r for r in rows if r.startswith(f"{tree}|undo:")] == [
+        f"{tree}|undo:charge:{c0}",
+        f"{tree}|undo:reserve",
+    ]
+    marks = await workers.made[0].tree.list(workers.tenant, tree, COMPENSATED_PREFIX)
+    assert set(marks) == {
+        f"{COMPENSATED_PREFIX}{key}" for key in ("reserve", f"charge:{c0}", f"charge:{tree}.c1")
+    }
+    # The zombie's undo after its thaw never ran: it stopped at its lease check.
+    assert [e["error"] for e in workers.of("handover", tree=tree)] == ["ExecutionLeaseLostError"]
+
+
+async def test_the_mid_undo_takeover_test_catches_compensations_that_are_not_durable(
+    workers: Workers, sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run with an unwinder that forgets its marks: wc runs wb's compensation a
+    second time (the effect store replays its result, but the compensator was called)."""
+    import agboss_sql.runtime.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "Unwinder", ForgetfulUnwinder)
+    tree = "tree-undo-forgetful"
+    ran = await unwind_taken_over_mid_undo(workers, sql, tree)
+    again = [step for worker, step, _ in ran if worker == "wc" and step.startswith("undo:charge")]
+    assert again == [f"undo:charge:{tree}.c0"], ran
