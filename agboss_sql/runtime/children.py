@@ -37,7 +37,7 @@ DEFAULT_STORE_RETRIES = 3
 T = TypeVar("T")
 
 
-class ChildYielded(Exception):  # noqa: N818 - an outcome of a run, not a failure
+class ChildYielded(Exception):
     """Raised by a child's run that waits for children of its own: its queue entry is
     `waiting` (`ChildExecutionQueueRepository.wait_for_children`) and its lease yielded.
     The `ChildWorker` finishes nothing; the finish of the last of its children makes it
