@@ -372,15 +372,40 @@ async def test_each_operation_sends_the_fewest_statements(
     assert len(sent) == 1
     with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
-    assert len(sent) == 2
+    # The finish that sees none left also moves a waiting parent back to queued.
+    assert len(sent) == 3
     assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
     with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None) == FinishResult(False, 0)
     assert len(sent) == 1
+    await queue.enqueue(child("c-2"))
+    await queue.enqueue(child("c-3"))
+    c2, c3 = await queue.claim("instance-1"), await queue.claim("instance-1")
+    assert c2 is not None and c3 is not None
+    with statements(sql, transaction_control=False) as sent:
+        assert (await queue.finish(c2.child_execution_id, None, attempt=1)).remaining == 1
+    assert len(sent) == 2
+    with statements(sql, transaction_control=False) as sent:
+        await queue.enqueue(child("c-3/a", depth=2, parent=c3.child_execution_id))
+    with statements(sql, transaction_control=False) as sent:
+        assert await queue.wait_for_children(c3.child_execution_id, attempt=1) == WaitResult(
+            True, 1
+        )
+    assert len(sent) == 3
+    assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
+    with statements(sql, transaction_control=False) as sent:
+        assert await queue.wait_for_children(c3.child_execution_id, attempt=1) == WaitResult(
+            True, 1
+        )
+    assert len(sent) == 2
     with statements(sql, transaction_control=False) as sent:
         await queue.running(5)
         await queue.children(TENANT, "parent-1")
     assert len(sent) == 2
+    with statements(sql, transaction_control=False) as sent:
+        with pytest.raises(InvalidIdentifierError):
+            await queue.wait_for_children("", attempt=1)
+    assert sent == []
 
 
 # --- arguments -------------------------------------------------------------------------
