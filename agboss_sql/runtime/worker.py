@@ -53,6 +53,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -105,7 +106,14 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.runtime._log import log_lease_event
-from agboss_sql.runtime.children import ChildWorker, ChildYielded, FinishReporting
+from agboss_sql.runtime.children import (
+    ChildWorker,
+    ChildYielded,
+    FinishReporting,
+    cancel_and_wait,
+    flush_bounded,
+    release_bounded,
+)
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
@@ -377,38 +385,47 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop gracefully within `shutdown_ms`: no new work; every run is cancelled and the
-        lease of each one still held is released so another instance takes it at once."""
+        lease of each one still held is released so another instance takes it at once.
+
+        Each phase has a share of the bound: the sweep 10% of it, the tree runs and what
+        starts work 30%, the children's runs 30%; a task still going past its share (stuck in its own
+        clean-up, e.g. on a connection the server has not let go of yet after a freeze) is
+        cancelled again and left, its stack printed on standard error and counted in a
+        `stop-stuck` event, and the leases are released all the same (together, each
+        bounded to 2 s). `TimeoutError` (a `stop-timeout` event) only if the whole bound
+        passed anyway."""
         self._stopping = True
         self.emit({"kind": "stopping"})
         began = time.monotonic()
+        bound_s = self.config.shutdown_ms / 1000
         try:
-            async with asyncio.timeout(self.config.shutdown_ms / 1000):
+            async with asyncio.timeout(bound_s):
+                # First what starts work (the sweep, the child pump, the rescue, the
+                # resolver, the commands' calls) and the tree runs, then the children's
+                # runs: nothing new is started while the leases are released.
+                report = functools.partial(self._report_stuck, "runs")
                 if self._sweep is not None:
-                    await self._sweep.stop()
-                # First what starts work (the child pump, the rescue, the resolver, the
-                # commands' calls) and the tree runs, then the children's runs: nothing new
-                # is started while the leases are released.
-                tasks = list(self._tasks)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                    # Alone first: a pass going on would hand the trees it takes to new runs.
+                    sweep = asyncio.get_running_loop().create_task(self._sweep.stop())
+                    await cancel_and_wait([sweep], 0.1 * bound_s, on_stuck=report, cancel=False)
+                await cancel_and_wait(list(self._tasks), 0.3 * bound_s, on_stuck=report)
                 self.emit({"kind": "stop-phase", "phase": "runs stopped"})
                 released = 0
                 if self._children is not None:
-                    released += await self._children.stop(release=True)
+                    released += await self._children.stop(
+                        release=True,
+                        timeout_s=0.3 * bound_s,
+                        on_stuck=functools.partial(self._report_stuck, "children"),
+                    )
                 self.emit({"kind": "stop-phase", "phase": "children stopped"})
-                for keeper in list(self._keepers):
-                    if keeper.held:
-                        with contextlib.suppress(Exception):
-                            if await keeper.release():
-                                released += 1
-                for keeper in list(self._made):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(keeper.flush(), 2)
+                keepers = [keeper for keeper in self._keepers if keeper.held]
+                released += sum(await asyncio.gather(*(release_bounded(k) for k in keepers)))
+                await flush_bounded(list(self._made))
                 self.emit({"kind": "released", "leases": released})
         except TimeoutError:
             # What the stop still waited for, for the operator (standard error).
             self.emit({"kind": "stop-timeout", "ms": self.config.shutdown_ms})
+            traceback.print_exc(file=sys.stderr)
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task() and not task.done():
                     task.print_stack(limit=12, file=sys.stderr)
@@ -417,6 +434,12 @@ class Worker:
             if self.app is not None:
                 await self.app.close()
             self.emit({"kind": "stopped", "ms": round((time.monotonic() - began) * 1000, 1)})
+
+    def _report_stuck(self, phase: str, stuck: set[asyncio.Task[Any]]) -> None:
+        self.emit({"kind": "stop-stuck", "phase": phase, "tasks": len(stuck)})
+        for task in stuck:
+            with contextlib.suppress(Exception):
+                task.print_stack(limit=12, file=sys.stderr)
 
     async def __aenter__(self) -> Worker:
         await self.start()

@@ -397,6 +397,44 @@ async def test_a_graceful_stop_releases_every_lease_it_holds(
     assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [1]
 
 
+async def test_a_graceful_stop_leaves_a_task_stuck_in_its_clean_up_and_releases_all_the_same(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """A task that outlives its cancellation (a clean-up waiting on something that does not
+    answer) no longer holds the stop past its bound: past the runs' share of the bound it is
+    reported (`stop-stuck`, its stack on standard error), cancelled again, and the leases
+    are released all the same. The 10 s bound leaves a loaded machine 6 s for the
+    releases."""
+    a = await workers("wa", background=True, step_ms=60_000, shutdown_ms=10_000)
+    tenant, tree = workers.tenant, "tree-stuck-stop"
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+
+    async def planning() -> bool:
+        return bool(await lease_log(sql, tenant, tree)) and a.slots.busy == 1
+
+    await until(planning, f"{tree} in its first step")
+    forever = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def stuck_clean_up() -> None:
+        try:
+            await forever.wait()
+        except asyncio.CancelledError:
+            swallowed.append(True)
+            await forever.wait()  # a clean-up that never answers: only a second cancel ends it
+
+    a._spawn(stuck_clean_up())
+    await asyncio.sleep(0)
+    await a.stop()  # no TimeoutError: the stop kept its bound
+    workers.made.remove(a)
+    assert swallowed == [True]
+    assert [(e["phase"], e["tasks"]) for e in workers.of("stop-stuck")] == [("runs", 1)]
+    assert workers.of("stop-timeout") == []
+    assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released"), await lease_log(
+        sql, tenant, tree
+    )
+
+
 async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
     workers: Workers, sql: SqlConnection
 ) -> None:
