@@ -653,6 +653,16 @@ class Worker:
                     await keeper.release()
             raise
         except Exception as error:
+            task = asyncio.current_task()
+            if self._stopping or (task is not None and task.cancelling()):
+                # Cancelled, but a library turned the cancellation into an error (SQLAlchemy
+                # does when it lands in an engine's first connect): a stop, not a failure.
+                logger.info("tree %s stopped by %s", tree_id, type(error).__name__)
+                await keeper.stop()
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        await keeper.release()
+                return
             logger.warning("tree %s failed", tree_id, exc_info=True)
             with contextlib.suppress(Exception):
                 await self._end(

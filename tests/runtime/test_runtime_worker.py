@@ -384,9 +384,11 @@ async def test_a_graceful_stop_releases_every_lease_it_holds(
     leaf = f"{tree}.c0.c0"
 
     async def leaf_runs() -> bool:
-        return bool(workers.of("child-run", child=leaf))
+        return bool(
+            workers.of("child-run", child=leaf) and workers.of("yielded", tree=f"{tree}.c0")
+        )
 
-    await until(leaf_runs, f"{leaf} running")
+    await until(leaf_runs, f"{leaf} running, its parent waiting")
     await a.stop()
     workers.made.remove(a)
     # The leaf (mid-step) was held and is released; its parent and the root wait for their
@@ -433,6 +435,35 @@ async def test_a_graceful_stop_leaves_a_task_stuck_in_its_clean_up_and_releases_
     assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released"), await lease_log(
         sql, tenant, tree
     )
+
+
+async def test_a_stop_whose_cancellation_a_library_turns_into_an_error_never_fails_the_tree(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """SQLAlchemy turns a cancellation that lands in an engine's first connect into
+    `ResourceClosedError`: a tree run stopped there must be released for another worker,
+    not ended `failed`."""
+    a = await workers("wa", background=True, shutdown_ms=10_000)
+    b = await workers("wb")
+    tenant, tree = workers.tenant, "tree-stop-error"
+    working = asyncio.Event()
+
+    async def work(_value: object) -> object:
+        working.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("This Connection is closed") from None
+        return None
+
+    a._work = work  # type: ignore[method-assign,assignment]
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+    await asyncio.wait_for(working.wait(), WAIT_S)
+    await a.stop()
+    workers.made.remove(a)
+    assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+    assert await status_of(b, tenant, tree) is ExecutionRecordStatus.RUNNING
+    assert workers.of("tree-end", tree=tree) == []
 
 
 async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
