@@ -26,8 +26,9 @@ The tree it runs (the cluster's workload) is, under the root's lease:
 A child above the deepest level queues its own children and waits for them as a root
 does: its queue entry moves `running -> waiting` (neither claimed nor rescued while it
 waits), its lease is yielded and its run ends; the finish of its last child makes it
-claimable again, and whichever instance claims it replays its steps and `merge`s; a leaf `think`s, charges its order (a business effect with
-the order as business key) and records an outbound call. Every finished step's output is
+claimable again, and whichever instance claims it replays its steps and `merge`s. A leaf
+`think`s, charges its order (a business effect with the order as business key) and
+records an outbound call. Every finished step's output is
 stored through `FencedEffectRepository.save_result_if_absent` under the step's key, so a
 run resumed elsewhere replays its finished steps (no work is done again) and runs only the
 interrupted one; a zombie's write is refused by the store.
@@ -388,12 +389,11 @@ class Worker:
         lease of each one still held is released so another instance takes it at once.
 
         Each phase has a share of the bound: the sweep 10% of it, the tree runs and what
-        starts work 30%, the children's runs 30%; a task still going past its share (stuck in its own
-        clean-up, e.g. on a connection the server has not let go of yet after a freeze) is
-        cancelled again and left, its stack printed on standard error and counted in a
-        `stop-stuck` event, and the leases are released all the same (together, each
-        bounded to 2 s). `TimeoutError` (a `stop-timeout` event) only if the whole bound
-        passed anyway."""
+        starts work 30%, the children's runs 30%. A task still going past its share (stuck
+        in a clean-up that outlived its cancellation) is cancelled again and left, its
+        stack printed on standard error and counted in a `stop-stuck` event, and the
+        leases are released all the same (together, each bounded to 2 s). `TimeoutError`
+        (a `stop-timeout` event) only if the whole bound passed anyway."""
         self._stopping = True
         self.emit({"kind": "stopping"})
         began = time.monotonic()

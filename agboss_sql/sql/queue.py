@@ -28,7 +28,7 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `enqueue`, `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused or a retry; 3 when it wakes a waiting parent) | the same (+1 on Galera) |
+| `finish` | 2 in a transaction (1 when refused or a retry; 3 when none is left: the wake of a waiting parent) | the same (+1 on Galera) |
 | `wait_for_children` | 3 in a transaction (2 when it does not wait) | the same (+1 on Galera) |
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |

@@ -636,8 +636,8 @@ class CountOutsideTheLockWaitQueue(SqlChildExecutionQueueRepository):
 
 async def wait_race(queues: Sequence[SqlChildExecutionQueueRepository], round_: int) -> bool:
     """A child (with one running child of its own) goes to wait on one instance while its
-    child finishes on another, at once (either started first). True when the wake was lost: the child waits
-    though its last child finished."""
+    child finishes on another, at once (either started first). True when the wake was
+    lost: the child waits though its last child finished."""
     mid_id, leaf_id = f"mid-{round_}", f"mid-{round_}/leaf"
     await queues[0].enqueue(child(mid_id, parent=f"parent-{round_}"))
     mid = await queues[0].claim("instance-1")
