@@ -120,6 +120,7 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     StepRef,
     StoredKeyFacts,
+    WaitResult,
     WindowResult,
 )
 
@@ -212,6 +213,7 @@ __all__ = [
     "SystemClock",
     "UNWINDING_KEY",
     "VirtualClock",
+    "WaitResult",
     "WindowResult",
     "attempt_owner_of",
     "business_identity_of",

@@ -35,6 +35,7 @@ from agboss_sql.contracts.types import (
     OutboundCallSaved,
     PausedExecution,
     QueuedChild,
+    WaitResult,
     WindowResult,
 )
 
@@ -213,7 +214,25 @@ class ChildExecutionQueueRepository(Store):
         Idempotent per attempt: given `attempt`, a finish of a child that this attempt
         already finished (a retry after a lost reply) answers what the first finish
         answered, `FinishResult(True, <the same remaining>)`, and changes nothing. Without
-        `attempt` a second finish is `finished=False`."""
+        `attempt` a second finish is `finished=False`.
+
+        The finish that sees none left also moves its parent's entry, when the parent is
+        itself a child `waiting` for its children, back to `queued` (claimable again), in
+        the same step: a waiting parent is never left behind."""
+
+    @abstractmethod
+    async def wait_for_children(
+        self, child_execution_id: str, *, attempt: int
+    ) -> WaitResult | None:
+        """A child whose own children run yields: in one step that counts its children as
+        `finish` does, move it running -> `waiting` at `attempt` while any of its children is
+        unfinished (`WaitResult(True, remaining)`: the run ends without finishing, its lease
+        yielded), or leave it running when every one finished (`WaitResult(False, 0)`: go
+        on). A waiting child is neither claimed nor listed by `running` (no rescue takes
+        it); the finish of its last child makes it `queued` again. Idempotent per attempt:
+        a retry answers `WaitResult(True, …)` while this attempt's entry waits or was woken
+        and not claimed since. `None` when the child is not running at `attempt`
+        (superseded, finished, unknown)."""
 
     @abstractmethod
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:

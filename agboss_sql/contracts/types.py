@@ -194,8 +194,13 @@ class AttemptOwner:
 
 
 class ChildStatus(StrEnum):
+    """Where a child is: `queued` (claimable), `running` (claimed by an attempt),
+    `waiting` (its attempt yielded while its own children run: neither claimable nor
+    rescued; the finish of its last child makes it `queued` again) or `finished`."""
+
     QUEUED = "queued"
     RUNNING = "running"
+    WAITING = "waiting"
     FINISHED = "finished"
 
 
@@ -244,6 +249,15 @@ class ChildExecution:
 
 class FinishResult(NamedTuple):
     finished: bool
+    remaining: int
+
+
+class WaitResult(NamedTuple):
+    """What `ChildExecutionQueueRepository.wait_for_children` answered: `waiting` when the
+    attempt's entry waits for its children (or waited and was woken since: the run ends and
+    yields its lease); `remaining` how many of its children were not finished."""
+
+    waiting: bool
     remaining: int
 
 

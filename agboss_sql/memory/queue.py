@@ -20,6 +20,7 @@ from agboss_sql.contracts.types import (
     FinishResult,
     JsonValue,
     QueuedChild,
+    WaitResult,
 )
 from agboss_sql.memory._fencing import ApplicationClockStore
 from agboss_sql.memory.backend import ChildRow, json_copy
@@ -133,16 +134,49 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             row.outcome = outcome
             row.finished_order = self.memory.next_sequence()
             row.finished_attempt = attempt
-        remaining = sum(
-            1
-            for other in self.memory.children.values()
-            if other.tenant_id == row.tenant_id
-            and other.parent_execution_id == row.parent_execution_id
-            and other.status is not ChildStatus.FINISHED
-        )
+        remaining = self._unfinished_children(row.tenant_id, row.parent_execution_id)
         if finished:
             row.finish_remaining = remaining
+            if remaining == 0:
+                self._wake_waiting(row.tenant_id, row.parent_execution_id)
         return FinishResult(finished, remaining)
+
+    def _unfinished_children(self, tenant_id: str, parent_execution_id: str) -> int:
+        return sum(
+            1
+            for other in self.memory.children.values()
+            if other.tenant_id == tenant_id
+            and other.parent_execution_id == parent_execution_id
+            and other.status is not ChildStatus.FINISHED
+        )
+
+    def _wake_waiting(self, tenant_id: str, parent_execution_id: str) -> None:
+        """The parent, when it is a child waiting for its children: claimable again."""
+        parent = self.memory.children.get(parent_execution_id)
+        if (
+            parent is not None
+            and parent.tenant_id == tenant_id
+            and parent.status is ChildStatus.WAITING
+        ):
+            parent.status = ChildStatus.QUEUED
+
+    async def wait_for_children(
+        self, child_execution_id: str, *, attempt: int
+    ) -> WaitResult | None:
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_int32("attempt", attempt)
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.attempt != attempt:
+            return None
+        remaining = self._unfinished_children(row.tenant_id, child_execution_id)
+        if row.status in (ChildStatus.WAITING, ChildStatus.QUEUED) and attempt > 0:
+            return WaitResult(True, remaining)  # this attempt's wait already happened
+        if row.status is not ChildStatus.RUNNING:
+            return None
+        if remaining == 0:
+            return WaitResult(False, 0)
+        row.status = ChildStatus.WAITING
+        return WaitResult(True, remaining)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
         checked_count("limit", limit)

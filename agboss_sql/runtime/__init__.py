@@ -3,7 +3,13 @@ recovery sweep, the child worker, and durable compensation."""
 
 from __future__ import annotations
 
-from agboss_sql.runtime.children import ChildWorker, RunChild, WakeParent, error_outcome
+from agboss_sql.runtime.children import (
+    ChildWorker,
+    ChildYielded,
+    RunChild,
+    WakeParent,
+    error_outcome,
+)
 from agboss_sql.runtime.keeper import (
     DEFAULT_LEASE_MS,
     TRUST_MARGIN_MS,
@@ -29,6 +35,7 @@ __all__ = [
     "DAY_MS",
     "DEFAULT_SWEEP_MS",
     "ChildWorker",
+    "ChildYielded",
     "RunChild",
     "WakeParent",
     "error_outcome",

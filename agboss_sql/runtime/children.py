@@ -37,6 +37,13 @@ DEFAULT_STORE_RETRIES = 3
 T = TypeVar("T")
 
 
+class ChildYielded(Exception):
+    """Raised by a child's run that waits for children of its own: its queue entry is
+    `waiting` (`ChildExecutionQueueRepository.wait_for_children`) and its lease yielded.
+    The `ChildWorker` finishes nothing; the finish of the last of its children makes it
+    claimable again, and whoever claims it runs it on from its stored steps."""
+
+
 def error_outcome(error: BaseException) -> JsonValue:
     """The outcome a child that raised finishes with: its error's type, code and message."""
     return {
@@ -81,6 +88,8 @@ class ChildWorker:
       claimer dies after `wake_parent` returned and before the wake was recorded (then the
       sweep wakes the parent again once the claim ran out: a wake is never lost).
 
+    - A run that raised `ChildYielded` (it waits for children of its own, its lease
+      yielded) finishes nothing: the finish of its last child makes it claimable again.
     - A lease lost during the run cancels the run and finishes nothing: the next holder
       owns the child. So does a run that raised `ExecutionLeaseLostError` or
       `ExecutionFencedError`.
@@ -291,6 +300,9 @@ class ChildWorker:
             run.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await run
+        if not run.cancelled() and isinstance(run.exception(), ChildYielded):
+            await keeper.stop()  # waiting for its own children: nothing to finish
+            return
         if keeper.lost:
             if not run.cancelled():
                 run.exception()  # retrieved: the next holder owns the child
@@ -402,31 +414,32 @@ class ChildWorker:
                 self._loop(poll_ms, rescue_every_ms)
             )
 
-    async def stop(self, *, release: bool = False) -> int:
+    async def stop(
+        self,
+        *,
+        release: bool = False,
+        timeout_s: float | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> int:
         """Stop the loop and the runs `start_once` started; a child being run is cancelled
-        and its lease left to run out for the rescue, or, with `release`, released (each
-        release bounded to 2 s) so another instance takes it at once. A release the store
-        refuses (the lease was taken over meanwhile) logs the lease `lost`."""
+        and its lease left to run out for the rescue, or, with `release`, released so
+        another instance takes it at once (the releases run together, each bounded to 2 s).
+        A release the store refuses (the lease was taken over meanwhile) logs the lease
+        `lost`. With `timeout_s`, the wait for the cancelled runs is bounded: a run still
+        going past it (stuck in its own clean-up; `on_stuck` is told) is cancelled once
+        more and left, and its lease released all the same. The number of leases
+        released."""
         task, self._task = self._task, None
         tasks = [*([task] if task is not None else []), *self._runs]
-        for each in tasks:
-            each.cancel()
-        for each in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await each
+        await cancel_and_wait(tasks, timeout_s, on_stuck=on_stuck)
         released = 0
         if release:
-            for keeper in list(self._keepers):
-                if keeper.held:
-                    with contextlib.suppress(Exception):
-                        async with asyncio.timeout(2):
-                            released += await keeper.release()
+            keepers = [keeper for keeper in self._keepers if keeper.held]
             self._keepers.clear()
+            released = sum(await asyncio.gather(*(release_bounded(k) for k in keepers)))
         # The `lost` events keepers write in the background reach the log before the
         # caller closes the stores.
-        for keeper in list(self._made):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(keeper.flush(), 2)
+        await flush_bounded(list(self._made))
         return released
 
     async def _loop(self, poll_ms: int, rescue_every_ms: int) -> None:
@@ -442,6 +455,57 @@ class ChildWorker:
             except Exception:
                 logger.warning("the child worker failed a pass", exc_info=True)
             await self.clock.sleep(poll_ms)
+
+
+STUCK_GRACE_S = 1.0
+"""How long a task cancelled a second time (stuck in its clean-up) is waited for."""
+
+
+OnStuck = Callable[[set[asyncio.Task[Any]]], None]
+
+
+async def cancel_and_wait(
+    tasks: list[asyncio.Task[Any]],
+    timeout_s: float | None,
+    *,
+    on_stuck: OnStuck | None = None,
+    cancel: bool = True,
+) -> None:
+    """Cancel `tasks` (unless `cancel=False`: they stop on their own) and wait for them to
+    end, at most `timeout_s` (unbounded when `None`). Tasks still going past the bound are
+    stuck in a clean-up that outlived its cancellation: `on_stuck` is told (while they
+    still wait), then they are cancelled (again) and waited for `STUCK_GRACE_S` more."""
+    for each in tasks if cancel else ():
+        each.cancel()
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    if not pending:
+        return
+    if on_stuck is not None:
+        on_stuck(pending)
+    for each in pending:
+        each.cancel()
+    await asyncio.wait(pending, timeout=STUCK_GRACE_S)
+
+
+async def release_bounded(keeper: LeaseKeeper) -> int:
+    """Release the keeper's lease, bounded to 2 s; 1 when released, else 0."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(2):
+            return 1 if await keeper.release() else 0
+    return 0
+
+
+async def flush_bounded(keepers: list[LeaseKeeper]) -> None:
+    """Wait for the lease log writes of `keepers` (together), each bounded to 2 s."""
+
+    async def flush(keeper: LeaseKeeper) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await keeper.flush()
+
+    await asyncio.gather(*(flush(keeper) for keeper in keepers))
 
 
 class FinishReporting:
@@ -477,6 +541,7 @@ __all__ = [
     "DEFAULT_STORE_RETRIES",
     "DEFAULT_WAKE_CLAIM_MS",
     "ChildWorker",
+    "ChildYielded",
     "FinishReporting",
     "RunChild",
     "WakeParent",

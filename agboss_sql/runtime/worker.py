@@ -23,9 +23,12 @@ The tree it runs (the cluster's workload) is, under the root's lease:
 4. `close` (the step that closes the branch), then the record `succeeded` and the lease
    finished.
 
-A child above the deepest level queues its own children and waits for them (holding its
-lease, no slot), then `merge`s; a leaf `think`s, charges its order (a business effect with
-the order as business key) and records an outbound call. Every finished step's output is
+A child above the deepest level queues its own children and waits for them as a root
+does: its queue entry moves `running -> waiting` (neither claimed nor rescued while it
+waits), its lease is yielded and its run ends; the finish of its last child makes it
+claimable again, and whichever instance claims it replays its steps and `merge`s. A leaf
+`think`s, charges its order (a business effect with the order as business key) and
+records an outbound call. Every finished step's output is
 stored through `FencedEffectRepository.save_result_if_absent` under the step's key, so a
 run resumed elsewhere replays its finished steps (no work is done again) and runs only the
 interrupted one; a zombie's write is refused by the store.
@@ -51,6 +54,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -103,7 +107,14 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.runtime._log import log_lease_event
-from agboss_sql.runtime.children import ChildWorker, FinishReporting
+from agboss_sql.runtime.children import (
+    ChildWorker,
+    ChildYielded,
+    FinishReporting,
+    cancel_and_wait,
+    flush_bounded,
+    release_bounded,
+)
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
@@ -375,38 +386,46 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop gracefully within `shutdown_ms`: no new work; every run is cancelled and the
-        lease of each one still held is released so another instance takes it at once."""
+        lease of each one still held is released so another instance takes it at once.
+
+        Each phase has a share of the bound: the sweep 10% of it, the tree runs and what
+        starts work 30%, the children's runs 30%. A task still going past its share (stuck
+        in a clean-up that outlived its cancellation) is cancelled again and left, its
+        stack printed on standard error and counted in a `stop-stuck` event, and the
+        leases are released all the same (together, each bounded to 2 s). `TimeoutError`
+        (a `stop-timeout` event) only if the whole bound passed anyway."""
         self._stopping = True
         self.emit({"kind": "stopping"})
         began = time.monotonic()
+        bound_s = self.config.shutdown_ms / 1000
         try:
-            async with asyncio.timeout(self.config.shutdown_ms / 1000):
+            async with asyncio.timeout(bound_s):
+                # First what starts work (the sweep, the child pump, the rescue, the
+                # resolver, the commands' calls) and the tree runs, then the children's
+                # runs: nothing new is started while the leases are released.
+                report = functools.partial(self._report_stuck, "runs")
                 if self._sweep is not None:
-                    await self._sweep.stop()
-                # First what starts work (the child pump, the rescue, the resolver, the
-                # commands' calls) and the tree runs, then the children's runs: nothing new
-                # is started while the leases are released.
-                tasks = list(self._tasks)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                    # Alone first: a pass going on would hand the trees it takes to new runs.
+                    sweep = asyncio.get_running_loop().create_task(self._sweep.stop())
+                    await cancel_and_wait([sweep], 0.1 * bound_s, on_stuck=report, cancel=False)
+                await cancel_and_wait(list(self._tasks), 0.3 * bound_s, on_stuck=report)
                 self.emit({"kind": "stop-phase", "phase": "runs stopped"})
                 released = 0
                 if self._children is not None:
-                    released += await self._children.stop(release=True)
+                    released += await self._children.stop(
+                        release=True,
+                        timeout_s=0.3 * bound_s,
+                        on_stuck=functools.partial(self._report_stuck, "children"),
+                    )
                 self.emit({"kind": "stop-phase", "phase": "children stopped"})
-                for keeper in list(self._keepers):
-                    if keeper.held:
-                        with contextlib.suppress(Exception):
-                            if await keeper.release():
-                                released += 1
-                for keeper in list(self._made):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(keeper.flush(), 2)
+                keepers = [keeper for keeper in self._keepers if keeper.held]
+                released += sum(await asyncio.gather(*(release_bounded(k) for k in keepers)))
+                await flush_bounded(list(self._made))
                 self.emit({"kind": "released", "leases": released})
         except TimeoutError:
             # What the stop still waited for, for the operator (standard error).
             self.emit({"kind": "stop-timeout", "ms": self.config.shutdown_ms})
+            traceback.print_exc(file=sys.stderr)
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task() and not task.done():
                     task.print_stack(limit=12, file=sys.stderr)
@@ -415,6 +434,12 @@ class Worker:
             if self.app is not None:
                 await self.app.close()
             self.emit({"kind": "stopped", "ms": round((time.monotonic() - began) * 1000, 1)})
+
+    def _report_stuck(self, phase: str, stuck: set[asyncio.Task[Any]]) -> None:
+        self.emit({"kind": "stop-stuck", "phase": phase, "tasks": len(stuck)})
+        for task in stuck:
+            with contextlib.suppress(Exception):
+                task.print_stack(limit=12, file=sys.stderr)
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -628,6 +653,16 @@ class Worker:
                     await keeper.release()
             raise
         except Exception as error:
+            task = asyncio.current_task()
+            if self._stopping or (task is not None and task.cancelling()):
+                # Cancelled, but a library turned the cancellation into an error (SQLAlchemy
+                # does when it lands in an engine's first connect): a stop, not a failure.
+                logger.info("tree %s stopped by %s", tree_id, type(error).__name__)
+                await keeper.stop()
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        await keeper.release()
+                return
             logger.warning("tree %s failed", tree_id, exc_info=True)
             with contextlib.suppress(Exception):
                 await self._end(
@@ -786,7 +821,8 @@ class Worker:
     async def _wake_parent(self, tenant_id: str, parent_execution_id: str) -> None:
         """Called by the finisher of a parent's last child: a waiting tree's record goes
         back to `running` and this instance takes its lease and runs it on (a parent that is
-        itself a child polls its children: nothing to do)."""
+        itself a child was made claimable again by the finish itself: it has no record, and
+        the child pump claims it)."""
         moved = await self.records.transition(
             tenant_id,
             parent_execution_id,
@@ -794,6 +830,8 @@ class Worker:
             ExecutionRecordStatus.RUNNING,
         )
         self.emit({"kind": "woke", "tree": parent_execution_id, "moved": moved})
+        # A parent that is itself a child was made claimable by the finish: claim it soon.
+        self._poke()
         if moved and not self._stopping:
             # If the take is refused the record is running and its lease free: a sweep
             # (here or elsewhere) runs it.
@@ -816,6 +854,11 @@ class Worker:
         keeper = run.keeper
         self.emit({"kind": "unwinding", "tree": run.root})
         try:
+            # Read again without the guard: a cancel seen when the lease was taken aborts
+            # the guarded read of the spec, and the undo list must be this tree's.
+            run.spec = await self._retrying(
+                run, "read the spec", lambda: self._spec(run), guard=False
+            )
             if run.spec.depth > 0:
                 while not await self._descendants_ended(run):
                     keeper.check_lease()
@@ -1015,7 +1058,7 @@ class Worker:
 
     async def _child_pump(self) -> None:
         """Claim queued children while a slot is free and fewer child runs are at work than
-        there are slots (a child waiting for its own children does not count)."""
+        there are slots (a child waiting for its own children has no run: it yielded)."""
         assert self._children is not None
         while True:
             claimed = None
@@ -1080,13 +1123,8 @@ class Worker:
                 await self._step(run, "split", StepKind.DEEPER, lambda: self._work(None))
                 grandchildren = children_of(run.execution, spec.fan_out)
                 await self._enqueue(run, grandchildren)
-                self._active_children -= 1
-                self._poke()
-                try:
-                    while not await self._all_finished(run, grandchildren):
-                        await self.clock.sleep(self.config.poll_every_ms)
-                finally:
-                    self._active_children += 1
+                if await self._child_yields(run, child):
+                    raise ChildYielded(child.child_execution_id)
                 await self._step(
                     run, "merge", StepKind.CLOSE_BRANCH, lambda: self._work({"merged": True})
                 )
@@ -1111,6 +1149,36 @@ class Worker:
         finally:
             self._active_children -= 1
             self._poke()
+
+    async def _child_yields(self, run: _Run, child: ClaimedChild) -> bool:
+        """A child waiting for its own children, as a root does: its queue entry moves
+        `running -> waiting` (neither claimed nor rescued while its children run), then its
+        lease is yielded and the run ends (its slot free). True when it waits; False when
+        every one of its children finished already (it goes on)."""
+        run.keeper.guard()
+        waited = await self._retrying(
+            run,
+            f"the wait of {run.execution}",
+            lambda: self.queue.wait_for_children(run.execution, attempt=child.attempt),
+        )
+        if waited is None:
+            raise ExecutionLeaseLostError(
+                f"child {run.execution} is no longer run by attempt {child.attempt}"
+            )
+        if not waited.waiting:
+            return False
+        # If the yield is refused the lease is lost: it runs out, and whoever claims the
+        # woken child takes it then (the rescue, if the claim came too early).
+        if await run.keeper.yield_():
+            self.emit(
+                {
+                    "kind": "yielded",
+                    "tree": run.execution,
+                    "epoch": run.lease.lease_epoch,
+                    "waiting_for": waited.remaining,
+                }
+            )
+        return True
 
     async def _notify(self, run: _Run) -> None:
         """The leaf's outbound call: recorded, claimed, sent once, completed."""

@@ -238,7 +238,11 @@ class PoolRunner:
             self.dialect.abort(raw)
             if not expired:
                 raise
-            task.uncancel()
+            if task.uncancel() > 0:
+                # Cancelled by its caller too, in the same instant (a process thawed after
+                # a freeze finds every deadline passed as its stop cancels it): the
+                # caller's cancellation wins, or the stop would never see its task end.
+                raise
             raise DeadlinePassed(
                 f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
                 "(Timeouts.statement_ms)"

@@ -436,10 +436,11 @@ class SqlConnection:
         except asyncio.CancelledError as exc:
             if not deadline.expired:
                 raise
-            # Our own statement deadline cancelled the task, not its caller: a typed error.
+            # Our own statement deadline cancelled the task: a typed error, unless its
+            # caller cancelled it too (then the caller's cancellation wins).
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            if task is not None and task.uncancel() > 0:
+                raise
             raise self.translate(DeadlinePassed(str(exc)), True, progress) from None
         except Exception as exc:
             if self.ops.is_retryable(exc):

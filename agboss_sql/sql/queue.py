@@ -28,9 +28,17 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `enqueue`, `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused or a retry) | the same (3 on Galera) |
+| `finish` | 2 in a transaction (1 when refused or a retry; 3 when none is left: the wake of a waiting parent) | the same (+1 on Galera) |
+| `wait_for_children` | 3 in a transaction (2 when it does not wait) | the same (+1 on Galera) |
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
+
+A child whose own children run waits without its lease: `wait_for_children` locks its
+children (as their finishers do), then its row, and moves it `running -> waiting` while one
+of them is unfinished; the finish that sees none left moves the waiting parent back to
+`queued` in its own transaction, so no wake of a waiting child is ever lost (every
+transaction locks children before their parent: no lock cycle). `claim` and `running` see
+only `queued` and `running` rows, so neither a claimer nor the rescue takes a waiting child.
 
 A finish stores what it answered (`finish_remaining`): a retry of the same attempt's
 finish, after a lost reply, answers it again. The finish that saw none left owes the
@@ -67,6 +75,7 @@ from agboss_sql.contracts.types import (
     FinishResult,
     JsonValue,
     QueuedChild,
+    WaitResult,
 )
 from agboss_sql.sql._base import SqlStore, dumps, loads
 from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
@@ -76,6 +85,7 @@ C = child_executions
 
 QUEUED = ChildStatus.QUEUED.value
 RUNNING = ChildStatus.RUNNING.value
+WAITING = ChildStatus.WAITING.value
 FINISHED = ChildStatus.FINISHED.value
 
 _CLAIMED = (
@@ -220,6 +230,8 @@ class QueueStatements:
                 C.c.finished_attempt,
                 C.c.finish_remaining,
                 C.c.attempt,
+                C.c.tenant_id,
+                C.c.parent_execution_id,
             ).where(
                 C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
                 C.c.parent_execution_id
@@ -238,6 +250,40 @@ class QueueStatements:
                 finished_attempt=sa.bindparam("attempt", type_=sa.Integer),
                 finish_remaining=sa.bindparam("remaining", type_=sa.Integer),
             )
+        )
+
+        # The finish that saw none left: the parent, when it is a child waiting for its
+        # children, is claimable again (in the finish's transaction, after the siblings'
+        # locks: every transaction here locks children before their parent).
+        self.wake_waiting_parent = (
+            sa.update(C)
+            .where(
+                C.c.child_execution_id == sa.bindparam("parent_execution_id"),
+                C.c.tenant_id == sa.bindparam("tenant_id"),
+                C.c.status == sa.bindparam("waiting"),
+            )
+            .values(status=sa.bindparam("queued"))
+        )
+        # A wait: lock the child's children (as their finishers do), then the child's row.
+        self.lock_children = ops.for_update(
+            sa.select(C.c.id, C.c.status).where(
+                C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
+                C.c.parent_execution_id == sa.bindparam("child_execution_id"),
+            )
+        )
+        self.lock_me = ops.for_update(
+            sa.select(C.c.id, C.c.status, C.c.attempt).where(
+                C.c.child_execution_id == sa.bindparam("child_execution_id")
+            )
+        )
+        self.wait_locked = (
+            sa.update(C)
+            .where(
+                C.c.id == sa.bindparam("id"),
+                C.c.status == sa.bindparam("running"),
+                C.c.attempt == sa.bindparam("attempt", type_=sa.Integer),
+            )
+            .values(status=sa.bindparam("waiting"))
         )
 
         # On a cluster that certifies write sets the siblings' locks above are local to a
@@ -286,6 +332,7 @@ class QueueStatements:
 
 
 _STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
+_WAIT_PARAMS = {"queued": QUEUED, "running": RUNNING, "waiting": WAITING}
 
 
 def _claimed(row: Any) -> ClaimedChild:
@@ -477,7 +524,7 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         unfinished = sum(1 for row in siblings if row[2] != FINISHED)
         if me is None:
             return FinishResult(False, 0)
-        _, _, status, finished_attempt, answered, current_attempt = me
+        _, _, status, finished_attempt, answered, current_attempt, tenant_id, parent_id = me
         if (
             status == FINISHED
             and attempt is not None
@@ -494,7 +541,45 @@ class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
         if self.connection.capabilities.certified_writes:
             first_id = min(row[0] for row in siblings)
             yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
+        if unfinished == 1:
+            wake = {**_WAIT_PARAMS, "tenant_id": tenant_id, "parent_execution_id": parent_id}
+            yield Exec(self._sql.wake_waiting_parent, wake)
         return FinishResult(True, unfinished - 1)
+
+    async def wait_for_children(
+        self, child_execution_id: str, *, attempt: int
+    ) -> WaitResult | None:
+        """In one transaction that first locks the child's children (as their finishers
+        do), then the child's row: move the child running -> waiting at `attempt` while a
+        child of it is unfinished, or answer `WaitResult(False, 0)` when none is (it stays
+        running). A retry of this attempt's wait answers `WaitResult(True, …)` while the
+        entry waits or was woken and not claimed since; `None` when the child is not
+        running at `attempt`."""
+        checked_identifier("child_execution_id", child_execution_id)
+        checked_int32("attempt", attempt)
+        params = {**_WAIT_PARAMS, "child_execution_id": child_execution_id, "attempt": attempt}
+        return await self.connection.run(lambda: self._wait(params))
+
+    def _wait(self, params: dict[str, Any]) -> Step[WaitResult | None]:
+        children = (yield Exec(self._sql.lock_children, params)).rows
+        me = (yield Exec(self._sql.lock_me, params)).first()
+        attempt = params["attempt"]
+        if me is None or int(me[2]) != attempt:
+            return None
+        remaining = sum(1 for row in children if row[1] != FINISHED)
+        if me[1] in (WAITING, QUEUED) and attempt > 0:
+            return WaitResult(True, remaining)  # this attempt's wait already committed
+        if me[1] != RUNNING:
+            return None
+        if remaining == 0:
+            return WaitResult(False, 0)
+        yield Exec(self._sql.wait_locked, {**params, "id": me[0]})
+        if self.connection.capabilities.certified_writes:
+            # As a finish does: a finish of a child on another node that this wait did not
+            # see writes the same row, and one of the two runs again.
+            first_id = min(row[0] for row in children)
+            yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
+        return WaitResult(True, remaining)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:
         """Up to `limit` finished children whose finish saw none left and whose parent's

@@ -35,6 +35,7 @@ from agboss_sql.contracts import (
     StoreClock,
     StoreUnavailableError,
     VirtualClock,
+    WaitResult,
 )
 from agboss_sql.runtime import ChildWorker
 from agboss_sql.sql.connection import SqlConnection
@@ -96,6 +97,14 @@ class LossyQueue(ChildExecutionQueueRepository):
         self._reach("finish")
         result = await self.inner.finish(child_execution_id, outcome, attempt=attempt)
         await self._reply("finish", child_execution_id, result)
+        return result
+
+    async def wait_for_children(
+        self, child_execution_id: str, *, attempt: int
+    ) -> WaitResult | None:
+        self._reach("wait_for_children")
+        result = await self.inner.wait_for_children(child_execution_id, attempt=attempt)
+        await self._reply("wait_for_children", child_execution_id, result)
         return result
 
     async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:

@@ -21,12 +21,14 @@ from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
 from agboss_sql.contracts.types import ExecutionRecordStatus, PauseStatus
 from agboss_sql.runtime.slots import StepKind
+from agboss_sql.runtime.unwind import Unwinder
 from agboss_sql.runtime.worker import (
     STEP_EFFECT,
     TreeSpec,
     Worker,
     WorkerConfig,
     _Run,
+    descendants_of,
     leaves_of,
     pause_id_of,
     submit_tree,
@@ -169,6 +171,65 @@ async def test_a_parent_yields_while_its_children_run_and_the_last_finisher_wake
     replays = [e["step"] for e in workers.of("step", execution=tree, replayed=True)]
     assert set(replays) == {"plan", "reserve"}
     assert await stored_steps(sql, tree, "close") == 1
+
+
+async def test_a_mid_level_parent_yields_and_the_finish_of_its_last_child_makes_it_claimable(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    a, b, c = await workers("wa"), await workers("wb"), await workers("wc")
+    tenant, tree = workers.tenant, "tree-mid"
+    mid, leaf = f"{tree}.c0", f"{tree}.c0.c0"
+    await run_to_the_wait(workers, a, tree, TreeSpec(fan_out=1, depth=2))
+    # wb runs the mid-level child: it queues its leaf and waits without lease or slot.
+    assert await b.child_worker.run_once()
+    assert await lease_log(sql, tenant, mid) == [("wb", 1, "acquired"), ("wb", 1, "yielded")]
+    assert b.slots.busy == 0
+    [row] = await b.queue.children(tenant, tree)
+    assert (row.child_execution_id, row.status, row.attempt) == (mid, "waiting", 1)
+    # Its lease is yielded (anyone could take it), yet no rescue takes it, and the only
+    # claimable child is the leaf.
+    assert await c.child_worker.rescue_once() == 0
+    assert [k for i, _, k in await lease_log(sql, tenant, mid) if i == "wc"] == []
+    assert await a.child_worker.run_once()
+    assert workers.of("child-run", child=leaf)[0]["worker"] == "wa"
+    # The leaf's finish made the parent claimable again, in the same step.
+    [row] = await c.queue.children(tenant, tree)
+    assert (row.status, row.attempt) == ("queued", 1)
+    assert await c.child_worker.run_once()
+    await until(is_status(c, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+    assert await lease_log(sql, tenant, mid) == [
+        ("wb", 1, "acquired"),
+        ("wb", 1, "yielded"),
+        ("wc", 2, "acquired"),
+        ("wc", 2, "finished"),
+    ]
+    [row] = await c.queue.children(tenant, tree)
+    assert (row.status, row.attempt) == ("finished", 2)
+    split = [(e["worker"], e["replayed"]) for e in workers.of("step", execution=mid, step="split")]
+    assert split == [("wb", False), ("wc", True)]
+    assert await stored_steps(sql, mid, "split") == 1
+    assert await stored_steps(sql, mid, "merge") == 1
+    assert (await committed_business_rows(sql)).count(f"{leaf}|charge") == 1
+
+
+async def test_a_one_slot_worker_runs_depth_two_trees_to_the_end(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """Every slot taken, parents at every level waiting on children: nothing deadlocks,
+    because a waiting parent (root or child) yields its slot and its lease."""
+    a = await workers("wa", background=True, max_concurrent_steps=1, lease_ms=2_000)
+    tenant, spec = workers.tenant, TreeSpec(fan_out=2, depth=2)
+    trees = [f"tree-full-{i}" for i in range(3)]
+    for tree in trees:
+        await a.submit(tenant, tree, spec)
+    for tree in trees:
+        await until(is_status(a, tenant, tree, ExecutionRecordStatus.SUCCEEDED), f"{tree} to end")
+    mids = [child for tree in trees for child, depth in descendants_of(tree, spec) if depth == 1]
+    assert {e["tree"] for e in workers.of("yielded")} >= set(mids)
+    rows = await committed_business_rows(sql)
+    assert sorted(r for r in rows if r.endswith("|charge")) == sorted(
+        f"{leaf}|charge" for tree in trees for leaf in leaves_of(tree, spec)
+    )
 
 
 async def test_the_sweep_leaves_a_waiting_parent_alone(
@@ -323,15 +384,86 @@ async def test_a_graceful_stop_releases_every_lease_it_holds(
     leaf = f"{tree}.c0.c0"
 
     async def leaf_runs() -> bool:
-        return bool(workers.of("child-run", child=leaf))
+        return bool(
+            workers.of("child-run", child=leaf) and workers.of("yielded", tree=f"{tree}.c0")
+        )
 
-    await until(leaf_runs, f"{leaf} running")
+    await until(leaf_runs, f"{leaf} running, its parent waiting")
     await a.stop()
     workers.made.remove(a)
-    # The leaf (mid-step) and its parent (waiting for it) were held; both were released.
-    for execution in (leaf, f"{tree}.c0"):
-        assert (await lease_log(sql, tenant, execution))[-1][2] == "released", execution
-    assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [2]
+    # The leaf (mid-step) was held and is released; its parent and the root wait for their
+    # children with their leases yielded.
+    assert (await lease_log(sql, tenant, leaf))[-1][2] == "released"
+    for execution in (f"{tree}.c0", tree):
+        assert (await lease_log(sql, tenant, execution))[-1][2] == "yielded", execution
+    assert [e["leases"] for e in workers.of("released") if e["worker"] == "wa"] == [1]
+
+
+async def test_a_graceful_stop_leaves_a_task_stuck_in_its_clean_up_and_releases_all_the_same(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """A task that outlives its cancellation (a clean-up waiting on something that does not
+    answer) no longer holds the stop past its bound: past the runs' share of the bound it is
+    reported (`stop-stuck`, its stack on standard error), cancelled again, and the leases
+    are released all the same. The 10 s bound leaves a loaded machine 6 s for the
+    releases."""
+    a = await workers("wa", background=True, step_ms=60_000, shutdown_ms=10_000)
+    tenant, tree = workers.tenant, "tree-stuck-stop"
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+
+    async def planning() -> bool:
+        return bool(await lease_log(sql, tenant, tree)) and a.slots.busy == 1
+
+    await until(planning, f"{tree} in its first step")
+    forever = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def stuck_clean_up() -> None:
+        try:
+            await forever.wait()
+        except asyncio.CancelledError:
+            swallowed.append(True)
+            await forever.wait()  # a clean-up that never answers: only a second cancel ends it
+
+    a._spawn(stuck_clean_up())
+    await asyncio.sleep(0)
+    await a.stop()  # no TimeoutError: the stop kept its bound
+    workers.made.remove(a)
+    assert swallowed == [True]
+    assert [(e["phase"], e["tasks"]) for e in workers.of("stop-stuck")] == [("runs", 1)]
+    assert workers.of("stop-timeout") == []
+    assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released"), await lease_log(
+        sql, tenant, tree
+    )
+
+
+async def test_a_stop_whose_cancellation_a_library_turns_into_an_error_never_fails_the_tree(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    """SQLAlchemy turns a cancellation that lands in an engine's first connect into
+    `ResourceClosedError`: a tree run stopped there must be released for another worker,
+    not ended `failed`."""
+    a = await workers("wa", background=True, shutdown_ms=10_000)
+    b = await workers("wb")
+    tenant, tree = workers.tenant, "tree-stop-error"
+    working = asyncio.Event()
+
+    async def work(_value: object) -> object:
+        working.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("This Connection is closed") from None
+        return None
+
+    a._work = work  # type: ignore[method-assign,assignment]
+    await a.submit(tenant, tree, TreeSpec(fan_out=1, depth=1))
+    await asyncio.wait_for(working.wait(), WAIT_S)
+    await a.stop()
+    workers.made.remove(a)
+    assert (await lease_log(sql, tenant, tree))[-1] == ("wa", 1, "released")
+    assert await status_of(b, tenant, tree) is ExecutionRecordStatus.RUNNING
+    assert workers.of("tree-end", tree=tree) == []
 
 
 async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
@@ -367,3 +499,111 @@ async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_leas
     # Another worker, whose store works, takes the tree on from there.
     assert await b.sweep.run_once() != []
     await until(is_status(b, tenant, tree, ExecutionRecordStatus.QUEUED), f"{tree} on wb")
+
+
+class ForgetfulUnwinder(Unwinder):
+    """BROKEN on purpose: forgets which compensations finished (as if their marks were
+    not durable): a holder that takes an unwind over runs every compensator again."""
+
+    async def compensated(self, tenant_id: str, root_execution_id: str) -> set[str]:
+        return set()
+
+
+async def unwind_taken_over_mid_undo(
+    workers: Workers, sql: SqlConnection, tree: str
+) -> list[tuple[str, str, bool]]:
+    """A cancelled tree's unwind on wb is frozen between two compensations (its lease no
+    longer renewed: a SIGSTOP as the worker sees it); wc takes the tree over once the lease
+    ran out and finishes the unwind; then wb thaws. Every undo step run (not the no-op
+    undo of a leaf that never charged), in order: `(worker, step, replayed)`."""
+    spec = TreeSpec(fan_out=2, depth=1)
+    c0, c1 = leaves_of(tree, spec)
+    a = await workers("wa", lease_ms=1_000)
+    b = await workers("wb", lease_ms=1_000)
+    c = await workers("wc", lease_ms=1_000)
+    tenant = workers.tenant
+    await run_to_the_wait(workers, a, tree, spec)
+    assert await b.child_worker.run_once()  # c0 charges
+    await a.cancel(tenant, tree)
+    frozen, thaw = asyncio.Event(), asyncio.Event()
+    undo_of = b._undo
+
+    def held(run: _Run, what: str, leaf: str | None) -> Callable[[], Awaitable[None]]:
+        undo = undo_of(run, what, leaf)
+        if what != "reserve":
+            return undo
+
+        async def frozen_then_undo() -> None:
+            # Past the first compensations (done and marked), before this one: frozen.
+            await run.keeper.stop()
+            frozen.set()
+            await thaw.wait()
+            await undo()
+
+        return frozen_then_undo
+
+    b._undo = held  # type: ignore[method-assign]
+    # c1 sees the cancel (it charges nothing) and finishes last: wb wakes the tree, which
+    # unwinds there.
+    assert await b.child_worker.run_once()
+    await asyncio.wait_for(frozen.wait(), WAIT_S)
+
+    async def taken_over() -> bool:
+        return any(lease.execution_id == tree for lease in await c.sweep.run_once())
+
+    await until(taken_over, f"wc taking the unwinding {tree} over")
+    await until(is_status(c, tenant, tree, ExecutionRecordStatus.CANCELLED), f"{tree} cancelled")
+    thaw.set()
+
+    async def handed_over() -> bool:
+        return bool(workers.of("handover", tree=tree))
+
+    await until(handed_over, f"wb, thawed, handing {tree} over")
+    # The tree's own charges and undos were made by wb and wc only once each.
+    rows = await committed_business_rows(sql)
+    assert rows.count(f"{c0}|charge") == 1 and f"{c1}|charge" not in rows
+    record = await c.records.get(tenant, tree)
+    assert record is not None and isinstance(record.outcome, dict)
+    assert record.outcome["by"] == "wc"
+    assert [e["worker"] for e in workers.of("unwound", tree=tree)] == ["wc"]
+    return [
+        (e["worker"], e["step"], e["replayed"])
+        for e in workers.of("step", execution=tree)
+        if str(e["step"]).startswith("undo:")
+    ]
+
+
+async def test_an_unwind_taken_over_mid_undo_runs_every_compensation_once_last_first(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    tree = "tree-undo-takeover"
+    c0 = f"{tree}.c0"
+    ran = await unwind_taken_over_mid_undo(workers, sql, tree)
+    # wb refunded c0 (the last charge first), then froze; wc undid the reserve and did not
+    # run wb's compensation again: durable, once each, last first.
+    assert ran == [("wb", f"undo:charge:{c0}", False), ("wc", "undo:reserve", False)]
+    rows = await committed_business_rows(sql)
+    assert [r for r in rows if r.startswith(f"{tree}|undo:")] == [
+        f"{tree}|undo:charge:{c0}",
+        f"{tree}|undo:reserve",
+    ]
+    marks = await workers.made[0].tree.list(workers.tenant, tree, COMPENSATED_PREFIX)
+    assert set(marks) == {
+        f"{COMPENSATED_PREFIX}{key}" for key in ("reserve", f"charge:{c0}", f"charge:{tree}.c1")
+    }
+    # The zombie's undo after its thaw never ran: it stopped at its lease check.
+    assert [e["error"] for e in workers.of("handover", tree=tree)] == ["ExecutionLeaseLostError"]
+
+
+async def test_the_mid_undo_takeover_test_catches_compensations_that_are_not_durable(
+    workers: Workers, sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run with an unwinder that forgets its marks: wc runs wb's compensation a
+    second time (the effect store replays its result, but the compensator was called)."""
+    import agboss_sql.runtime.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "Unwinder", ForgetfulUnwinder)
+    tree = "tree-undo-forgetful"
+    ran = await unwind_taken_over_mid_undo(workers, sql, tree)
+    again = [step for worker, step, _ in ran if worker == "wc" and step.startswith("undo:charge")]
+    assert again == [f"undo:charge:{tree}.c0"], ran

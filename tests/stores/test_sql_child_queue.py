@@ -26,6 +26,7 @@ from agboss_sql.contracts import (
     InvalidIdentifierError,
     QueuedChild,
     VirtualClock,
+    WaitResult,
 )
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.queue import QUEUED, RUNNING, SqlChildExecutionQueueRepository
@@ -371,15 +372,40 @@ async def test_each_operation_sends_the_fewest_statements(
     assert len(sent) == 1
     with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
-    assert len(sent) == 2
+    # The finish that sees none left also moves a waiting parent back to queued.
+    assert len(sent) == 3
     assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
     with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None) == FinishResult(False, 0)
     assert len(sent) == 1
+    await queue.enqueue(child("c-2"))
+    await queue.enqueue(child("c-3"))
+    c2, c3 = await queue.claim("instance-1"), await queue.claim("instance-1")
+    assert c2 is not None and c3 is not None
+    with statements(sql, transaction_control=False) as sent:
+        assert (await queue.finish(c2.child_execution_id, None, attempt=1)).remaining == 1
+    assert len(sent) == 2
+    with statements(sql, transaction_control=False) as sent:
+        await queue.enqueue(child("c-3/a", depth=2, parent=c3.child_execution_id))
+    with statements(sql, transaction_control=False) as sent:
+        assert await queue.wait_for_children(c3.child_execution_id, attempt=1) == WaitResult(
+            True, 1
+        )
+    assert len(sent) == 3
+    assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
+    with statements(sql, transaction_control=False) as sent:
+        assert await queue.wait_for_children(c3.child_execution_id, attempt=1) == WaitResult(
+            True, 1
+        )
+    assert len(sent) == 2
     with statements(sql, transaction_control=False) as sent:
         await queue.running(5)
         await queue.children(TENANT, "parent-1")
     assert len(sent) == 2
+    with statements(sql, transaction_control=False) as sent:
+        with pytest.raises(InvalidIdentifierError):
+            await queue.wait_for_children("", attempt=1)
+    assert sent == []
 
 
 # --- arguments -------------------------------------------------------------------------
@@ -574,3 +600,116 @@ async def test_the_finish_race_catches_a_count_outside_the_lock(
         if wrong_wakes:
             break
     assert wrong_wakes > 0, "the race never woke the parent twice (or never): it does not bite"
+
+
+# --- a child waiting for its own children ------------------------------------------------
+
+
+class CountOutsideTheLockWaitQueue(SqlChildExecutionQueueRepository):
+    """BROKEN on purpose: counts the child's unfinished children in one statement, then
+    moves it to waiting in a second, outside any lock. The last finish in between finds it
+    running and wakes nothing: the child waits for good."""
+
+    async def wait_for_children(self, child_execution_id: str, *, attempt: int) -> Any:
+        left = await self.connection.execute(
+            sa.select(sa.func.count()).where(
+                C.c.parent_execution_id == sa.bindparam("id"), C.c.status != "finished"
+            ),
+            {"id": child_execution_id},
+        )
+        remaining = int(left.scalar() or 0)
+        await asyncio.sleep(0)
+        if remaining == 0:
+            return WaitResult(False, 0)
+        moved = await self.connection.execute(
+            sa.update(C)
+            .where(
+                C.c.child_execution_id == sa.bindparam("id"),
+                C.c.status == RUNNING,
+                C.c.attempt == sa.bindparam("attempt"),
+            )
+            .values(status="waiting"),
+            {"id": child_execution_id, "attempt": attempt},
+        )
+        return WaitResult(True, remaining) if moved.rowcount == 1 else None
+
+
+async def wait_race(queues: Sequence[SqlChildExecutionQueueRepository], round_: int) -> bool:
+    """A child (with one running child of its own) goes to wait on one instance while its
+    child finishes on another, at once (either started first). True when the wake was
+    lost: the child waits though its last child finished."""
+    mid_id, leaf_id = f"mid-{round_}", f"mid-{round_}/leaf"
+    await queues[0].enqueue(child(mid_id, parent=f"parent-{round_}"))
+    mid = await queues[0].claim("instance-1")
+    assert mid is not None and mid.child_execution_id == mid_id
+    await queues[1].enqueue(child(leaf_id, depth=2, parent=mid_id))
+    leaf = await queues[1].claim("instance-2")
+    assert leaf is not None and leaf.child_execution_id == leaf_id
+    finish = queues[1].finish(leaf_id, "leaf", attempt=leaf.attempt)
+    wait = queues[0].wait_for_children(mid_id, attempt=mid.attempt)
+    if round_ % 2:
+        finished, waited = await asyncio.gather(finish, wait)
+    else:
+        waited, finished = await asyncio.gather(wait, finish)
+    assert finished == FinishResult(True, 0)
+    assert waited is not None
+    [row] = await queues[0].children(TENANT, f"parent-{round_}")
+    # Tidy up: whatever the race left is run to its end, so the next round's claims are
+    # its own.
+    attempt = mid.attempt
+    if row.status is ChildStatus.QUEUED:
+        again = await queues[0].claim("instance-1")
+        assert again is not None and again.child_execution_id == mid_id
+        attempt = again.attempt
+    lost = row.status is ChildStatus.WAITING
+    if not lost:
+        assert row.status is (ChildStatus.QUEUED if waited.waiting else ChildStatus.RUNNING)
+        assert (await queues[0].finish(mid_id, "mid", attempt=attempt)).finished
+    else:
+        await queues[0].connection.execute(sa.delete(C).where(C.c.child_execution_id == mid_id))
+    return lost
+
+
+async def test_a_wait_raced_by_the_last_finish_never_loses_the_wake(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    queues = [store(sql, clock), store(new_connection(), clock, "instance-2")]
+    lost = [round_ for round_ in range(30) if await wait_race(queues, round_)]
+    assert lost == []
+
+
+async def test_the_wait_race_catches_a_count_outside_the_lock(
+    sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
+) -> None:
+    """The broken twin, under the same race: some child waits for a finished child."""
+    broken = [
+        CountOutsideTheLockWaitQueue(sql, clock, ApplicationContext("instance-1")),
+        CountOutsideTheLockWaitQueue(new_connection(), clock, ApplicationContext("instance-2")),
+    ]
+    lost = 0
+    for round_ in range(60):
+        lost += await wait_race(broken, round_)
+        if lost:
+            break
+    assert lost > 0, "the race never lost a wake: it does not bite"
+
+
+async def test_a_waiting_child_is_neither_claimed_nor_rescued_until_its_last_child_finishes(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    queue = store(sql, clock)
+    await queue.enqueue(child("mid"))
+    mid = await queue.claim("instance-1")
+    assert mid is not None
+    await queue.enqueue(child("mid/a", depth=2, parent="mid"))
+    a = await queue.claim("instance-1")
+    assert a is not None and a.child_execution_id == "mid/a"
+    assert await queue.wait_for_children("mid", attempt=mid.attempt) == WaitResult(True, 1)
+    assert [c.child_execution_id for c in await queue.running(10)] == ["mid/a"]
+    assert await queue.claim("instance-2") is None
+    assert await queue.restart("mid", mid.attempt) is None
+    assert await queue.finish("mid/a", "a", attempt=a.attempt) == FinishResult(True, 0)
+    [row] = await queue.children(TENANT, "parent-1")
+    assert (row.status, row.attempt) == (ChildStatus.QUEUED, mid.attempt)
+    again = await queue.claim("instance-2")
+    assert again is not None and (again.child_execution_id, again.attempt) == ("mid", 2)

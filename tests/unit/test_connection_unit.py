@@ -377,3 +377,49 @@ def test_timeouts_refuse_non_positive_bounds() -> None:
         Timeouts(pool_ms=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Timeouts"):
         SqlConnection("sqlite:///x.sqlite", timeouts={"lock_ms": 5})  # type: ignore[arg-type]
+
+
+# --- a statement deadline meeting a cancellation ----------------------------------------------
+
+
+async def _bounded_forever(connection: SqlConnection) -> tuple[asyncio.Task[object], float]:
+    """A statement that never answers, under the runner's client deadline; the task and
+    the deadline in seconds."""
+    from agboss_sql.sql._pool_runner import PoolRunner
+
+    runner = connection._runner
+    assert isinstance(runner, PoolRunner)
+    never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    task = asyncio.get_running_loop().create_task(runner.bounded(never, None))
+    await asyncio.sleep(0)  # sent: the deadline is armed
+    return task, runner._statement_s
+
+
+async def test_a_statement_past_its_client_deadline_is_a_typed_error() -> None:
+    from agboss_sql.sql._pool_runner import DeadlinePassed
+
+    connection = SqlConnection("mysql://u@127.0.0.1:1/x", timeouts=Timeouts(statement_ms=10))
+    task, _ = await _bounded_forever(connection)
+    with pytest.raises(DeadlinePassed):
+        await task
+
+
+@pytest.mark.parametrize("dialect_url", ["mysql://u@127.0.0.1:1/x", "postgresql://u@127.0.0.1:1/x"])
+async def test_a_cancellation_that_meets_a_statement_deadline_stays_a_cancellation(
+    dialect_url: str,
+) -> None:
+    """A process frozen (SIGSTOP) past a statement's deadline and stopped as it thaws: the
+    deadline's timer and the caller's cancellation reach the task in one loop pass. The
+    caller's cancellation must win: turned into `DeadlinePassed`, it was swallowed, and a
+    worker's loop that handles store errors went on, holding its graceful stop past its
+    bound (what the cluster saw on MariaDB right after a thaw)."""
+    import time
+
+    connection = SqlConnection(dialect_url, timeouts=Timeouts(statement_ms=10))
+    task, deadline_s = await _bounded_forever(connection)
+    # The caller's cancel, due just after the deadline; the loop frozen past both (a
+    # blocking sleep is the freeze itself here, not a synchronisation).
+    asyncio.get_running_loop().call_later(deadline_s, task.cancel)
+    time.sleep(deadline_s + 0.05)
+    await asyncio.wait([task])
+    assert task.cancelled()

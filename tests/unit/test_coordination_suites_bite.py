@@ -32,6 +32,7 @@ from agboss_sql.contracts import (
     NotPausedError,
     PausedExecution,
     PauseStatus,
+    WaitResult,
     WindowResult,
 )
 from agboss_sql.contracts.rules import MAX_DURATION_MS
@@ -237,6 +238,53 @@ class ReadThenClaimWake(InMemoryChildExecutionQueueRepository):
             return row is not None and row.wake_claimed_by == claimer
         row.wake_claimed_by, row.wake_claimed_until = claimer, self.clock.now() + claim_ms
         return True
+
+
+class CountThenWait(InMemoryChildExecutionQueueRepository):
+    """Counts the child's unfinished children, awaits, then moves it to waiting: the last
+    finish in between finds it running and wakes nothing."""
+
+    async def wait_for_children(self, child_execution_id: str, *, attempt: int) -> Any:
+        row = self.memory.children.get(child_execution_id)
+        if row is None or row.status is not ChildStatus.RUNNING or row.attempt != attempt:
+            return await super().wait_for_children(child_execution_id, attempt=attempt)
+        remaining = self._unfinished_children(row.tenant_id, child_execution_id)
+        await asyncio.sleep(0)
+        if remaining == 0:
+            return WaitResult(False, 0)
+        row.status = ChildStatus.WAITING
+        return WaitResult(True, remaining)
+
+
+class FinishLeavesWaitingParent(InMemoryChildExecutionQueueRepository):
+    """The last finish does not make a waiting parent claimable again."""
+
+    def _wake_waiting(self, tenant_id: str, parent_execution_id: str) -> None:
+        return None
+
+
+class ClaimsWaitingChildren(InMemoryChildExecutionQueueRepository):
+    """Claims a waiting child as if it were queued."""
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        for row in self.memory.children.values():
+            if row.status is ChildStatus.WAITING:
+                row.status = ChildStatus.QUEUED
+        return await super().claim(instance_id)
+
+
+class RescuesWaitingChildren(InMemoryChildExecutionQueueRepository):
+    """Lists a waiting child with the running ones (the rescue would take it)."""
+
+    async def running(self, limit: int) -> Any:
+        waiting = [r for r in self.memory.children.values() if r.status is ChildStatus.WAITING]
+        for row in waiting:
+            row.status = ChildStatus.RUNNING
+        try:
+            return await super().running(limit)
+        finally:
+            for row in waiting:
+                row.status = ChildStatus.WAITING
 
 
 class RestartWithoutCompare(InMemoryChildExecutionQueueRepository):
@@ -549,7 +597,18 @@ class UntilInclusive(InMemoryExecutionHistoryRepository):
         return list(found)
 
 
+WAIT_CASE = "waits for its children unclaimed and unrescued until the last one finishes"
+
 BROKEN = [
+    (
+        "child_queue",
+        "never loses the wake of a wait raced by the last finish",
+        CountThenWait,
+        "wait-wake",
+    ),
+    ("child_queue", WAIT_CASE, FinishLeavesWaitingParent, "wait-wake"),
+    ("child_queue", WAIT_CASE, ClaimsWaitingChildren, "wait-state"),
+    ("child_queue", WAIT_CASE, RescuesWaitingChildren, "wait-state"),
     (
         "child_queue",
         "never gives one child to two concurrent claimers",

@@ -111,8 +111,8 @@ async def lease_durations_past_the_limit(ctx: CaseContext) -> None:
 
 
 async def queue_numbers_past_their_columns(ctx: CaseContext) -> None:
-    """A depth of 2^31 is `InvalidNumberError` and queues nothing; a restart or finish at
-    attempt 2^31 is `InvalidNumberError` and moves nothing."""
+    """A depth of 2^31 is `InvalidNumberError` and queues nothing; a restart, finish or
+    wait at attempt 2^31 is `InvalidNumberError` and moves nothing."""
     queue: Any = ctx.store("child_queue", 0)
     w = World(ctx)
     parent = w.name("parent")
@@ -127,6 +127,10 @@ async def queue_numbers_past_their_columns(ctx: CaseContext) -> None:
     for what, call in (
         ("restart at attempt 2^31", lambda: queue.restart(child, MAX_INT32 + 1)),
         ("finish at attempt 2^31", lambda: queue.finish(child, None, attempt=MAX_INT32 + 1)),
+        (
+            "wait at attempt 2^31",
+            lambda: queue.wait_for_children(child, attempt=MAX_INT32 + 1),
+        ),
     ):
         await _refused(what, InvalidNumberError, call)
     [row] = await queue.children("tenant-1", parent)
