@@ -18,7 +18,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver
-from agboss_sql.sql.checkpoint._statements import BLOB_KEY, keyed_params
+from agboss_sql.sql.checkpoint._statements import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
@@ -195,7 +195,9 @@ async def test_more_channels_and_writes_than_one_statement_holds(sql: SqlConnect
 
 async def test_statements_per_operation(sql: SqlConnection) -> None:
     """One statement where the dialect folds writes into `WITH` (PostgreSQL), else one
-    transaction; two statements to read a checkpoint with its writes and values."""
+    transaction; one statement to read the latest checkpoint with its writes and values
+    when the saver knows which values it reads (it wrote or read it last), else two; one
+    statement for a page of `list` with its values and writes."""
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     await thread.put({"a": 1})
@@ -215,6 +217,12 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         assert await saver.aget_tuple(_config(thread.thread)) is not None
         get_latest = list(sent)
         sent.clear()
+        assert await SqlCheckpointSaver(sql).aget_tuple(_config(thread.thread)) is not None
+        get_latest_unknown = list(sent)
+        sent.clear()
+        assert len([t async for t in saver.alist(_config(thread.thread), limit=10)]) == 3
+        list_page = list(sent)
+        sent.clear()
         await saver.adelete_thread(thread.thread)
         delete_thread = list(sent)
     finally:
@@ -225,8 +233,45 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         assert put_with_values[0].startswith("BEGIN") and put_with_values[-1] == "COMMIT"
     assert len(put_without_values) == 1
     assert len(put_writes) == 1
-    assert len(get_latest) == 2
+    assert len(get_latest) == 1, get_latest
+    assert len(get_latest_unknown) == 2, get_latest_unknown
+    assert len(list_page) == 2, list_page
     assert len(delete_thread) == (1 if folds else 5)
+
+
+async def test_a_stale_guess_of_the_values_read_never_answers_wrong_values(
+    sql: SqlConnection,
+) -> None:
+    """The values a saver expects the latest checkpoint to read are a guess (another saver,
+    another instance, may have written since): what the checkpoint names is read, whatever
+    was guessed."""
+    ours, other = SqlCheckpointSaver(sql), SqlCheckpointSaver(sql)
+    thread = Thread(ours, _thread())
+    await thread.put({"a": "first", "b": "kept", "c": "gone later"})
+    assert (await ours.aget_tuple(_config(thread.thread))) is not None
+    # Another saver forks from the first checkpoint: a new "a", no "c", a new "d".
+    fork = Thread(other, thread.thread)
+    fork.last, fork.versions = thread.last, {"b": thread.versions["b"]}
+    fork.values = {"b": "kept"}
+    await fork.put({"a": "second", "d": "new"})
+    sent, stop = _statements(sql)
+    try:
+        found = await ours.aget_tuple(_config(thread.thread))
+    finally:
+        stop()
+    assert found is not None and found.config["configurable"]["checkpoint_id"] == fork.last
+    assert found.checkpoint["channel_values"] == {"a": "second", "b": "kept", "d": "new"}
+    assert len(sent) == 2, sent  # the guess missed "a" and "d": read after
+    # By id, an older checkpoint, with the latest's values guessed.
+    first = await ours.aget_tuple(_config(thread.thread, checkpoint_id=thread.last))
+    assert first is not None
+    assert first.checkpoint["channel_values"] == {"a": "first", "b": "kept", "c": "gone later"}
+    # A guessed value whose row is gone (the thread deleted and written again) is not used.
+    await other.adelete_thread(thread.thread)
+    again = Thread(other, thread.thread)
+    await again.put({"z": 1})
+    found = await ours.aget_tuple(_config(thread.thread))
+    assert found is not None and found.checkpoint["channel_values"] == {"z": 1}
 
 
 async def _plan(
@@ -278,6 +323,22 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
         saver._sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(keys)),
         keyed_params(keys, BLOB_KEY),
     )
+    # The one-statement read (the values named with the checkpoint) and a page's values and
+    # writes probe keys too.
+    guessed = {"thread_hash": thread_hash, "ns_hash": ns_hash}
+    for i, (_, _, channel_hash, version) in enumerate(keys):
+        guessed.update({f"k{i}_channel_hash": channel_hash, f"k{i}_version": version})
+    read += await _plan(sql, saver._sql.read(by_id=False, blobs=len(keys)), guessed)
+    page_keys = [(thread_hash, ns_hash, busy.last)]
+    page = await _plan(
+        sql,
+        saver._sql.values_and_writes(len(keys), len(page_keys)),
+        {
+            **keyed_params(keys, BLOB_KEY, prefix="b"),
+            **keyed_params(page_keys, CHECKPOINT_KEY, prefix="w"),
+        },
+    )
+    read += page
     read_text = "\n".join(" | ".join(row) for row in read)
     values_text = "\n".join(" | ".join(row) for row in values)
     if sql.dialect_name == "sqlite":
