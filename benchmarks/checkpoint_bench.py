@@ -89,29 +89,39 @@ def channel_values(step: int) -> dict[str, Any]:
     }
 
 
-def chat_values(turn: int) -> dict[str, Any]:
-    """A chat graph's state after `turn` turns: the whole conversation (two messages a turn)
-    in `messages`, and a small `turn` counter; both change every turn."""
-    messages: list[Any] = []
-    for t in range(turn + 1):
-        messages.append(
-            HumanMessage(
-                content=f"Turn {t}: here is what I tried and what went wrong. " * 3, id=f"h{t}"
-            )
+def chat_values(turn: int, conversation: list[Any]) -> dict[str, Any]:
+    """A chat graph's state after `turn` turns: the whole conversation in `messages` (two
+    messages more than the turn before: appended to `conversation`, the thread's list, as
+    `add_messages` appends to the channel's), and a small `turn` counter; both change every
+    turn."""
+    conversation.append(
+        HumanMessage(
+            content=f"Turn {turn}: here is what I tried and what went wrong. " * 3, id=f"h{turn}"
         )
-        messages.append(
-            AIMessage(
-                content=f"Turn {t}: thanks, let us go through it step by step. " * 3, id=f"a{t}"
-            )
+    )
+    conversation.append(
+        AIMessage(
+            content=f"Turn {turn}: thanks, let us go through it step by step. " * 3,
+            id=f"a{turn}",
         )
-    return {"messages": messages, "turn": turn}
+    )
+    return {"messages": list(conversation), "turn": turn}
 
 
 def checkpoint_of(
-    saver: BaseCheckpointSaver[Any], step: int, versions: dict[str, Any], *, turn: int | None = None
+    saver: BaseCheckpointSaver[Any],
+    step: int,
+    versions: dict[str, Any],
+    *,
+    turn: int | None = None,
+    conversation: list[Any] | None = None,
 ) -> Checkpoint:
     checkpoint = empty_checkpoint()
-    checkpoint["channel_values"] = channel_values(step) if turn is None else chat_values(turn)
+    checkpoint["channel_values"] = (
+        channel_values(step)
+        if turn is None
+        else chat_values(turn, conversation if conversation is not None else [])
+    )
     for channel in checkpoint["channel_values"]:
         versions[channel] = saver.get_next_version(versions.get(channel), None)
     checkpoint["channel_versions"] = dict(versions)
@@ -148,6 +158,7 @@ class Workload:
         self.thread_ids = [f"bench-{run_id}-{tag}-{i}" for i in range(threads)]
         self.parents: dict[str, str | None] = dict.fromkeys(self.thread_ids)
         self.versions: dict[str, dict[str, Any]] = {t: {} for t in self.thread_ids}
+        self.conversations: dict[str, list[Any]] = {t: [] for t in self.thread_ids}
         self.step = 0
         self.ops = 0
         self.seconds = self.put_s = self.get_s = 0.0
@@ -164,7 +175,13 @@ class Workload:
             if self.parents[thread_id] is not None:
                 configurable["checkpoint_id"] = self.parents[thread_id]
             turn = step // len(self.thread_ids) if self.chat else None
-            checkpoint = checkpoint_of(saver, step, self.versions[thread_id], turn=turn)
+            checkpoint = checkpoint_of(
+                saver,
+                step,
+                self.versions[thread_id],
+                turn=turn,
+                conversation=self.conversations[thread_id],
+            )
             metadata: Any = {"source": "loop", "step": step, "parents": {}}
             t0 = time.perf_counter()
             stored = await saver.aput(
