@@ -408,8 +408,9 @@ def report(measurements: list[Measurement]) -> None:
 
 
 async def flatness(url: str, checkpoints: int) -> None:
-    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of one thread at 10 checkpoints and
-    at `checkpoints`, per saver: it should not grow with the history."""
+    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of a thread of 10 checkpoints and
+    of one of `checkpoints`, per saver: it should not grow with the history. The two threads'
+    reads alternate, so a change in the machine's load falls on both."""
     parsed = sa.make_url(url)
     connection = SqlConnection(url)
     try:
@@ -420,12 +421,13 @@ async def flatness(url: str, checkpoints: int) -> None:
                 savers.append((their_name, theirs))
             run_id = uuid.uuid4().hex[:8]
             for i, (name, saver) in enumerate(savers):
-                load = Workload(saver, name, 1, run_id, f"{i}flat")
-                config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
-                await load.run(10, timed=False)
-                early = await _latest_p50_ms(saver, config)
-                await load.run(checkpoints - 10, timed=False)
-                late = await _latest_p50_ms(saver, config)
+                short = Workload(saver, name, 1, run_id, f"{i}flat10")
+                long = Workload(saver, name, 1, run_id, f"{i}flat{checkpoints}")
+                await short.run(10, timed=False)
+                await long.run(checkpoints, timed=False)
+                early, late = await _latest_p50_ms(
+                    saver, [_latest_config(short), _latest_config(long)]
+                )
                 print(
                     json.dumps(
                         {
@@ -438,19 +440,27 @@ async def flatness(url: str, checkpoints: int) -> None:
                         }
                     )
                 )
-                await saver.adelete_thread(load.thread_ids[0])
+                for load in (short, long):
+                    await saver.adelete_thread(load.thread_ids[0])
     finally:
         await connection.close()
 
 
-async def _latest_p50_ms(saver: BaseCheckpointSaver[Any], config: Any, reads: int = 200) -> float:
-    spent = []
+def _latest_config(load: Workload) -> Any:
+    return {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+
+
+async def _latest_p50_ms(
+    saver: BaseCheckpointSaver[Any], configs: list[Any], reads: int = 200
+) -> list[float]:
+    """p50 of `reads` latest reads of each config, the configs' reads alternating."""
+    spent: list[list[float]] = [[] for _ in configs]
     for _ in range(reads):
-        started = time.perf_counter()
-        await saver.aget_tuple(config)
-        spent.append(time.perf_counter() - started)
-    spent.sort()
-    return spent[len(spent) // 2] * 1000
+        for config, times in zip(configs, spent, strict=True):
+            started = time.perf_counter()
+            await saver.aget_tuple(config)
+            times.append(time.perf_counter() - started)
+    return [sorted(times)[len(times) // 2] * 1000 for times in spent]
 
 
 def main() -> None:
@@ -465,7 +475,7 @@ def main() -> None:
         "--flat",
         type=int,
         metavar="N",
-        help="instead: the latest-checkpoint read at 10 and at N checkpoints of one thread",
+        help="instead: the latest-checkpoint read of a thread of 10 and of one of N checkpoints",
     )
     args = parser.parse_args()
     if args.flat:
