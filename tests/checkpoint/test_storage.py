@@ -18,6 +18,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver
+from agboss_sql.sql.checkpoint import saver as saver_module
 from agboss_sql.sql.checkpoint._statements import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
@@ -272,6 +273,27 @@ async def test_a_stale_guess_of_the_values_read_never_answers_wrong_values(
     await again.put({"z": 1})
     found = await ours.aget_tuple(_config(thread.thread))
     assert found is not None and found.checkpoint["channel_values"] == {"z": 1}
+
+
+async def test_the_remembered_values_are_bounded(
+    sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saver remembers the values of at most `EXPECTED_NAMESPACES` thread namespaces (the
+    most recently used): memory does not grow with the threads it serves."""
+    monkeypatch.setattr(saver_module, "EXPECTED_NAMESPACES", 3)
+    saver = SqlCheckpointSaver(sql)
+    threads = [Thread(saver, _thread()) for _ in range(5)]
+    for thread in threads:
+        await thread.put({"a": thread.thread})
+    assert len(saver._expected) == 3
+    # The oldest were forgotten: their reads take the second statement, and still answer.
+    sent, stop = _statements(sql)
+    try:
+        found = await saver.aget_tuple(_config(threads[0].thread))
+    finally:
+        stop()
+    assert found is not None and found.checkpoint["channel_values"] == {"a": threads[0].thread}
+    assert len(sent) == 2, sent
 
 
 async def _plan(
