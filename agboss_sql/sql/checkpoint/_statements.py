@@ -105,9 +105,14 @@ class CheckpointStatements:
         # The checkpoint with its pending writes, in one statement.
         thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        # The newest id off the key's end: `ORDER BY … DESC LIMIT 1`, not `max()`, which
+        # PostgreSQL aggregated over the thread's whole history (an index-only scan of every
+        # checkpoint) when its statistics still counted a few rows for the thread.
         latest = (
-            sa.select(sa.func.max(checkpoints.c.checkpoint_id))
+            sa.select(checkpoints.c.checkpoint_id)
             .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
+            .order_by(checkpoints.c.checkpoint_id.desc())
+            .limit(1)
             .scalar_subquery()
         )
         self._latest = latest
