@@ -89,29 +89,39 @@ def channel_values(step: int) -> dict[str, Any]:
     }
 
 
-def chat_values(turn: int) -> dict[str, Any]:
-    """A chat graph's state after `turn` turns: the whole conversation (two messages a turn)
-    in `messages`, and a small `turn` counter; both change every turn."""
-    messages: list[Any] = []
-    for t in range(turn + 1):
-        messages.append(
-            HumanMessage(
-                content=f"Turn {t}: here is what I tried and what went wrong. " * 3, id=f"h{t}"
-            )
+def chat_values(turn: int, conversation: list[Any]) -> dict[str, Any]:
+    """A chat graph's state after `turn` turns: the whole conversation in `messages` (two
+    messages more than the turn before: appended to `conversation`, the thread's list, as
+    `add_messages` appends to the channel's), and a small `turn` counter; both change every
+    turn."""
+    conversation.append(
+        HumanMessage(
+            content=f"Turn {turn}: here is what I tried and what went wrong. " * 3, id=f"h{turn}"
         )
-        messages.append(
-            AIMessage(
-                content=f"Turn {t}: thanks, let us go through it step by step. " * 3, id=f"a{t}"
-            )
+    )
+    conversation.append(
+        AIMessage(
+            content=f"Turn {turn}: thanks, let us go through it step by step. " * 3,
+            id=f"a{turn}",
         )
-    return {"messages": messages, "turn": turn}
+    )
+    return {"messages": list(conversation), "turn": turn}
 
 
 def checkpoint_of(
-    saver: BaseCheckpointSaver[Any], step: int, versions: dict[str, Any], *, turn: int | None = None
+    saver: BaseCheckpointSaver[Any],
+    step: int,
+    versions: dict[str, Any],
+    *,
+    turn: int | None = None,
+    conversation: list[Any] | None = None,
 ) -> Checkpoint:
     checkpoint = empty_checkpoint()
-    checkpoint["channel_values"] = channel_values(step) if turn is None else chat_values(turn)
+    checkpoint["channel_values"] = (
+        channel_values(step)
+        if turn is None
+        else chat_values(turn, conversation if conversation is not None else [])
+    )
     for channel in checkpoint["channel_values"]:
         versions[channel] = saver.get_next_version(versions.get(channel), None)
     checkpoint["channel_versions"] = dict(versions)
@@ -148,6 +158,7 @@ class Workload:
         self.thread_ids = [f"bench-{run_id}-{tag}-{i}" for i in range(threads)]
         self.parents: dict[str, str | None] = dict.fromkeys(self.thread_ids)
         self.versions: dict[str, dict[str, Any]] = {t: {} for t in self.thread_ids}
+        self.conversations: dict[str, list[Any]] = {t: [] for t in self.thread_ids}
         self.step = 0
         self.ops = 0
         self.seconds = self.put_s = self.get_s = 0.0
@@ -164,7 +175,13 @@ class Workload:
             if self.parents[thread_id] is not None:
                 configurable["checkpoint_id"] = self.parents[thread_id]
             turn = step // len(self.thread_ids) if self.chat else None
-            checkpoint = checkpoint_of(saver, step, self.versions[thread_id], turn=turn)
+            checkpoint = checkpoint_of(
+                saver,
+                step,
+                self.versions[thread_id],
+                turn=turn,
+                conversation=self.conversations[thread_id],
+            )
             metadata: Any = {"source": "loop", "step": step, "parents": {}}
             t0 = time.perf_counter()
             stored = await saver.aput(
@@ -391,8 +408,9 @@ def report(measurements: list[Measurement]) -> None:
 
 
 async def flatness(url: str, checkpoints: int) -> None:
-    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of one thread at 10 checkpoints and
-    at `checkpoints`, per saver: it should not grow with the history."""
+    """The latest-checkpoint read (`aget_tuple`, p50 of 200) of a thread of 10 checkpoints and
+    of one of `checkpoints`, per saver: it should not grow with the history. The two threads'
+    reads alternate, so a change in the machine's load falls on both."""
     parsed = sa.make_url(url)
     connection = SqlConnection(url)
     try:
@@ -403,12 +421,13 @@ async def flatness(url: str, checkpoints: int) -> None:
                 savers.append((their_name, theirs))
             run_id = uuid.uuid4().hex[:8]
             for i, (name, saver) in enumerate(savers):
-                load = Workload(saver, name, 1, run_id, f"{i}flat")
-                config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
-                await load.run(10, timed=False)
-                early = await _latest_p50_ms(saver, config)
-                await load.run(checkpoints - 10, timed=False)
-                late = await _latest_p50_ms(saver, config)
+                short = Workload(saver, name, 1, run_id, f"{i}flat10")
+                long = Workload(saver, name, 1, run_id, f"{i}flat{checkpoints}")
+                await short.run(10, timed=False)
+                await long.run(checkpoints, timed=False)
+                early, late = await _latest_p50_ms(
+                    saver, [_latest_config(short), _latest_config(long)]
+                )
                 print(
                     json.dumps(
                         {
@@ -421,19 +440,27 @@ async def flatness(url: str, checkpoints: int) -> None:
                         }
                     )
                 )
-                await saver.adelete_thread(load.thread_ids[0])
+                for load in (short, long):
+                    await saver.adelete_thread(load.thread_ids[0])
     finally:
         await connection.close()
 
 
-async def _latest_p50_ms(saver: BaseCheckpointSaver[Any], config: Any, reads: int = 200) -> float:
-    spent = []
+def _latest_config(load: Workload) -> Any:
+    return {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+
+
+async def _latest_p50_ms(
+    saver: BaseCheckpointSaver[Any], configs: list[Any], reads: int = 200
+) -> list[float]:
+    """p50 of `reads` latest reads of each config, the configs' reads alternating."""
+    spent: list[list[float]] = [[] for _ in configs]
     for _ in range(reads):
-        started = time.perf_counter()
-        await saver.aget_tuple(config)
-        spent.append(time.perf_counter() - started)
-    spent.sort()
-    return spent[len(spent) // 2] * 1000
+        for config, times in zip(configs, spent, strict=True):
+            started = time.perf_counter()
+            await saver.aget_tuple(config)
+            times.append(time.perf_counter() - started)
+    return [sorted(times)[len(times) // 2] * 1000 for times in spent]
 
 
 def main() -> None:
@@ -448,7 +475,7 @@ def main() -> None:
         "--flat",
         type=int,
         metavar="N",
-        help="instead: the latest-checkpoint read at 10 and at N checkpoints of one thread",
+        help="instead: the latest-checkpoint read of a thread of 10 and of one of N checkpoints",
     )
     args = parser.parse_args()
     if args.flat:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy as copy_module
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +19,8 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver
-from agboss_sql.sql.checkpoint._statements import BLOB_KEY, keyed_params
+from agboss_sql.sql.checkpoint import saver as saver_module
+from agboss_sql.sql.checkpoint._statements import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
@@ -195,7 +197,9 @@ async def test_more_channels_and_writes_than_one_statement_holds(sql: SqlConnect
 
 async def test_statements_per_operation(sql: SqlConnection) -> None:
     """One statement where the dialect folds writes into `WITH` (PostgreSQL), else one
-    transaction; two statements to read a checkpoint with its writes and values."""
+    transaction; one statement to read the latest checkpoint with its writes and values
+    when the saver knows which values it reads (it wrote or read it last), else two; one
+    statement for a page of `list` with its values and writes."""
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     await thread.put({"a": 1})
@@ -215,6 +219,12 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         assert await saver.aget_tuple(_config(thread.thread)) is not None
         get_latest = list(sent)
         sent.clear()
+        assert await SqlCheckpointSaver(sql).aget_tuple(_config(thread.thread)) is not None
+        get_latest_unknown = list(sent)
+        sent.clear()
+        assert len([t async for t in saver.alist(_config(thread.thread), limit=10)]) == 3
+        list_page = list(sent)
+        sent.clear()
         await saver.adelete_thread(thread.thread)
         delete_thread = list(sent)
     finally:
@@ -225,8 +235,84 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
         assert put_with_values[0].startswith("BEGIN") and put_with_values[-1] == "COMMIT"
     assert len(put_without_values) == 1
     assert len(put_writes) == 1
-    assert len(get_latest) == 2
+    assert len(get_latest) == 1, get_latest
+    assert len(get_latest_unknown) == 2, get_latest_unknown
+    assert len(list_page) == 2, list_page
     assert len(delete_thread) == (1 if folds else 5)
+
+
+async def test_a_stale_guess_of_the_values_read_never_answers_wrong_values(
+    sql: SqlConnection,
+) -> None:
+    """The values a saver expects the latest checkpoint to read are a guess (another saver,
+    another instance, may have written since): what the checkpoint names is read, whatever
+    was guessed."""
+    ours, other = SqlCheckpointSaver(sql), SqlCheckpointSaver(sql)
+    thread = Thread(ours, _thread())
+    await thread.put({"a": "first", "b": "kept", "c": "gone later"})
+    assert (await ours.aget_tuple(_config(thread.thread))) is not None
+    # Another saver forks from the first checkpoint: a new "a", no "c", a new "d".
+    fork = Thread(other, thread.thread)
+    fork.last, fork.versions = thread.last, {"b": thread.versions["b"]}
+    fork.values = {"b": "kept"}
+    await fork.put({"a": "second", "d": "new"})
+    sent, stop = _statements(sql)
+    try:
+        found = await ours.aget_tuple(_config(thread.thread))
+    finally:
+        stop()
+    assert found is not None and found.config["configurable"]["checkpoint_id"] == fork.last
+    assert found.checkpoint["channel_values"] == {"a": "second", "b": "kept", "d": "new"}
+    assert len(sent) == 2, sent  # the guess missed "a" and "d": read after
+    # By id, an older checkpoint, with the latest's values guessed.
+    first = await ours.aget_tuple(_config(thread.thread, checkpoint_id=thread.last))
+    assert first is not None
+    assert first.checkpoint["channel_values"] == {"a": "first", "b": "kept", "c": "gone later"}
+    # A guessed value whose row is gone (the thread deleted and written again) is not used.
+    await other.adelete_thread(thread.thread)
+    again = Thread(other, thread.thread)
+    await again.put({"z": 1})
+    found = await ours.aget_tuple(_config(thread.thread))
+    assert found is not None and found.checkpoint["channel_values"] == {"z": 1}
+
+
+async def test_the_remembered_values_are_bounded(
+    sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saver remembers the values of at most `EXPECTED_NAMESPACES` thread namespaces (the
+    most recently used): memory does not grow with the threads it serves."""
+    monkeypatch.setattr(saver_module, "EXPECTED_NAMESPACES", 3)
+    saver = SqlCheckpointSaver(sql)
+    threads = [Thread(saver, _thread()) for _ in range(5)]
+    for thread in threads:
+        await thread.put({"a": thread.thread})
+    assert len(saver._expected) == 3
+    # The oldest were forgotten: their reads take the second statement, and still answer.
+    sent, stop = _statements(sql)
+    try:
+        found = await saver.aget_tuple(_config(threads[0].thread))
+    finally:
+        stop()
+    assert found is not None and found.checkpoint["channel_values"] == {"a": threads[0].thread}
+    assert len(sent) == 2, sent
+
+
+async def _reads_few_rows(sql: SqlConnection, saver: SqlCheckpointSaver, thread: str) -> None:
+    """PostgreSQL: every node of the latest-checkpoint reads (without and with the expected
+    values) returns at most a few rows, as executed (`EXPLAIN ANALYZE`)."""
+    params: dict[str, Any] = {"thread_hash": identity_hash(thread), "ns_hash": identity_hash("")}
+    expected = saver._expected_of(params["thread_hash"], params["ns_hash"])
+    assert expected
+    for i, (channel_hash, version) in enumerate(expected):
+        params.update({f"k{i}_channel_hash": channel_hash, f"k{i}_version": version})
+    for statement in (saver._sql.read_latest, saver._sql.read(by_id=False, blobs=len(expected))):
+        compiled = sql.compiled(statement)
+        result = await sql.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) " + compiled.sql, {**compiled.defaults, **params}
+        )
+        plan = "\n".join(str(row[0]) for row in result.rows)
+        counts = [int(n) for n in re.findall(r"actual time=[^)]* rows=(\d+)", plan)]
+        assert counts and max(counts) <= 10, plan
 
 
 async def _plan(
@@ -253,6 +339,10 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
         await saver.aput_writes(config, [("step", step), ("note", "w")], f"task-{step}")
     for _ in range(20):
         await Thread(saver, _thread()).put({"step": 0})
+    if sql.dialect_name == "postgresql":
+        # Before statistics catch up with the thread's growth too: no step of the read
+        # touches more than a few rows (a `max()` of the ids aggregated all 300).
+        await _reads_few_rows(sql, saver, busy.thread)
     # The checkpoint and its writes are planned with fresh statistics; the values with
     # whatever the database has (a plan must not depend on them).
     if sql.dialect_name == "postgresql":
@@ -278,6 +368,22 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
         saver._sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(keys)),
         keyed_params(keys, BLOB_KEY),
     )
+    # The one-statement read (the values named with the checkpoint) and a page's values and
+    # writes probe keys too.
+    guessed = {"thread_hash": thread_hash, "ns_hash": ns_hash}
+    for i, (_, _, channel_hash, version) in enumerate(keys):
+        guessed.update({f"k{i}_channel_hash": channel_hash, f"k{i}_version": version})
+    read += await _plan(sql, saver._sql.read(by_id=False, blobs=len(keys)), guessed)
+    page_keys = [(thread_hash, ns_hash, busy.last)]
+    page = await _plan(
+        sql,
+        saver._sql.values_and_writes(len(keys), len(page_keys)),
+        {
+            **keyed_params(keys, BLOB_KEY, prefix="b"),
+            **keyed_params(page_keys, CHECKPOINT_KEY, prefix="w"),
+        },
+    )
+    read += page
     read_text = "\n".join(" | ".join(row) for row in read)
     values_text = "\n".join(" | ".join(row) for row in values)
     if sql.dialect_name == "sqlite":

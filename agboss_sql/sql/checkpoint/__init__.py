@@ -33,14 +33,21 @@ event loop, inside `BEGIN IMMEDIATE` when it writes.
 | `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`) | 1 alone, or BEGIN + 2 + COMMIT with new blobs |
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
-| `aget_tuple` | 2: the checkpoint with its writes, then its values (1 without values) | 2 |
-| `alist`, per page | 3: checkpoints, their values, their writes | 3 |
+| `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others | 1 or 2 |
+| `alist`, per page | 2: checkpoints, then their values and writes (by key, `MAX_LOOKUPS` per statement) | 2 |
 | `adelete_thread`, `acopy_thread` | 1 | BEGIN + 3 + COMMIT |
 
 A refused fenced write reads why in its transaction (the fence's diagnosis) and rolls
 back; where writes fold, that transaction follows the refused statement, as it does for a
 fenced `aput_writes` whose writes were all stored already (the fence then holds and the
 writes add nothing).
+
+Expected values: the saver remembers, for the last `EXPECTED_NAMESPACES` thread namespaces
+it wrote or read, which (channel, version) values their latest checkpoint reads, and names
+them in the statement that reads the checkpoint. The guess is checked against the
+checkpoint read: values it names that were not guessed (another instance wrote since, or a
+checkpoint is read by id) are read in a second statement; a guessed value not found was
+not there in that statement's snapshot, so nothing stale is ever answered.
 
 The latest checkpoint of a thread is read off the primary key (the greatest
 `checkpoint_id` of `(thread_id, ns_hash)`), never by scanning its history.

@@ -56,9 +56,15 @@ LISTED = (
     "thread_hash",
 )
 
-# Rows of the checkpoint-with-writes read: the checkpoint, then its pending writes.
+# Rows of the checkpoint-with-writes read: the checkpoint, its pending writes, then the
+# values it was expected to read (`read`).
 CHECKPOINT_ROW = 0
 WRITE_ROW = 1
+BLOB_ROW = 2
+
+MAX_LOOKUPS = 64
+"""Keyed look-ups per statement where values and pending writes are read together (a page of
+`list`): at most four parameters each."""
 
 
 def _bind(name: str, column: sa.Column[Any]) -> sa.BindParameter[Any]:
@@ -99,11 +105,17 @@ class CheckpointStatements:
         # The checkpoint with its pending writes, in one statement.
         thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        # The newest id off the key's end: `ORDER BY … DESC LIMIT 1`, not `max()`, which
+        # PostgreSQL aggregated over the thread's whole history (an index-only scan of every
+        # checkpoint) when its statistics still counted a few rows for the thread.
         latest = (
-            sa.select(sa.func.max(checkpoints.c.checkpoint_id))
+            sa.select(checkpoints.c.checkpoint_id)
             .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
+            .order_by(checkpoints.c.checkpoint_id.desc())
+            .limit(1)
             .scalar_subquery()
         )
+        self._latest = latest
         self.read_latest = self._with_writes(latest)
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
@@ -180,6 +192,84 @@ class CheckpointStatements:
             checkpoint_writes.c.checkpoint_id == checkpoint_id,
         )
         return sa.union_all(checkpoint, writes)
+
+    def read(self, *, by_id: bool, blobs: int) -> Any:
+        """The checkpoint (`checkpoint_id`, or the namespace's latest) with its pending writes
+        and the values of `blobs` (channel hash, version) keys (`k<i>_channel_hash`,
+        `k<i>_version`) of its thread namespace, in one statement: the saver names the values
+        it expects the checkpoint to read, and reads any others after."""
+        if not blobs:
+            return self.read_by_id if by_id else self.read_latest
+        return self.cached(("read", by_id, blobs), lambda: self._read(by_id, blobs))
+
+    def _read(self, by_id: bool, count: int) -> Any:
+        checkpoint_id = (
+            _bind("checkpoint_id", checkpoints.c.checkpoint_id) if by_id else self._latest
+        )
+        b = checkpoint_blobs
+        thread = _bind("thread_hash", b.c.thread_hash)
+        ns_hash = _bind("ns_hash", b.c.ns_hash)
+        lookups = [
+            sa.select(
+                sa.literal_column(str(BLOB_ROW), sa.Integer),
+                b.c.channel_hash,
+                b.c.version,
+                sa.cast(sa.null(), sa.Text),
+                sa.cast(sa.null(), sa.Integer),
+                b.c.value_type,
+                b.c.value,
+            ).where(
+                b.c.thread_hash == thread,
+                b.c.ns_hash == ns_hash,
+                b.c.channel_hash == _bind(f"k{i}_channel_hash", b.c.channel_hash),
+                b.c.version == _bind(f"k{i}_version", b.c.version),
+            )
+            for i in range(count)
+        ]
+        return sa.union_all(*self._with_writes(checkpoint_id).selects, *lookups)
+
+    def values_and_writes(self, blobs: int, writes: int) -> Any:
+        """The values of `blobs` keys (`b<i>_<column>` of `BLOB_KEY`) and the pending writes
+        of `writes` checkpoints (`w<i>_<column>` of `CHECKPOINT_KEY`), in one statement: rows
+        of (kind, key..., value_type, value), `BLOB_ROW` or `WRITE_ROW`."""
+        return self.cached(
+            ("values+writes", blobs, writes), lambda: self._values_and_writes(blobs, writes)
+        )
+
+    def _values_and_writes(self, blobs: int, writes: int) -> Any:
+        b, w = checkpoint_blobs, checkpoint_writes
+        text_null = sa.cast(sa.null(), sa.Text)
+        lookups = [
+            sa.select(
+                sa.literal_column(str(BLOB_ROW), sa.Integer),
+                b.c.thread_hash,
+                b.c.ns_hash,
+                b.c.channel_hash,
+                b.c.version,
+                text_null,
+                text_null,
+                sa.cast(sa.null(), sa.Integer),
+                b.c.value_type,
+                b.c.value,
+            ).where(*(b.c[c] == _bind(f"b{i}_{c}", b.c[c]) for c in BLOB_KEY))
+            for i in range(blobs)
+        ]
+        lookups += [
+            sa.select(
+                sa.literal_column(str(WRITE_ROW), sa.Integer),
+                w.c.thread_hash,
+                w.c.ns_hash,
+                w.c.checkpoint_id,
+                w.c.task_id,
+                w.c.channel,
+                w.c.task_path,
+                w.c.idx,
+                w.c.value_type,
+                w.c.value,
+            ).where(*(w.c[c] == _bind(f"w{i}_{c}", w.c[c]) for c in CHECKPOINT_KEY))
+            for i in range(writes)
+        ]
+        return lookups[0] if len(lookups) == 1 else sa.union_all(*lookups)
 
     def _thread_statements(self, build: Any) -> list[Any]:
         """The statements of a whole-thread change, in the order a `put` takes its locks
@@ -414,10 +504,13 @@ class ListShape:
     filters: int
 
 
-def keyed_params(keys: Sequence[Sequence[Any]], columns: Sequence[str]) -> dict[str, Any]:
-    """The parameters of a keyed statement (`keyed`, `keyed_delete`) for `keys`."""
+def keyed_params(
+    keys: Sequence[Sequence[Any]], columns: Sequence[str], *, prefix: str = "k"
+) -> dict[str, Any]:
+    """The parameters of a keyed statement (`keyed`, `keyed_delete`; `values_and_writes` with
+    its prefixes) for `keys`."""
     params: dict[str, Any] = {}
     for i, key in enumerate(keys):
         for column, value in zip(columns, key, strict=True):
-            params[f"k{i}_{column}"] = value
+            params[f"{prefix}{i}_{column}"] = value
     return params

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import random
+import threading
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -50,12 +51,16 @@ from agboss_sql.sql.checkpoint._bridge import Pin, SyncBridge
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import (
     BLOB_KEY,
+    BLOB_ROW,
     BLOB_VALUES,
     CHECKPOINT_KEY,
     CHECKPOINT_ROW,
     LIST_PAGE,
     MAX_CHECKPOINT_ID,
+    MAX_LOOKUPS,
+    MAX_ROWS,
     MAX_VERSION,
+    WRITE_ROW,
     CheckpointStatements,
     ListShape,
     chunks,
@@ -103,6 +108,19 @@ def _key_text(what: str, value: Any) -> str:
     if unstorable is not None:
         raise InvalidIdentifierError(f"{what} must not hold {unstorable}, got {text!r:.80}")
     return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _channel_hash(channel: str) -> str:
+    """A channel's key column: graphs reuse a few names, so each is hashed once."""
+    return identity_hash(channel)
+
+
+EXPECTED_NAMESPACES = 4096
+"""Thread namespaces whose latest checkpoint's values a saver remembers (see `_expect`)."""
+
+BlobKeys = tuple[tuple[str, str], ...]
+"""(channel hash, version) of the values a checkpoint reads."""
 
 
 def _checked_key(what: str, value: str, limit: int) -> str:
@@ -163,6 +181,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         self._sql = self._statements(connection)
         self._sync = SyncBridge(connection)
         self._owns_connection = False
+        # The values the latest checkpoint of a thread namespace read when this saver last
+        # wrote or read it: a read names them in its first statement (one round trip), and
+        # reads whatever else the checkpoint found then names. Only a guess: never trusted.
+        self._expected: dict[tuple[str, str], BlobKeys] = {}
+        self._expected_guard = threading.Lock()
 
     @classmethod
     def from_conn_string(
@@ -305,7 +328,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 kind, data = self._dumps(values[channel])
                 blob_rows.append(
                     (
-                        identity_hash(_key_text("channel", channel)),
+                        _channel_hash(_key_text("channel", channel)),
                         _checked_key("channel version", str(version), MAX_VERSION),
                         kind,
                         data,
@@ -350,6 +373,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 await self._write(connection, writes, lease, fence)
         else:
             await self._write(connection, writes, lease, fence)
+        self._expect(thread_hash, ns_hash, versions)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -357,6 +381,20 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint_id,
             }
         }
+
+    def _expect(self, thread_hash: str, ns_hash: str, versions: Mapping[str, Any]) -> None:
+        """Remember the values a thread namespace's latest checkpoint reads (its versions)."""
+        keys = tuple((_channel_hash(str(ch)), str(v)) for ch, v in versions.items())
+        with self._expected_guard:
+            expected = self._expected
+            expected.pop((thread_hash, ns_hash), None)
+            expected[(thread_hash, ns_hash)] = keys
+            if len(expected) > EXPECTED_NAMESPACES:
+                del expected[next(iter(expected))]
+
+    def _expected_of(self, thread_hash: str, ns_hash: str) -> BlobKeys:
+        with self._expected_guard:
+            return self._expected.get((thread_hash, ns_hash), ())
 
     async def _write(
         self,
@@ -469,13 +507,22 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         }
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
-        statement = sql.read_by_id if checkpoint_id else sql.read_latest
+        # The values this checkpoint is expected to read are named in the first statement.
+        expected = self._expected_of(params["thread_hash"], params["ns_hash"])[:MAX_ROWS]
+        for i, (channel_hash, version) in enumerate(expected):
+            params[f"k{i}_channel_hash"] = channel_hash
+            params[f"k{i}_version"] = version
+        statement = sql.read(by_id=bool(checkpoint_id), blobs=len(expected))
         # One step: on SQLite run inline without interleaving, on a server on one pooled
         # connection.
         found = await connection.run(
-            lambda: self._read(sql, statement, params, thread_id, ns), transaction=False
+            lambda: self._read(sql, statement, params, thread_id, ns, expected), transaction=False
         )
-        return None if found is None else self._tuple_of(*found)
+        if found is None:
+            return None
+        if not checkpoint_id:
+            self._expect(params["thread_hash"], params["ns_hash"], found[1]["channel_versions"])
+        return self._tuple_of(*found)
 
     def _read(
         self,
@@ -484,20 +531,26 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         params: dict[str, Any],
         thread_id: str,
         ns: str,
+        expected: BlobKeys,
     ) -> Step[Found | None]:
-        """Read a checkpoint with its pending writes, then the values its versions name."""
+        """Read a checkpoint with its pending writes and the `expected` values, then the values
+        its versions name that were not expected."""
         result = yield Exec(statement, params)
         found = None
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
         writes: list[Sequence[Any]] = []
+        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         for kind_of_row, *row in result.rows:
             if kind_of_row == CHECKPOINT_ROW:
                 found = row
+            elif kind_of_row == BLOB_ROW:
+                channel_hash, version, _, _, value_type, value = row
+                blobs[(thread_hash, ns_hash, channel_hash, version)] = (value_type, value)
             else:
                 # (task_id, channel, task_path, idx, value_type, value)
                 writes.append(row)
         if found is None:
             return None
-        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
         checkpoint_id, parent_id, metadata, _, kind, data = found
         listed = (
             thread_id,
@@ -511,11 +564,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             thread_hash,
         )
         body = self._loads(kind, data)
+        # A value expected but not found is not stored (one statement, one snapshot).
+        asked = set(expected)
         keys = [
-            (thread_hash, ns_hash, identity_hash(ch), str(v))
+            (thread_hash, ns_hash, _channel_hash(ch), str(v))
             for ch, v in body["channel_versions"].items()
+            if (_channel_hash(ch), str(v)) not in asked
         ]
-        blobs = yield from self._blobs(sql, keys)
+        if keys:
+            blobs.update((yield from self._blobs(sql, keys)))
         return listed, body, blobs, writes
 
     def _blobs(
@@ -542,7 +599,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
         for channel, version in body["channel_versions"].items():
-            stored = blobs.get((thread_hash, ns_hash, identity_hash(channel), str(version)))
+            stored = blobs.get((thread_hash, ns_hash, _channel_hash(channel), str(version)))
             if stored is not None:
                 values[channel] = self._loads(*stored)
         body["channel_values"] = values
@@ -668,28 +725,37 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if not rows:
             return 0, []
         bodies = [self._loads(row[5], row[6]) for row in rows]
-        blob_keys = [
-            (row[8], row[2], identity_hash(channel), str(version))
-            for row, body in zip(rows, bodies, strict=True)
-            for channel, version in body["channel_versions"].items()
+        # The page's values and pending writes, by key, in as few statements as fit.
+        lookups: list[tuple[int, tuple[Any, ...]]] = [
+            (BLOB_ROW, key)
+            for key in dict.fromkeys(
+                (row[8], row[2], _channel_hash(channel), str(version))
+                for row, body in zip(rows, bodies, strict=True)
+                for channel, version in body["channel_versions"].items()
+            )
         ]
-        blobs = yield from self._blobs(sql, blob_keys)
-        checkpoint_keys = [(row[8], row[2], row[3]) for row in rows]
+        lookups += [
+            (WRITE_ROW, key) for key in dict.fromkeys((row[8], row[2], row[3]) for row in rows)
+        ]
+        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
-        columns = (
-            *CHECKPOINT_KEY,
-            "task_id",
-            "channel",
-            "task_path",
-            "idx",
-            "value_type",
-            "value",
-        )
-        for chunk in chunks(list(dict.fromkeys(checkpoint_keys))):
-            statement = sql.keyed(checkpoint_writes, columns, CHECKPOINT_KEY, len(chunk))
-            result = yield Exec(statement, keyed_params(chunk, CHECKPOINT_KEY))
-            for thread_hash, ns_hash, checkpoint_id, *write in result.rows:
-                writes.setdefault((thread_hash, ns_hash, checkpoint_id), []).append(write)
+        for chunk in chunks(lookups, MAX_LOOKUPS):
+            blob_keys = [key for kind, key in chunk if kind == BLOB_ROW]
+            write_keys = [key for kind, key in chunk if kind == WRITE_ROW]
+            params = {
+                **keyed_params(blob_keys, BLOB_KEY, prefix="b"),
+                **keyed_params(write_keys, CHECKPOINT_KEY, prefix="w"),
+            }
+            statement = sql.values_and_writes(len(blob_keys), len(write_keys))
+            for kind_of_row, thread_hash, ns_hash, key, *rest in (
+                yield Exec(statement, params)
+            ).rows:
+                if kind_of_row == BLOB_ROW:
+                    version, _, _, _, value_type, value = rest
+                    blobs[(thread_hash, ns_hash, key, version)] = (value_type, value)
+                else:
+                    # (task_id, channel, task_path, idx, value_type, value)
+                    writes.setdefault((thread_hash, ns_hash, key), []).append(rest)
         return len(rows), [
             (row, body, blobs, writes.get((row[8], row[2], row[3]), []))
             for row, body in zip(rows, bodies, strict=True)
