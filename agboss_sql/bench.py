@@ -837,8 +837,10 @@ def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> C
     """Count what goes through the SQLAlchemy engine too (a fenced effect's transaction and its
     work): each statement, each COMMIT/ROLLBACK, and the BEGIN a driver sends on its own
     before the first statement (`Dialect.DRIVER_SENDS_BEGIN`; where the engine sends the
-    BEGIN itself, it is a statement)."""
-    engine = connection.engine.sync_engine
+    BEGIN itself, it is a statement). On SQLite the transaction's BEGIN/COMMIT/ROLLBACK are
+    the inline runner's, seen by the statement listener: only the work's statements are
+    counted here."""
+    engine = connection.transaction_engine
 
     def statement(*_args: Any) -> None:
         counted.append("statement")
@@ -852,12 +854,9 @@ def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> C
     def end(*_args: Any) -> None:
         counted.append("END")
 
-    hooks = [
-        ("before_cursor_execute", statement),
-        ("begin", begin),
-        ("commit", end),
-        ("rollback", end),
-    ]
+    hooks: list[tuple[str, Callable[..., None]]] = [("before_cursor_execute", statement)]
+    if not connection.capabilities.inline:
+        hooks += [("begin", begin), ("commit", end), ("rollback", end)]
     for name, hook in hooks:
         sa.event.listen(engine, name, hook)
 

@@ -8,6 +8,15 @@ sleep, so the loop keeps serving everything else while it waits, up to
 `Timeouts.lock_ms`; then `StoreTimeoutError(what="lock")`. The sleeps stay short (at most
 `_MAX_BACKOFF_S`), so a writer in another process that releases the lock for a moment
 is caught: a busy neighbour delays a step, it does not starve it.
+
+A transaction whose caller writes its own rows in it (`SqlConnection.transaction()`, the
+fenced effect's work) runs inline too, on a second stdlib connection of the runner (the
+work connection), so the runner's steps go on beside it (reads at once, writes once the
+transaction lets go of the write lock). The caller gets an `InlineWorkConnection`: a
+SQLAlchemy `AsyncConnection` whose statements run on a synchronous SQLAlchemy
+`Connection` over that stdlib connection, without a greenlet or a thread hop. One such
+transaction at a time per runner: the next waits for it (it would wait for the write
+lock anyway), up to `Timeouts.lock_ms`.
 """
 
 from __future__ import annotations
@@ -16,9 +25,14 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import StaticPool
 
 from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
@@ -51,6 +65,9 @@ class InlineRunner:
         self.closed = False
         self._raw: sqlite3.Connection | None = None
         self._gate: asyncio.Lock | None = None
+        self._work: _WorkConnection | None = None
+        self._work_gate: asyncio.Lock | None = None
+        self._work_engine: sa.Engine | None = None
 
     def _connection(self) -> sqlite3.Connection:
         if self._raw is None:
@@ -62,7 +79,7 @@ class InlineRunner:
                 ) from exc
         return self._raw
 
-    async def _execute(
+    async def execute(
         self, raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None
     ) -> tuple[list[Any] | None, int]:
         """One statement; while the database is busy, wait (asynchronously) and send it again
@@ -113,13 +130,13 @@ class InlineRunner:
             if transaction:
                 if cache.listeners:
                     cache.notify(begin, {})
-                await self._execute(raw, begin, None)
-            answer = await feed(cache, step, raw, self._execute, progress)
+                await self.execute(raw, begin, None)
+            answer = await feed(cache, step, raw, self.execute, progress)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
                 progress.committing = True
-                await self._execute(raw, "COMMIT", None)
+                await self.execute(raw, "COMMIT", None)
         except BaseException:
             step.close()
             if raw.in_transaction:
@@ -139,8 +156,189 @@ class InlineRunner:
         """The runner's own stdlib connection (opened on first use)."""
         return self._connection()
 
+    # --- transactions shared with the caller's own statements ---------------------------
+
+    @property
+    def work_engine(self) -> sa.Engine:
+        """The synchronous SQLAlchemy engine of the work connection (created on first use;
+        the connection itself is opened by the first transaction). Its events see the
+        caller's statements in `transaction()`, and only those."""
+        if self._work_engine is None:
+            # One connection, held for the runner's life (StaticPool): the stdlib connection
+            # the creator hands over, opened like the runner's own.
+            self._work_engine = sa.create_engine(
+                f"sqlite+pysqlite:///{self.path}",
+                creator=self._open_work_raw,
+                poolclass=StaticPool,
+            )
+        return self._work_engine
+
+    def _open_work_raw(self) -> sqlite3.Connection:
+        return self.dialect.connect_sync(self.path)
+
+    def _work_connection(self, engine: AsyncEngine) -> _WorkConnection:
+        if self._work is None:
+            try:
+                connection = self.work_engine.connect()
+            except Exception as exc:
+                raise StoreUnavailableError(
+                    f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._work = _WorkConnection(engine, connection)
+        return self._work
+
+    async def _enter_work_gate(self) -> asyncio.Lock:
+        if self._work_gate is None:
+            self._work_gate = asyncio.Lock()
+        gate = self._work_gate
+        if not gate.locked():
+            await gate.acquire()  # free: taken without suspending
+            return gate
+        try:
+            async with asyncio.timeout(self.timeouts.lock_ms / 1000):
+                await gate.acquire()
+        except TimeoutError:
+            raise StoreTimeoutError(
+                "lock",
+                self.timeouts.lock_ms,
+                f"another transaction on {self.path!r} held the write lock for "
+                f"{self.timeouts.lock_ms} ms (Timeouts.lock_ms); nothing was applied",
+            ) from None
+        return gate
+
+    @contextlib.asynccontextmanager
+    async def transaction(
+        self, engine: AsyncEngine, progress: Progress
+    ) -> AsyncIterator[InlineWorkConnection]:
+        """`BEGIN IMMEDIATE` on the work connection, the caller's statements (its
+        `InlineWorkConnection`, and `feed` on `InlineWorkConnection.raw`), then `COMMIT`;
+        `ROLLBACK` when the body raises or is cancelled. `engine` is the async engine the
+        connection names as its own (`AsyncConnection.engine`)."""
+        gate = await self._enter_work_gate()
+        try:
+            if self.closed:
+                raise StoreUnavailableError("the connection is closed")
+            work = self._work_connection(engine)
+            raw = work.raw
+            cache = self.cache
+            if cache.listeners:
+                cache.notify(self.dialect.BEGIN, {})
+            await self.execute(raw, self.dialect.BEGIN, None)
+            try:
+                # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
+                work.sync.begin()
+                yield work.facade
+                if cache.listeners:
+                    cache.notify("COMMIT", {})
+                progress.committing = True
+                await self.execute(raw, "COMMIT", None)
+                work.sync.commit()  # no statement: the transaction is over already
+            except BaseException:
+                self._roll_back(work)
+                raise
+        finally:
+            if self.closed:
+                self._drop_work()
+            gate.release()
+
+    def _roll_back(self, work: _WorkConnection) -> None:
+        raw = work.raw
+        if raw.in_transaction:
+            if self.cache.listeners:
+                with contextlib.suppress(Exception):
+                    self.cache.notify("ROLLBACK", {})
+            with contextlib.suppress(Exception):
+                raw.execute("ROLLBACK")
+        with contextlib.suppress(Exception):
+            work.sync.rollback()  # no statement: the transaction is over already
+        if raw.in_transaction or work.sync.in_transaction():
+            # Still holding the write lock: drop the connection (closing rolls back).
+            self._drop_work()
+
+    def _drop_work(self) -> None:
+        work, self._work = self._work, None
+        engine, self._work_engine = self._work_engine, None
+        if work is not None:
+            with contextlib.suppress(Exception):
+                work.raw.close()
+            with contextlib.suppress(Exception):
+                work.sync.invalidate()
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+
     async def close(self) -> None:
         self.closed = True
         raw, self._raw = self._raw, None
         if raw is not None:
             raw.close()
+        gate = self._work_gate
+        if gate is not None and gate.locked():
+            return  # the transaction in flight closes the work connection when it ends
+        self._drop_work()
+
+
+class _WorkConnection:
+    """The work connection: the stdlib connection, SQLAlchemy's `Connection` on it and the
+    `InlineWorkConnection` handed to callers."""
+
+    __slots__ = ("facade", "raw", "sync")
+
+    def __init__(self, engine: AsyncEngine, sync: sa.Connection) -> None:
+        raw = sync.connection.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        # Rows are read at once, as an async driver's buffered result has them.
+        sync.execution_options(prebuffer_rows=True)
+        self.raw = raw
+        self.sync = sync
+        self.facade = InlineWorkConnection(engine, sync, raw)
+
+
+class InlineWorkConnection(AsyncConnection):
+    """The `AsyncConnection` of a SQLite transaction (`SqlConnection.transaction()`, a
+    fenced effect's work): a SQLAlchemy `Connection` on the runner's inline work
+    connection, every call run at once on the event loop's thread. `execute`, `scalar`,
+    `scalars` and `exec_driver_sql` answer as an `AsyncConnection` does (a buffered
+    result); `run_sync` hands over the synchronous `Connection`. The transaction is the
+    store's: `commit`, `rollback` and `close` raise `InvalidRequestError`, since ending
+    it early would split what must commit as one."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, engine: AsyncEngine, sync: sa.Connection, raw: sqlite3.Connection) -> None:
+        # Not AsyncConnection.__init__: the synchronous engine is the connection's own.
+        self.engine = engine
+        self.sync_engine = sync.engine
+        self.sync_connection = self._assign_proxied(sync)
+        self.raw = raw
+
+    async def execute(
+        self,
+        statement: sa.Executable,
+        parameters: Any = None,
+        *,
+        execution_options: Any = None,
+    ) -> CursorResult[Any]:
+        """Execute `statement` (SQLAlchemy Core) in the transaction; a buffered result."""
+        return self._proxied.execute(statement, parameters, execution_options=execution_options)
+
+    async def exec_driver_sql(
+        self, statement: str, parameters: Any = None, execution_options: Any = None
+    ) -> CursorResult[Any]:
+        """Execute driver-level SQL text in the transaction; a buffered result."""
+        return self._proxied.exec_driver_sql(statement, parameters, execution_options)
+
+    async def commit(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+    async def rollback(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+    async def close(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+
+_STORE_OWNS_IT = (
+    "this transaction ends with the store's operation (COMMIT when it succeeds, ROLLBACK "
+    "when it raises): raise to roll it back"
+)

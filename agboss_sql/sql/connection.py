@@ -75,7 +75,7 @@ from agboss_sql.contracts.errors import (
     StoreTimeoutError,
     StoreUnavailableError,
 )
-from agboss_sql.sql._inline_runner import InlineRunner
+from agboss_sql.sql._inline_runner import InlineRunner, InlineWorkConnection
 from agboss_sql.sql._pool_runner import GRACE_S, DeadlinePassed, PoolRunner
 from agboss_sql.sql._progress import Progress, feed
 from agboss_sql.sql.statements import (
@@ -335,9 +335,12 @@ class SqlConnection:
     async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
         """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
         transaction the caller holds open on it (for work that shares our transaction)."""
-        raw: Any = (await connection.get_raw_connection()).driver_connection
         runner = self._runner
         progress = Progress()
+        if isinstance(connection, InlineWorkConnection):
+            assert isinstance(runner, InlineRunner)
+            return await feed(self._cache, step, connection.raw, runner.execute, progress)
+        raw: Any = (await connection.get_raw_connection()).driver_connection
         try:
             if isinstance(runner, PoolRunner):
                 return await feed(self._cache, step, raw, runner.bounded_execute, progress)
@@ -376,6 +379,19 @@ class SqlConnection:
                 _statement_deadlines(self._engine, self.timeouts)
         return self._engine
 
+    @property
+    def transaction_engine(self) -> sa.Engine:
+        """The synchronous SQLAlchemy engine under the connections `transaction()` hands
+        out, for its events: `engine.sync_engine` on a server; on SQLite, the engine of
+        the inline work connection (its events see the caller's statements only: the
+        `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` go to the statement listeners)."""
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            if self._closed:
+                raise StoreUnavailableError("the connection is closed")
+            return runner.work_engine
+        return self.engine.sync_engine
+
     def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
         """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
         bound_ms = self.timeouts.connect_ms
@@ -401,9 +417,23 @@ class SqlConnection:
         (`BEGIN IMMEDIATE`); committed on success, rolled back on any exception. Failures
         come out typed (`StoreUnavailableError`, `StoreTimeoutError`,
         `CommitOutcomeUnknownError` when COMMIT got no answer); transient conflicts pass
-        through for the caller's retry (`is_transient`)."""
+        through for the caller's retry (`is_transient`).
+
+        On SQLite the connection is an `InlineWorkConnection` (an `AsyncConnection` whose
+        calls run at once on the loop's thread, on the runner's work connection): one such
+        transaction at a time per `SqlConnection`, the next waiting up to `lock_ms`. Its
+        `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` are seen by the statement listeners; on a
+        server they are SQLAlchemy's and are not."""
         progress = Progress()
         progress.sent_write = True
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            try:
+                async with runner.transaction(self.engine, progress) as inline:
+                    yield inline
+            except Exception as exc:
+                raise self.translate(exc, True, progress) from exc
+            return
         deadline = _Deadline()
         try:
             async with self.engine.connect() as connection:

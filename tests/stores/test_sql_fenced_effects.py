@@ -212,13 +212,14 @@ class RoundTrips:
     @contextmanager
     def counting(self) -> Iterator[list[str]]:
         sql = self.sql
-        engine = sql.engine.sync_engine
+        # The engine under `transaction()`'s connections: on SQLite the inline work
+        # connection's, whose BEGIN IMMEDIATE/COMMIT/ROLLBACK the statement listener sees.
+        engine = sql.transaction_engine
         dialect = sql.dialect_name
 
         def on_begin(_conn: Any) -> None:
             # psycopg opens the transaction with its own BEGIN before the first statement;
-            # aiomysql runs with autocommit off and sends none; SQLite's BEGIN IMMEDIATE is
-            # a statement of its own (seen below).
+            # aiomysql runs with autocommit off and sends none.
             if dialect == "postgresql":
                 self.sent.append("BEGIN")
 
@@ -238,13 +239,14 @@ class RoundTrips:
             if dialect == "mysql":
                 self.sent.append("ROLLBACK(pool)")
 
-        hooks: list[tuple[Any, str, Any]] = [
-            (engine, "begin", on_begin),
-            (engine, "before_cursor_execute", on_cursor),
-            (engine, "commit", on_commit),
-            (engine, "rollback", on_rollback),
-            (engine.pool, "reset", on_reset),
-        ]
+        hooks: list[tuple[Any, str, Any]] = [(engine, "before_cursor_execute", on_cursor)]
+        if not sql.capabilities.inline:
+            hooks += [
+                (engine, "begin", on_begin),
+                (engine, "commit", on_commit),
+                (engine, "rollback", on_rollback),
+                (engine.pool, "reset", on_reset),
+            ]
         for target, name, fn in hooks:
             event.listen(target, name, fn)
         remove = sql.add_statement_listener(self._ours)
