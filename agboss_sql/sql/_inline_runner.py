@@ -38,7 +38,7 @@ from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._progress import Progress, feed
-from agboss_sql.sql.statements import StatementCache, Step
+from agboss_sql.sql.statements import Result, StatementCache, Step
 
 T = TypeVar("T")
 
@@ -122,6 +122,28 @@ class InlineRunner:
         await asyncio.sleep(0)
         return answer
 
+    async def run_one(self, statement: Any, params: Mapping[str, Any]) -> Result:
+        """One statement alone, in autocommit: `run` of a one-statement step without the
+        step (the hot path of single-statement operations: a lease renewal, a claim)."""
+        if self._gate is None:
+            self._gate = asyncio.Lock()
+        async with self._gate:
+            if self.closed:
+                raise StoreUnavailableError("the connection is closed")
+            raw = self._connection()
+            cache = self.cache
+            compiled = cache.compiled(statement)
+            sent = cache.params(compiled, params)
+            try:
+                if cache.listeners:
+                    cache.notify(compiled.sql, sent)
+                rows, count = await self.execute(raw, compiled.sql, sent)
+            except BaseException:
+                self._abandon(raw)
+                raise
+        await asyncio.sleep(0)  # as in `run`: one turn for the rest of the loop
+        return Result(rows, count)
+
     async def _drive(self, step: Step[T], transaction: bool, progress: Progress) -> T:
         raw = self._connection()
         cache = self.cache
@@ -139,18 +161,22 @@ class InlineRunner:
                 await self.execute(raw, "COMMIT", None)
         except BaseException:
             step.close()
-            if raw.in_transaction:
-                if cache.listeners:
-                    cache.notify("ROLLBACK", {})
-                with contextlib.suppress(Exception):
-                    raw.execute("ROLLBACK")
-                if raw.in_transaction:
-                    # Still holding the write lock: drop the connection (closing rolls back).
-                    self._raw = None
-                    with contextlib.suppress(Exception):
-                        raw.close()
+            self._abandon(raw)
             raise
         return answer
+
+    def _abandon(self, raw: sqlite3.Connection) -> None:
+        """After a failed step: roll back what `raw` still has open."""
+        if raw.in_transaction:
+            if self.cache.listeners:
+                self.cache.notify("ROLLBACK", {})
+            with contextlib.suppress(Exception):
+                raw.execute("ROLLBACK")
+            if raw.in_transaction:
+                # Still holding the write lock: drop the connection (closing rolls back).
+                self._raw = None
+                with contextlib.suppress(Exception):
+                    raw.close()
 
     def raw_connection(self) -> sqlite3.Connection:
         """The runner's own stdlib connection (opened on first use)."""

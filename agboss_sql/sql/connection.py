@@ -54,12 +54,14 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from agboss_sql._dialects import (
     Capabilities,
@@ -195,6 +197,14 @@ class SqlConnection:
         self, statement: Any, params: Mapping[str, Any] | None = None, *, priority: bool = False
     ) -> Result:
         """Send one statement alone, in autocommit (retried on transient conflicts)."""
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            # SQLite has no transient conflicts (a locked database is waited for inside the
+            # runner): nothing to run again, so no step to build.
+            try:
+                return await runner.run_one(statement, params or {})
+            except Exception as exc:
+                raise self.translate(exc, False, Progress()) from exc
         return await self.run(single(statement, params or {}), transaction=False, priority=priority)
 
     async def insert_if_absent(self, statement: Any, params: Mapping[str, Any]) -> bool:
@@ -340,7 +350,7 @@ class SqlConnection:
         if isinstance(connection, InlineWorkConnection):
             assert isinstance(runner, InlineRunner)
             return await feed(self._cache, step, connection.raw, runner.execute, progress)
-        raw: Any = (await connection.get_raw_connection()).driver_connection
+        raw = await _driver_connection(connection)
         try:
             if isinstance(runner, PoolRunner):
                 return await feed(self._cache, step, raw, runner.bounded_execute, progress)
@@ -435,34 +445,43 @@ class SqlConnection:
                 raise self.translate(exc, True, progress) from exc
             return
         deadline = _Deadline()
+        engine = self.engine
         try:
-            async with self.engine.connect() as connection:
-                # The info dict lives with the driver connection, across checkouts: the
-                # deadline is this transaction's only while it runs.
-                info = connection.sync_connection.info  # type: ignore[union-attr]
-                info[_DEADLINE] = deadline
+            # Checkout and BEGIN in one hop into SQLAlchemy's greenlet (neither sends a
+            # statement: the drivers begin with the first one).
+            sync: sa.Connection = await greenlet_spawn(
+                _connect_and_begin, engine.sync_engine, deadline
+            )
+            # The info dict lives with the driver connection, across checkouts: the
+            # deadline is this transaction's only while it runs.
+            info = sync.info
+            connection = AsyncConnection(engine, sync)
+            try:
                 try:
-                    await connection.begin()
-                    try:
-                        yield connection
-                    except BaseException as exc:
-                        if self._unusable_after(exc):
-                            await self._drop(connection)
-                        else:
-                            with contextlib.suppress(Exception):
-                                await self._bounded_on(connection, connection.rollback)
-                        raise
-                    progress.committing = True
-                    try:
-                        await self._bounded_on(connection, connection.commit)
-                    except BaseException as exc:
-                        if self._unusable_after(exc):
-                            await self._drop(connection)
-                        raise
-                finally:
-                    info.pop(_DEADLINE, None)
-                    if deadline.timer is not None:
-                        deadline.timer.cancel()
+                    yield connection
+                except BaseException as exc:
+                    _end_deadline(info, deadline)
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    else:
+                        with contextlib.suppress(Exception):
+                            await self._bounded_on(connection, connection.rollback)
+                    raise
+                _end_deadline(info, deadline)
+                progress.committing = True
+                try:
+                    # COMMIT, then the connection back to the pool: one hop.
+                    await self._bounded_on(
+                        connection, partial(greenlet_spawn, _commit_and_close, sync)
+                    )
+                except BaseException as exc:
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    raise
+            finally:
+                _end_deadline(info, deadline)
+                if not sync.closed:
+                    await greenlet_spawn(sync.close)
         except asyncio.CancelledError as exc:
             if not deadline.expired:
                 raise
@@ -504,7 +523,7 @@ class SqlConnection:
         """`await call()` (a COMMIT or ROLLBACK on `connection`), bounded like a statement."""
         runner = self._runner
         if isinstance(runner, PoolRunner):
-            raw = (await connection.get_raw_connection()).driver_connection
+            raw = await _driver_connection(connection)
             try:
                 await runner.bounded(call(), raw)
             except DeadlinePassed:
@@ -574,6 +593,43 @@ async def _aiosqlite_execute(
 
 
 _DEADLINE = "agboss.deadline"
+
+
+async def _driver_connection(connection: AsyncConnection) -> Any:
+    """The driver connection under `connection`: read directly while it is valid (no hop
+    into SQLAlchemy's greenlet), else through `get_raw_connection` (which may reconnect)."""
+    sync = connection.sync_connection
+    if sync is not None and not sync.invalidated:
+        return sync.connection.driver_connection
+    return (await connection.get_raw_connection()).driver_connection
+
+
+def _connect_and_begin(engine: sa.Engine, deadline: _Deadline) -> sa.Connection:
+    """A pooled connection with `deadline` as its statements' deadline, in a transaction
+    (run in SQLAlchemy's greenlet)."""
+    connection = engine.connect()
+    try:
+        connection.info[_DEADLINE] = deadline
+        connection.begin()
+    except BaseException:
+        connection.info.pop(_DEADLINE, None)
+        connection.close()
+        raise
+    return connection
+
+
+def _commit_and_close(connection: sa.Connection) -> None:
+    """COMMIT, then give the connection back to the pool (run in SQLAlchemy's greenlet)."""
+    connection.commit()
+    connection.close()
+
+
+def _end_deadline(info: dict[Any, Any], deadline: _Deadline) -> None:
+    """No statement deadline for this transaction any more (none is in flight)."""
+    info.pop(_DEADLINE, None)
+    if deadline.timer is not None:
+        deadline.timer.cancel()
+        deadline.timer = None
 
 
 class _Deadline:
