@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
 import sqlalchemy as sa
@@ -202,7 +203,7 @@ class InlineRunner:
     def _open_work_raw(self) -> sqlite3.Connection:
         return self.dialect.connect_sync(self.path)
 
-    def _work_connection(self, engine: AsyncEngine) -> _WorkConnection:
+    def _work_connection(self, engine: Callable[[], AsyncEngine]) -> _WorkConnection:
         if self._work is None:
             try:
                 connection = self.work_engine.connect()
@@ -210,7 +211,7 @@ class InlineRunner:
                 raise StoreUnavailableError(
                     f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
                 ) from exc
-            self._work = _WorkConnection(engine, connection)
+            self._work = _WorkConnection(engine(), connection)
         return self._work
 
     async def _enter_work_gate(self) -> asyncio.Lock:
@@ -232,40 +233,17 @@ class InlineRunner:
             ) from None
         return gate
 
-    @contextlib.asynccontextmanager
-    async def transaction(
-        self, engine: AsyncEngine, progress: Progress
-    ) -> AsyncIterator[InlineWorkConnection]:
+    def transaction(
+        self,
+        engine: Callable[[], AsyncEngine],
+        translate: Callable[[Exception, Progress], Exception],
+    ) -> InlineTransaction:
         """`BEGIN IMMEDIATE` on the work connection, the caller's statements (its
         `InlineWorkConnection`, and `feed` on `InlineWorkConnection.raw`), then `COMMIT`;
-        `ROLLBACK` when the body raises or is cancelled. `engine` is the async engine the
-        connection names as its own (`AsyncConnection.engine`)."""
-        gate = await self._enter_work_gate()
-        try:
-            if self.closed:
-                raise StoreUnavailableError("the connection is closed")
-            work = self._work_connection(engine)
-            raw = work.raw
-            cache = self.cache
-            if cache.listeners:
-                cache.notify(self.dialect.BEGIN, {})
-            await self.execute(raw, self.dialect.BEGIN, None)
-            try:
-                # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
-                work.sync.begin()
-                yield work.facade
-                if cache.listeners:
-                    cache.notify("COMMIT", {})
-                progress.committing = True
-                await self.execute(raw, "COMMIT", None)
-                work.sync.commit()  # no statement: the transaction is over already
-            except BaseException:
-                self._roll_back(work)
-                raise
-        finally:
-            if self.closed:
-                self._drop_work()
-            gate.release()
+        `ROLLBACK` when the body raises or is cancelled. `engine()` is the async engine the
+        connection names as its own (`AsyncConnection.engine`); `translate` types a failure
+        (the exception itself when it has no type of ours)."""
+        return InlineTransaction(self, engine, translate)
 
     def _roll_back(self, work: _WorkConnection) -> None:
         raw = work.raw
@@ -302,6 +280,91 @@ class InlineRunner:
         if gate is not None and gate.locked():
             return  # the transaction in flight closes the work connection when it ends
         self._drop_work()
+
+
+class InlineTransaction:
+    """`async with` one transaction on the work connection (`InlineRunner.transaction`): a
+    plain class, not a generator, since it is on every fenced effect's path."""
+
+    __slots__ = ("engine", "gate", "progress", "runner", "translate", "work")
+
+    def __init__(
+        self,
+        runner: InlineRunner,
+        engine: Callable[[], AsyncEngine],
+        translate: Callable[[Exception, Progress], Exception],
+    ) -> None:
+        self.runner = runner
+        self.engine = engine
+        self.translate = translate
+        self.progress = Progress()
+        self.progress.sent_write = True
+        self.gate: asyncio.Lock | None = None
+        self.work: _WorkConnection | None = None
+
+    async def __aenter__(self) -> InlineWorkConnection:
+        runner = self.runner
+        try:
+            gate = await runner._enter_work_gate()
+        except Exception as exc:
+            raise self._typed(exc) from exc
+        try:
+            if runner.closed:
+                raise StoreUnavailableError("the connection is closed")
+            work = runner._work_connection(self.engine)
+            cache = runner.cache
+            if cache.listeners:
+                cache.notify(runner.dialect.BEGIN, {})
+            await runner.execute(work.raw, runner.dialect.BEGIN, None)
+            # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
+            work.sync.begin()
+        except BaseException as exc:
+            self._end(gate)
+            if isinstance(exc, Exception):
+                raise self._typed(exc) from exc
+            raise
+        self.gate, self.work = gate, work
+        return work.facade
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        runner, work, gate = self.runner, self.work, self.gate
+        assert work is not None and gate is not None
+        try:
+            if exc is None:
+                cache = runner.cache
+                try:
+                    if cache.listeners:
+                        cache.notify("COMMIT", {})
+                    self.progress.committing = True
+                    await runner.execute(work.raw, "COMMIT", None)
+                    work.sync.commit()  # no statement: the transaction is over already
+                except BaseException as failed:
+                    runner._roll_back(work)
+                    if isinstance(failed, Exception):
+                        raise self._typed(failed) from failed
+                    raise
+            else:
+                runner._roll_back(work)
+                if isinstance(exc, Exception):
+                    typed = self.translate(exc, self.progress)
+                    if typed is not exc:
+                        raise typed from exc
+        finally:
+            self._end(gate)
+        return False
+
+    def _typed(self, exc: Exception) -> Exception:
+        return self.translate(exc, self.progress)
+
+    def _end(self, gate: asyncio.Lock) -> None:
+        if self.runner.closed:
+            self.runner._drop_work()
+        gate.release()
 
 
 class _WorkConnection:

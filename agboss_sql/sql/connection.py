@@ -421,8 +421,7 @@ class SqlConnection:
 
         return bounded
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A SQLAlchemy connection in a transaction that took the write lock first on SQLite
         (`BEGIN IMMEDIATE`); committed on success, rolled back on any exception. Failures
         come out typed (`StoreUnavailableError`, `StoreTimeoutError`,
@@ -434,16 +433,23 @@ class SqlConnection:
         transaction at a time per `SqlConnection`, the next waiting up to `lock_ms`. Its
         `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` are seen by the statement listeners; on a
         server they are SQLAlchemy's and are not."""
-        progress = Progress()
-        progress.sent_write = True
         runner = self._runner
         if isinstance(runner, InlineRunner):
-            try:
-                async with runner.transaction(self.engine, progress) as inline:
-                    yield inline
-            except Exception as exc:
-                raise self.translate(exc, True, progress) from exc
-            return
+            if self._closed:
+                raise StoreUnavailableError("the connection is closed")
+            return runner.transaction(self._the_engine, self._translate_in_transaction)
+        return self._server_transaction()
+
+    def _the_engine(self) -> AsyncEngine:
+        return self.engine
+
+    def _translate_in_transaction(self, exc: Exception, progress: Progress) -> Exception:
+        return self.translate(exc, True, progress)
+
+    @contextlib.asynccontextmanager
+    async def _server_transaction(self) -> AsyncIterator[AsyncConnection]:
+        progress = Progress()
+        progress.sent_write = True
         deadline = _Deadline()
         engine = self.engine
         try:
