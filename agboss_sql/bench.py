@@ -651,6 +651,8 @@ class Bench:
             for w, c in enumerate(connections)
         ]
         claimed: list[str] = []
+        for c in connections:
+            await c.ping()  # connected before the clock starts, as the floor's connections are
 
         async def worker(store: SqlChildExecutionQueueRepository) -> None:
             while (child := await store.claim(store.application.instance_id)) is not None:
