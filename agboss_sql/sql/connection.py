@@ -54,7 +54,6 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -145,6 +144,7 @@ class SqlConnection:
                 server_dialect(backend), self.url, self.timeouts, self._cache, pool_size
             )
         self._engine: AsyncEngine | None = None
+        self._kept: list[tuple[sa.Connection, AsyncConnection]] = []
         self._closed = False
 
     @property
@@ -452,16 +452,21 @@ class SqlConnection:
         progress.sent_write = True
         deadline = _Deadline()
         engine = self.engine
+        kept = self._kept
         try:
-            # Checkout and BEGIN in one hop into SQLAlchemy's greenlet (neither sends a
-            # statement: the drivers begin with the first one).
-            sync: sa.Connection = await greenlet_spawn(
-                _connect_and_begin, engine.sync_engine, deadline
-            )
+            if kept:
+                # A connection the last transaction left idle (no BEGIN is sent: the driver
+                # begins with the first statement).
+                sync, connection = kept.pop()
+                sync.info[_DEADLINE] = deadline
+                sync.begin()
+            else:
+                # Checkout and BEGIN in one hop into SQLAlchemy's greenlet.
+                sync = await greenlet_spawn(_connect_and_begin, engine.sync_engine, deadline)
+                connection = AsyncConnection(engine, sync)
             # The info dict lives with the driver connection, across checkouts: the
             # deadline is this transaction's only while it runs.
             info = sync.info
-            connection = AsyncConnection(engine, sync)
             try:
                 try:
                     yield connection
@@ -476,17 +481,18 @@ class SqlConnection:
                 _end_deadline(info, deadline)
                 progress.committing = True
                 try:
-                    # COMMIT, then the connection back to the pool: one hop.
-                    await self._bounded_on(
-                        connection, partial(greenlet_spawn, _commit_and_close, sync)
-                    )
+                    await self._bounded_on(connection, connection.commit)
                 except BaseException as exc:
                     if self._unusable_after(exc):
                         await self._drop(connection)
                     raise
+                if len(kept) < _KEPT_CONNECTIONS and not self._closed:
+                    # Kept checked out for the next transaction: no pool round trip.
+                    kept.append((sync, connection))
+                    return
             finally:
                 _end_deadline(info, deadline)
-                if not sync.closed:
+                if not sync.closed and (sync, connection) not in kept:
                     await greenlet_spawn(sync.close)
         except asyncio.CancelledError as exc:
             if not deadline.expired:
@@ -568,6 +574,10 @@ class SqlConnection:
             return
         self._closed = True
         await self._runner.close()
+        kept, self._kept = self._kept, []
+        for sync, _ in kept:
+            with contextlib.suppress(Exception):
+                await greenlet_spawn(sync.close)
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -600,6 +610,10 @@ async def _aiosqlite_execute(
 
 _DEADLINE = "agboss.deadline"
 
+_KEPT_CONNECTIONS = 1
+"""How many of the engine's connections `transaction()` keeps checked out while idle, for the
+next transaction (the rest of the pool stays free for other users of the engine)."""
+
 
 async def _driver_connection(connection: AsyncConnection) -> Any:
     """The driver connection under `connection`: read directly while it is valid (no hop
@@ -622,12 +636,6 @@ def _connect_and_begin(engine: sa.Engine, deadline: _Deadline) -> sa.Connection:
         connection.close()
         raise
     return connection
-
-
-def _commit_and_close(connection: sa.Connection) -> None:
-    """COMMIT, then give the connection back to the pool (run in SQLAlchemy's greenlet)."""
-    connection.commit()
-    connection.close()
 
 
 def _end_deadline(info: dict[Any, Any], deadline: _Deadline) -> None:
