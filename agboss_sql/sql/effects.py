@@ -1,9 +1,11 @@
 """`SqlFencedEffectRepository`: one effect per key, in one transaction with the work.
 
-The transaction is a SQLAlchemy `AsyncConnection` (`SqlConnection.transaction()`,
-`BEGIN IMMEDIATE` on SQLite), because the work receives it and writes its
-business rows in it. The store's own statements run on the same connection
-(`SqlConnection.drive_on`), in this order:
+The transaction is a SQLAlchemy `AsyncConnection` (`SqlConnection.transaction()`),
+because the work receives it and writes its business rows in it. On SQLite it
+is an `InlineWorkConnection`: an `AsyncConnection` whose calls run at once on
+the event loop's thread, on a synchronous SQLAlchemy `Connection` over the
+inline runner's work connection, inside `BEGIN IMMEDIATE`. The store's own
+statements run on the same connection (`SqlConnection.drive_on`), in this order:
 
 1. the fence (`_fence.FenceStatements.fence`): lease check and mark raise in one
    conditional `UPDATE` of the lease row, which locks it until the commit;
@@ -27,9 +29,10 @@ PostgreSQL: first write BEGIN, fence, claim, store, COMMIT = 5; replay BEGIN,
 fence, claim, COMMIT = 4. SQLite: the same with `BEGIN IMMEDIATE`.
 MySQL/MariaDB (no BEGIN round trip: the driver runs with autocommit off):
 first write fence, claim, store, COMMIT = 4; replay fence, claim, read,
-COMMIT = 4; plus, today, the ROLLBACK aiomysql sends when SQLAlchemy's pool
-takes the connection back. A refusal sends the diagnosing read instead of the
-claim and ends in ROLLBACK.
+COMMIT = 4. A refusal sends the diagnosing read instead of the claim and ends
+in ROLLBACK (then, on MySQL/MariaDB, the ROLLBACK aiomysql sends when
+SQLAlchemy's pool takes the failed transaction's connection back; a committed
+one's connection is kept for the next transaction).
 """
 
 from __future__ import annotations

@@ -394,6 +394,38 @@ async def test_the_work_runs_in_the_effects_own_transaction(cluster: Cluster) ->
     assert seen == [1, 1]
 
 
+async def test_the_inline_work_connection_answers_as_an_async_connection_and_keeps_the_store_transaction(
+    cluster: Cluster,
+) -> None:
+    """SQLite runs the work inline (`InlineWorkConnection`): `scalar`, `scalars` and
+    `run_sync` answer as on any `AsyncConnection`, inside the effect's transaction; ending
+    that transaction from the work (`commit`, `rollback`, `close`) is refused, so the work's
+    rows can never commit apart from the fence and the result."""
+    if not cluster.sql.capabilities.inline:
+        pytest.skip("the work runs on a SQLAlchemy AsyncConnection of the engine here")
+    lease = await cluster.acquire()
+    seen: list[Any] = []
+    count = sa.select(sa.func.count()).select_from(fenced_effect_results)
+
+    async def work(tx: AsyncConnection) -> str:
+        await insert_business_row(tx, "kept")
+        seen.append(await tx.scalar(count))
+        seen.append(list(await tx.scalars(sa.select(execution_leases.c.fence_token))))
+        seen.append(await tx.run_sync(lambda sync: sync.in_transaction()))
+        for end in (tx.commit, tx.rollback, tx.close):
+            with pytest.raises(sa.exc.InvalidRequestError):
+                await end()
+        raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert seen == [1, [1], True]
+    # Nothing the work did, and nothing of the fence, committed.
+    assert await cluster.rows() == []
+    assert await cluster.results() == []
+    assert await cluster.mark() == 0
+
+
 # the key's rules, before any statement
 
 
