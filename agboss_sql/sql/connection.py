@@ -34,8 +34,12 @@ unless noted:
   or a statement raises, `ROLLBACK` instead of `COMMIT` (none after a
   cancellation on a server: the connection is closed instead, which rolls back).
 - `run(step, transaction=False)`: the step's statements, each in autocommit.
-- `drive_on(tx, step)`: the step's statements, in the caller's transaction (its
-  `BEGIN`/`COMMIT` are SQLAlchemy's and not seen by the listener).
+- `transaction()`: on a server, SQLAlchemy's `BEGIN`/`COMMIT`/`ROLLBACK` (not seen by
+  the listener); the connection of a committed transaction is kept checked out for the
+  next one (no pool round trip; aiomysql's reset `ROLLBACK` comes only after a failed
+  one). On SQLite, the inline runner's `BEGIN IMMEDIATE`, `COMMIT` or `ROLLBACK` on its
+  work connection (seen by the listener). The caller's own statements are not seen.
+- `drive_on(tx, step)`: the step's statements, in the caller's transaction.
 - a retried step sends all of it again, once per attempt. Retried (only a step
   given as a factory): a transient conflict in a transaction step, or in a
   transaction-less step before any of its statements applied; a lost
