@@ -308,6 +308,7 @@ class InlineTransaction:
             gate = await runner._enter_work_gate()
         except Exception as exc:
             raise self._typed(exc) from exc
+        work: _WorkConnection | None = None
         try:
             if runner.closed:
                 raise StoreUnavailableError("the connection is closed")
@@ -319,6 +320,8 @@ class InlineTransaction:
             # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
             work.sync.begin()
         except BaseException as exc:
+            if work is not None:
+                runner._roll_back(work)
             self._end(gate)
             if isinstance(exc, Exception):
                 raise self._typed(exc) from exc
