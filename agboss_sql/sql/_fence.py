@@ -150,6 +150,19 @@ def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[
     raise fenced_error(key, refusal_of(row, key.token, holder))
 
 
+async def fence_on(
+    connection: SqlConnection, tx: Any, sql: FenceStatements, key: FenceKey, params: dict[str, Any]
+) -> None:
+    """`fenced`, sent with `connection.execute_on` in the caller's transaction `tx` (a
+    fenced effect's: no step to drive)."""
+    holder = params.get("holder_instance_id")
+    statement = sql.fence if holder is None else sql.fence_holder
+    if (await connection.execute_on(tx, statement, params)).rowcount == 1:
+        return
+    row = (await connection.execute_on(tx, sql.diagnose, params)).first()
+    raise fenced_error(key, refusal_of(row, key.token, holder))
+
+
 async def run_claiming(connection: SqlConnection, factory: Callable[[], Step[T]]) -> T:
     """Run a fenced step in one transaction (retried on transient conflicts by the
     connection), and run it again when it lost a race for a unique key: a claimer that

@@ -8,6 +8,15 @@ sleep, so the loop keeps serving everything else while it waits, up to
 `Timeouts.lock_ms`; then `StoreTimeoutError(what="lock")`. The sleeps stay short (at most
 `_MAX_BACKOFF_S`), so a writer in another process that releases the lock for a moment
 is caught: a busy neighbour delays a step, it does not starve it.
+
+A transaction whose caller writes its own rows in it (`SqlConnection.transaction()`, the
+fenced effect's work) runs inline too, on a second stdlib connection of the runner (the
+work connection), so the runner's steps go on beside it (reads at once, writes once the
+transaction lets go of the write lock). The caller gets an `InlineWorkConnection`: a
+SQLAlchemy `AsyncConnection` whose statements run on a synchronous SQLAlchemy
+`Connection` over that stdlib connection, without a greenlet or a thread hop. One such
+transaction at a time per runner: the next waits for it (it would wait for the write
+lock anyway), up to `Timeouts.lock_ms`.
 """
 
 from __future__ import annotations
@@ -16,15 +25,21 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, NoReturn, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import StaticPool
 
 from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._progress import Progress, feed
-from agboss_sql.sql.statements import StatementCache, Step
+from agboss_sql.sql.statements import Result, StatementCache, Step
 
 T = TypeVar("T")
 
@@ -51,6 +66,9 @@ class InlineRunner:
         self.closed = False
         self._raw: sqlite3.Connection | None = None
         self._gate: asyncio.Lock | None = None
+        self._work: _WorkConnection | None = None
+        self._work_gate: asyncio.Lock | None = None
+        self._work_engine: sa.Engine | None = None
 
     def _connection(self) -> sqlite3.Connection:
         if self._raw is None:
@@ -62,7 +80,7 @@ class InlineRunner:
                 ) from exc
         return self._raw
 
-    async def _execute(
+    async def execute(
         self, raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None
     ) -> tuple[list[Any] | None, int]:
         """One statement; while the database is busy, wait (asynchronously) and send it again
@@ -105,6 +123,28 @@ class InlineRunner:
         await asyncio.sleep(0)
         return answer
 
+    async def run_one(self, statement: Any, params: Mapping[str, Any]) -> Result:
+        """One statement alone, in autocommit: `run` of a one-statement step without the
+        step (the hot path of single-statement operations: a lease renewal, a claim)."""
+        if self._gate is None:
+            self._gate = asyncio.Lock()
+        async with self._gate:
+            if self.closed:
+                raise StoreUnavailableError("the connection is closed")
+            raw = self._connection()
+            cache = self.cache
+            compiled = cache.compiled(statement)
+            sent = cache.params(compiled, params)
+            try:
+                if cache.listeners:
+                    cache.notify(compiled.sql, sent)
+                rows, count = await self.execute(raw, compiled.sql, sent)
+            except BaseException:
+                self._abandon(raw)
+                raise
+        await asyncio.sleep(0)  # as in `run`: one turn for the rest of the loop
+        return Result(rows, count)
+
     async def _drive(self, step: Step[T], transaction: bool, progress: Progress) -> T:
         raw = self._connection()
         cache = self.cache
@@ -113,34 +153,284 @@ class InlineRunner:
             if transaction:
                 if cache.listeners:
                     cache.notify(begin, {})
-                await self._execute(raw, begin, None)
-            answer = await feed(cache, step, raw, self._execute, progress)
+                await self.execute(raw, begin, None)
+            answer = await feed(cache, step, raw, self.execute, progress)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
                 progress.committing = True
-                await self._execute(raw, "COMMIT", None)
+                await self.execute(raw, "COMMIT", None)
         except BaseException:
             step.close()
-            if raw.in_transaction:
-                if cache.listeners:
-                    cache.notify("ROLLBACK", {})
-                with contextlib.suppress(Exception):
-                    raw.execute("ROLLBACK")
-                if raw.in_transaction:
-                    # Still holding the write lock: drop the connection (closing rolls back).
-                    self._raw = None
-                    with contextlib.suppress(Exception):
-                        raw.close()
+            self._abandon(raw)
             raise
         return answer
+
+    def _abandon(self, raw: sqlite3.Connection) -> None:
+        """After a failed step: roll back what `raw` still has open."""
+        if raw.in_transaction:
+            if self.cache.listeners:
+                self.cache.notify("ROLLBACK", {})
+            with contextlib.suppress(Exception):
+                raw.execute("ROLLBACK")
+            if raw.in_transaction:
+                # Still holding the write lock: drop the connection (closing rolls back).
+                self._raw = None
+                with contextlib.suppress(Exception):
+                    raw.close()
 
     def raw_connection(self) -> sqlite3.Connection:
         """The runner's own stdlib connection (opened on first use)."""
         return self._connection()
+
+    # --- transactions shared with the caller's own statements ---------------------------
+
+    @property
+    def work_engine(self) -> sa.Engine:
+        """The synchronous SQLAlchemy engine of the work connection (created on first use;
+        the connection itself is opened by the first transaction). Its events see the
+        caller's statements in `transaction()`, and only those."""
+        if self._work_engine is None:
+            # One connection, held for the runner's life (StaticPool): the stdlib connection
+            # the creator hands over, opened like the runner's own.
+            self._work_engine = sa.create_engine(
+                f"sqlite+pysqlite:///{self.path}",
+                creator=self._open_work_raw,
+                poolclass=StaticPool,
+            )
+        return self._work_engine
+
+    def _open_work_raw(self) -> sqlite3.Connection:
+        return self.dialect.connect_sync(self.path)
+
+    def _work_connection(self, engine: Callable[[], AsyncEngine]) -> _WorkConnection:
+        if self._work is None:
+            try:
+                connection = self.work_engine.connect()
+            except Exception as exc:
+                raise StoreUnavailableError(
+                    f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._work = _WorkConnection(engine(), connection)
+        return self._work
+
+    async def _enter_work_gate(self) -> asyncio.Lock:
+        if self._work_gate is None:
+            self._work_gate = asyncio.Lock()
+        gate = self._work_gate
+        if not gate.locked():
+            await gate.acquire()  # free: taken without suspending
+            return gate
+        try:
+            async with asyncio.timeout(self.timeouts.lock_ms / 1000):
+                await gate.acquire()
+        except TimeoutError:
+            raise StoreTimeoutError(
+                "lock",
+                self.timeouts.lock_ms,
+                f"another transaction on {self.path!r} held the write lock for "
+                f"{self.timeouts.lock_ms} ms (Timeouts.lock_ms); nothing was applied",
+            ) from None
+        return gate
+
+    def transaction(
+        self,
+        engine: Callable[[], AsyncEngine],
+        translate: Callable[[Exception, Progress], Exception],
+    ) -> InlineTransaction:
+        """`BEGIN IMMEDIATE` on the work connection, the caller's statements (its
+        `InlineWorkConnection`, and `feed` on `InlineWorkConnection.raw`), then `COMMIT`;
+        `ROLLBACK` when the body raises or is cancelled. `engine()` is the async engine the
+        connection names as its own (`AsyncConnection.engine`); `translate` types a failure
+        (the exception itself when it has no type of ours)."""
+        return InlineTransaction(self, engine, translate)
+
+    def _roll_back(self, work: _WorkConnection) -> None:
+        raw = work.raw
+        if raw.in_transaction:
+            if self.cache.listeners:
+                with contextlib.suppress(Exception):
+                    self.cache.notify("ROLLBACK", {})
+            with contextlib.suppress(Exception):
+                raw.execute("ROLLBACK")
+        with contextlib.suppress(Exception):
+            work.sync.rollback()  # no statement: the transaction is over already
+        if raw.in_transaction or work.sync.in_transaction():
+            # Still holding the write lock: drop the connection (closing rolls back).
+            self._drop_work()
+
+    def _drop_work(self) -> None:
+        work, self._work = self._work, None
+        engine, self._work_engine = self._work_engine, None
+        if work is not None:
+            with contextlib.suppress(Exception):
+                work.raw.close()
+            with contextlib.suppress(Exception):
+                work.sync.invalidate()
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
 
     async def close(self) -> None:
         self.closed = True
         raw, self._raw = self._raw, None
         if raw is not None:
             raw.close()
+        gate = self._work_gate
+        if gate is not None and gate.locked():
+            return  # the transaction in flight closes the work connection when it ends
+        self._drop_work()
+
+
+class InlineTransaction:
+    """`async with` one transaction on the work connection (`InlineRunner.transaction`): a
+    plain class, not a generator, since it is on every fenced effect's path."""
+
+    __slots__ = ("engine", "gate", "progress", "runner", "translate", "work")
+
+    def __init__(
+        self,
+        runner: InlineRunner,
+        engine: Callable[[], AsyncEngine],
+        translate: Callable[[Exception, Progress], Exception],
+    ) -> None:
+        self.runner = runner
+        self.engine = engine
+        self.translate = translate
+        self.progress = Progress()
+        self.progress.sent_write = True
+        self.gate: asyncio.Lock | None = None
+        self.work: _WorkConnection | None = None
+
+    async def __aenter__(self) -> InlineWorkConnection:
+        runner = self.runner
+        try:
+            gate = await runner._enter_work_gate()
+        except Exception as exc:
+            raise self._typed(exc) from exc
+        work: _WorkConnection | None = None
+        try:
+            if runner.closed:
+                raise StoreUnavailableError("the connection is closed")
+            work = runner._work_connection(self.engine)
+            cache = runner.cache
+            if cache.listeners:
+                cache.notify(runner.dialect.BEGIN, {})
+            await runner.execute(work.raw, runner.dialect.BEGIN, None)
+            # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
+            work.sync.begin()
+        except BaseException as exc:
+            if work is not None:
+                runner._roll_back(work)
+            self._end(gate)
+            if isinstance(exc, Exception):
+                raise self._typed(exc) from exc
+            raise
+        self.gate, self.work = gate, work
+        return work.facade
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        runner, work, gate = self.runner, self.work, self.gate
+        assert work is not None and gate is not None
+        try:
+            if exc is None:
+                cache = runner.cache
+                try:
+                    if cache.listeners:
+                        cache.notify("COMMIT", {})
+                    self.progress.committing = True
+                    await runner.execute(work.raw, "COMMIT", None)
+                    work.sync.commit()  # no statement: the transaction is over already
+                except BaseException as failed:
+                    runner._roll_back(work)
+                    if isinstance(failed, Exception):
+                        raise self._typed(failed) from failed
+                    raise
+            else:
+                runner._roll_back(work)
+                if isinstance(exc, Exception):
+                    typed = self.translate(exc, self.progress)
+                    if typed is not exc:
+                        raise typed from exc
+        finally:
+            self._end(gate)
+        return False
+
+    def _typed(self, exc: Exception) -> Exception:
+        return self.translate(exc, self.progress)
+
+    def _end(self, gate: asyncio.Lock) -> None:
+        if self.runner.closed:
+            self.runner._drop_work()
+        gate.release()
+
+
+class _WorkConnection:
+    """The work connection: the stdlib connection, SQLAlchemy's `Connection` on it and the
+    `InlineWorkConnection` handed to callers."""
+
+    __slots__ = ("facade", "raw", "sync")
+
+    def __init__(self, engine: AsyncEngine, sync: sa.Connection) -> None:
+        raw = sync.connection.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        # Rows are read at once, as an async driver's buffered result has them.
+        sync.execution_options(prebuffer_rows=True)
+        self.raw = raw
+        self.sync = sync
+        self.facade = InlineWorkConnection(engine, sync, raw)
+
+
+class InlineWorkConnection(AsyncConnection):
+    """The `AsyncConnection` of a SQLite transaction (`SqlConnection.transaction()`, a
+    fenced effect's work): a SQLAlchemy `Connection` on the runner's inline work
+    connection, every call run at once on the event loop's thread. `execute`, `scalar`,
+    `scalars` and `exec_driver_sql` answer as an `AsyncConnection` does (a buffered
+    result); `run_sync` hands over the synchronous `Connection`. The transaction is the
+    store's: `commit`, `rollback` and `close` raise `InvalidRequestError`, since ending
+    it early would split what must commit as one."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, engine: AsyncEngine, sync: sa.Connection, raw: sqlite3.Connection) -> None:
+        # Not AsyncConnection.__init__: the synchronous engine is the connection's own.
+        self.engine = engine
+        self.sync_engine = sync.engine
+        self.sync_connection = self._assign_proxied(sync)
+        self.raw = raw
+
+    async def execute(
+        self,
+        statement: sa.Executable,
+        parameters: Any = None,
+        *,
+        execution_options: Any = None,
+    ) -> CursorResult[Any]:
+        """Execute `statement` (SQLAlchemy Core) in the transaction; a buffered result."""
+        return self._proxied.execute(statement, parameters, execution_options=execution_options)
+
+    async def exec_driver_sql(
+        self, statement: str, parameters: Any = None, execution_options: Any = None
+    ) -> CursorResult[Any]:
+        """Execute driver-level SQL text in the transaction; a buffered result."""
+        return self._proxied.exec_driver_sql(statement, parameters, execution_options)
+
+    async def commit(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+    async def rollback(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+    async def close(self) -> NoReturn:
+        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+
+
+_STORE_OWNS_IT = (
+    "this transaction ends with the store's operation (COMMIT when it succeeds, ROLLBACK "
+    "when it raises): raise to roll it back"
+)

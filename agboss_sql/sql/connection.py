@@ -34,8 +34,12 @@ unless noted:
   or a statement raises, `ROLLBACK` instead of `COMMIT` (none after a
   cancellation on a server: the connection is closed instead, which rolls back).
 - `run(step, transaction=False)`: the step's statements, each in autocommit.
-- `drive_on(tx, step)`: the step's statements, in the caller's transaction (its
-  `BEGIN`/`COMMIT` are SQLAlchemy's and not seen by the listener).
+- `transaction()`: on a server, SQLAlchemy's `BEGIN`/`COMMIT`/`ROLLBACK` (not seen by
+  the listener); the connection of a committed transaction is kept checked out for the
+  next one (no pool round trip; aiomysql's reset `ROLLBACK` comes only after a failed
+  one). On SQLite, the inline runner's `BEGIN IMMEDIATE`, `COMMIT` or `ROLLBACK` on its
+  work connection (seen by the listener). The caller's own statements are not seen.
+- `drive_on(tx, step)`: the step's statements, in the caller's transaction.
 - a retried step sends all of it again, once per attempt. Retried (only a step
   given as a factory): a transient conflict in a transaction step, or in a
   transaction-less step before any of its statements applied; a lost
@@ -60,6 +64,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from agboss_sql._dialects import (
     Capabilities,
@@ -75,7 +80,7 @@ from agboss_sql.contracts.errors import (
     StoreTimeoutError,
     StoreUnavailableError,
 )
-from agboss_sql.sql._inline_runner import InlineRunner
+from agboss_sql.sql._inline_runner import InlineRunner, InlineWorkConnection
 from agboss_sql.sql._pool_runner import GRACE_S, DeadlinePassed, PoolRunner
 from agboss_sql.sql._progress import Progress, feed
 from agboss_sql.sql.statements import (
@@ -143,6 +148,7 @@ class SqlConnection:
                 server_dialect(backend), self.url, self.timeouts, self._cache, pool_size
             )
         self._engine: AsyncEngine | None = None
+        self._kept: list[tuple[sa.Connection, AsyncConnection]] = []
         self._closed = False
 
     @property
@@ -195,6 +201,14 @@ class SqlConnection:
         self, statement: Any, params: Mapping[str, Any] | None = None, *, priority: bool = False
     ) -> Result:
         """Send one statement alone, in autocommit (retried on transient conflicts)."""
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            # SQLite has no transient conflicts (a locked database is waited for inside the
+            # runner): nothing to run again, so no step to build.
+            try:
+                return await runner.run_one(statement, params or {})
+            except Exception as exc:
+                raise self.translate(exc, False, Progress()) from exc
         return await self.run(single(statement, params or {}), transaction=False, priority=priority)
 
     async def insert_if_absent(self, statement: Any, params: Mapping[str, Any]) -> bool:
@@ -335,9 +349,12 @@ class SqlConnection:
     async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
         """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
         transaction the caller holds open on it (for work that shares our transaction)."""
-        raw: Any = (await connection.get_raw_connection()).driver_connection
         runner = self._runner
         progress = Progress()
+        if isinstance(connection, InlineWorkConnection):
+            assert isinstance(runner, InlineRunner)
+            return await feed(self._cache, step, connection.raw, runner.execute, progress)
+        raw = await _driver_connection(connection)
         try:
             if isinstance(runner, PoolRunner):
                 return await feed(self._cache, step, raw, runner.bounded_execute, progress)
@@ -346,6 +363,23 @@ class SqlConnection:
             # The socket is gone: SQLAlchemy must not hand this connection out again.
             await connection.invalidate()
             raise
+
+    async def execute_on(
+        self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
+    ) -> Result:
+        """`drive_on` of a one-statement step, without the step: one statement in the
+        caller's transaction (the hot path of a fenced effect's own statements)."""
+        if isinstance(connection, InlineWorkConnection):
+            runner = self._runner
+            assert isinstance(runner, InlineRunner)
+            cache = self._cache
+            compiled = cache.compiled(statement)
+            sent = cache.params(compiled, params)
+            if cache.listeners:
+                cache.notify(compiled.sql, sent)
+            rows, count = await runner.execute(connection.raw, compiled.sql, sent)
+            return Result(rows, count)
+        return await self.drive_on(connection, single(statement, params)())
 
     # --- SQLAlchemy engine, for work that wants an AsyncConnection -------------------------
 
@@ -376,6 +410,19 @@ class SqlConnection:
                 _statement_deadlines(self._engine, self.timeouts)
         return self._engine
 
+    @property
+    def transaction_engine(self) -> sa.Engine:
+        """The synchronous SQLAlchemy engine under the connections `transaction()` hands
+        out, for its events: `engine.sync_engine` on a server; on SQLite, the engine of
+        the inline work connection (its events see the caller's statements only: the
+        `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` go to the statement listeners)."""
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            if self._closed:
+                raise StoreUnavailableError("the connection is closed")
+            return runner.work_engine
+        return self.engine.sync_engine
+
     def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
         """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
         bound_ms = self.timeouts.connect_ms
@@ -395,44 +442,79 @@ class SqlConnection:
 
         return bounded
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A SQLAlchemy connection in a transaction that took the write lock first on SQLite
         (`BEGIN IMMEDIATE`); committed on success, rolled back on any exception. Failures
         come out typed (`StoreUnavailableError`, `StoreTimeoutError`,
         `CommitOutcomeUnknownError` when COMMIT got no answer); transient conflicts pass
-        through for the caller's retry (`is_transient`)."""
+        through for the caller's retry (`is_transient`).
+
+        On SQLite the connection is an `InlineWorkConnection` (an `AsyncConnection` whose
+        calls run at once on the loop's thread, on the runner's work connection): one such
+        transaction at a time per `SqlConnection`, the next waiting up to `lock_ms`. Its
+        `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` are seen by the statement listeners; on a
+        server they are SQLAlchemy's and are not."""
+        runner = self._runner
+        if isinstance(runner, InlineRunner):
+            if self._closed:
+                raise StoreUnavailableError("the connection is closed")
+            return runner.transaction(self._the_engine, self._translate_in_transaction)
+        return self._server_transaction()
+
+    def _the_engine(self) -> AsyncEngine:
+        return self.engine
+
+    def _translate_in_transaction(self, exc: Exception, progress: Progress) -> Exception:
+        return self.translate(exc, True, progress)
+
+    @contextlib.asynccontextmanager
+    async def _server_transaction(self) -> AsyncIterator[AsyncConnection]:
         progress = Progress()
         progress.sent_write = True
         deadline = _Deadline()
+        engine = self.engine
+        kept = self._kept
         try:
-            async with self.engine.connect() as connection:
-                # The info dict lives with the driver connection, across checkouts: the
-                # deadline is this transaction's only while it runs.
-                info = connection.sync_connection.info  # type: ignore[union-attr]
-                info[_DEADLINE] = deadline
+            if kept:
+                # A connection the last transaction left idle (no BEGIN is sent: the driver
+                # begins with the first statement).
+                sync, connection = kept.pop()
+                sync.info[_DEADLINE] = deadline
+                sync.begin()
+            else:
+                # Checkout and BEGIN in one hop into SQLAlchemy's greenlet.
+                sync = await greenlet_spawn(_connect_and_begin, engine.sync_engine, deadline)
+                connection = AsyncConnection(engine, sync)
+            # The info dict lives with the driver connection, across checkouts: the
+            # deadline is this transaction's only while it runs.
+            info = sync.info
+            try:
                 try:
-                    await connection.begin()
-                    try:
-                        yield connection
-                    except BaseException as exc:
-                        if self._unusable_after(exc):
-                            await self._drop(connection)
-                        else:
-                            with contextlib.suppress(Exception):
-                                await self._bounded_on(connection, connection.rollback)
-                        raise
-                    progress.committing = True
-                    try:
-                        await self._bounded_on(connection, connection.commit)
-                    except BaseException as exc:
-                        if self._unusable_after(exc):
-                            await self._drop(connection)
-                        raise
-                finally:
-                    info.pop(_DEADLINE, None)
-                    if deadline.timer is not None:
-                        deadline.timer.cancel()
+                    yield connection
+                except BaseException as exc:
+                    _end_deadline(info, deadline)
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    else:
+                        with contextlib.suppress(Exception):
+                            await self._bounded_on(connection, connection.rollback)
+                    raise
+                _end_deadline(info, deadline)
+                progress.committing = True
+                try:
+                    await self._bounded_on(connection, connection.commit)
+                except BaseException as exc:
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    raise
+                if len(kept) < _KEPT_CONNECTIONS and not self._closed:
+                    # Kept checked out for the next transaction: no pool round trip.
+                    kept.append((sync, connection))
+                    return
+            finally:
+                _end_deadline(info, deadline)
+                if not sync.closed and (sync, connection) not in kept:
+                    await greenlet_spawn(sync.close)
         except asyncio.CancelledError as exc:
             if not deadline.expired:
                 raise
@@ -475,7 +557,7 @@ class SqlConnection:
         """`await call()` (a COMMIT or ROLLBACK on `connection`), bounded like a statement."""
         runner = self._runner
         if isinstance(runner, PoolRunner):
-            raw = (await connection.get_raw_connection()).driver_connection
+            raw = await _driver_connection(connection)
             try:
                 await runner.bounded(call(), raw)
             except DeadlinePassed:
@@ -514,6 +596,10 @@ class SqlConnection:
             return
         self._closed = True
         await self._runner.close()
+        kept, self._kept = self._kept, []
+        for sync, _ in kept:
+            with contextlib.suppress(Exception):
+                await greenlet_spawn(sync.close)
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -545,6 +631,41 @@ async def _aiosqlite_execute(
 
 
 _DEADLINE = "agboss.deadline"
+
+_KEPT_CONNECTIONS = 1
+"""How many of the engine's connections `transaction()` keeps checked out while idle, for the
+next transaction (the rest of the pool stays free for other users of the engine)."""
+
+
+async def _driver_connection(connection: AsyncConnection) -> Any:
+    """The driver connection under `connection`: read directly while it is valid (no hop
+    into SQLAlchemy's greenlet), else through `get_raw_connection` (which may reconnect)."""
+    sync = connection.sync_connection
+    if sync is not None and not sync.invalidated:
+        return sync.connection.driver_connection
+    return (await connection.get_raw_connection()).driver_connection
+
+
+def _connect_and_begin(engine: sa.Engine, deadline: _Deadline) -> sa.Connection:
+    """A pooled connection with `deadline` as its statements' deadline, in a transaction
+    (run in SQLAlchemy's greenlet)."""
+    connection = engine.connect()
+    try:
+        connection.info[_DEADLINE] = deadline
+        connection.begin()
+    except BaseException:
+        connection.info.pop(_DEADLINE, None)
+        connection.close()
+        raise
+    return connection
+
+
+def _end_deadline(info: dict[Any, Any], deadline: _Deadline) -> None:
+    """No statement deadline for this transaction any more (none is in flight)."""
+    info.pop(_DEADLINE, None)
+    if deadline.timer is not None:
+        deadline.timer.cancel()
+        deadline.timer = None
 
 
 class _Deadline:

@@ -1,9 +1,11 @@
 """`SqlFencedEffectRepository`: one effect per key, in one transaction with the work.
 
-The transaction is a SQLAlchemy `AsyncConnection` (`SqlConnection.transaction()`,
-`BEGIN IMMEDIATE` on SQLite), because the work receives it and writes its
-business rows in it. The store's own statements run on the same connection
-(`SqlConnection.drive_on`), in this order:
+The transaction is a SQLAlchemy `AsyncConnection` (`SqlConnection.transaction()`),
+because the work receives it and writes its business rows in it. On SQLite it
+is an `InlineWorkConnection`: an `AsyncConnection` whose calls run at once on
+the event loop's thread, on a synchronous SQLAlchemy `Connection` over the
+inline runner's work connection, inside `BEGIN IMMEDIATE`. The store's own
+statements run on the same connection (`SqlConnection.execute_on`), in this order:
 
 1. the fence (`_fence.FenceStatements.fence`): lease check and mark raise in one
    conditional `UPDATE` of the lease row, which locks it until the commit;
@@ -27,9 +29,10 @@ PostgreSQL: first write BEGIN, fence, claim, store, COMMIT = 5; replay BEGIN,
 fence, claim, COMMIT = 4. SQLite: the same with `BEGIN IMMEDIATE`.
 MySQL/MariaDB (no BEGIN round trip: the driver runs with autocommit off):
 first write fence, claim, store, COMMIT = 4; replay fence, claim, read,
-COMMIT = 4; plus, today, the ROLLBACK aiomysql sends when SQLAlchemy's pool
-takes the connection back. A refusal sends the diagnosing read instead of the
-claim and ends in ROLLBACK.
+COMMIT = 4. A refusal sends the diagnosing read instead of the claim and ends
+in ROLLBACK (then, on MySQL/MariaDB, the ROLLBACK aiomysql sends when
+SQLAlchemy's pool takes the failed transaction's connection back; a committed
+one's connection is kept for the next transaction).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ from agboss_sql.contracts.rules import checked_dependencies, checked_fenced_key
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
 from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey, FencedEffectResult
 from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
-from agboss_sql.sql._fence import FenceStatements, fence_params, fenced
-from agboss_sql.sql.connection import MAX_ATTEMPTS, Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql._fence import FenceStatements, fence_on, fence_params
+from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder, SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import fenced_effect_results
 
@@ -166,8 +169,8 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
         async def attempt(tx: AsyncConnection) -> FencedEffectResult[T]:
             # The store's time is read once per attempt: every statement sees the same.
             params = fence_params(key, self.store_clock)
-            drive_on = self.connection.drive_on
-            await drive_on(tx, fenced(self._fence, key, params))
+            connection = self.connection
+            await fence_on(connection, tx, self._fence, key, params)
             stored = await self._claim(tx, {**facts, **params})
             if stored is not None:
                 result, fingerprint, step_execution_id, step_key, step_name = stored
@@ -185,9 +188,8 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
             value = await work(tx)
             # A value that is not JSON fails here, inside the transaction: all rolls back.
             text = dumps(value)
-            await drive_on(
-                tx,
-                _one(self._sql.store, {"identity_hash": facts["identity_hash"], "result": text}),
+            await connection.execute_on(
+                tx, self._sql.store, {"identity_hash": facts["identity_hash"], "result": text}
             )
             stored_value: T = loads(text)
             return FencedEffectResult(stored_value, False, None)
@@ -209,21 +211,20 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
         """Claim the key's result row: `None` when this transaction claimed it (a new row,
         locked), else the existing row's `(result, fingerprint, step…)`."""
         sql = self._sql
+        connection = self.connection
         if sql.returns_claimed:
-            row = (await self.connection.drive_on(tx, _one(sql.claim, params))).first()
+            row = (await connection.execute_on(tx, sql.claim, params)).first()
             if row is None or row[0] is None:
                 return None
             return row
         try:
-            await self.connection.drive_on(tx, _one(sql.claim, params))
+            await connection.execute_on(tx, sql.claim, params)
             return None
         except Exception as exc:
-            if not self.connection.ops.is_unique_violation(exc):
+            if not connection.ops.is_unique_violation(exc):
                 raise
         row = (
-            await self.connection.drive_on(
-                tx, _one(sql.read, {"identity_hash": params["identity_hash"]})
-            )
+            await connection.execute_on(tx, sql.read, {"identity_hash": params["identity_hash"]})
         ).first()
         if row is None:
             # The duplicate's writer rolled back after all: run the transaction again.
@@ -237,7 +238,3 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
 
 class _ClaimLostError(Exception):
     """The row a failed claim collided with was gone when read: a transient conflict."""
-
-
-def _one(statement: Any, params: dict[str, Any]) -> Step[Any]:
-    return (yield Exec(statement, params))

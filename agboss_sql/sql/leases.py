@@ -189,7 +189,8 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
 
     def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
         checked_lease(lease)
-        return self._params(
+        return store_time_params(
+            self.store_clock,
             tenant_id=lease.tenant_id,
             execution_id=lease.execution_id,
             # The holder is this store's instance: an instance moves only its own leases.

@@ -212,13 +212,14 @@ class RoundTrips:
     @contextmanager
     def counting(self) -> Iterator[list[str]]:
         sql = self.sql
-        engine = sql.engine.sync_engine
+        # The engine under `transaction()`'s connections: on SQLite the inline work
+        # connection's, whose BEGIN IMMEDIATE/COMMIT/ROLLBACK the statement listener sees.
+        engine = sql.transaction_engine
         dialect = sql.dialect_name
 
         def on_begin(_conn: Any) -> None:
             # psycopg opens the transaction with its own BEGIN before the first statement;
-            # aiomysql runs with autocommit off and sends none; SQLite's BEGIN IMMEDIATE is
-            # a statement of its own (seen below).
+            # aiomysql runs with autocommit off and sends none.
             if dialect == "postgresql":
                 self.sent.append("BEGIN")
 
@@ -238,13 +239,14 @@ class RoundTrips:
             if dialect == "mysql":
                 self.sent.append("ROLLBACK(pool)")
 
-        hooks: list[tuple[Any, str, Any]] = [
-            (engine, "begin", on_begin),
-            (engine, "before_cursor_execute", on_cursor),
-            (engine, "commit", on_commit),
-            (engine, "rollback", on_rollback),
-            (engine.pool, "reset", on_reset),
-        ]
+        hooks: list[tuple[Any, str, Any]] = [(engine, "before_cursor_execute", on_cursor)]
+        if not sql.capabilities.inline:
+            hooks += [
+                (engine, "begin", on_begin),
+                (engine, "commit", on_commit),
+                (engine, "rollback", on_rollback),
+                (engine.pool, "reset", on_reset),
+            ]
         for target, name, fn in hooks:
             event.listen(target, name, fn)
         remove = sql.add_statement_listener(self._ours)
@@ -390,6 +392,38 @@ async def test_the_work_runs_in_the_effects_own_transaction(cluster: Cluster) ->
 
     await cluster.effects(1).save_result_if_absent(key_of(lease), work)
     assert seen == [1, 1]
+
+
+async def test_the_inline_work_connection_answers_as_an_async_connection_and_keeps_the_store_transaction(
+    cluster: Cluster,
+) -> None:
+    """SQLite runs the work inline (`InlineWorkConnection`): `scalar`, `scalars` and
+    `run_sync` answer as on any `AsyncConnection`, inside the effect's transaction; ending
+    that transaction from the work (`commit`, `rollback`, `close`) is refused, so the work's
+    rows can never commit apart from the fence and the result."""
+    if not cluster.sql.capabilities.inline:
+        pytest.skip("the work runs on a SQLAlchemy AsyncConnection of the engine here")
+    lease = await cluster.acquire()
+    seen: list[Any] = []
+    count = sa.select(sa.func.count()).select_from(fenced_effect_results)
+
+    async def work(tx: AsyncConnection) -> str:
+        await insert_business_row(tx, "kept")
+        seen.append(await tx.scalar(count))
+        seen.append(list(await tx.scalars(sa.select(execution_leases.c.fence_token))))
+        seen.append(await tx.run_sync(lambda sync: sync.in_transaction()))
+        for end in (tx.commit, tx.rollback, tx.close):
+            with pytest.raises(sa.exc.InvalidRequestError):
+                await end()
+        raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        await cluster.effects(1).save_result_if_absent(key_of(lease), work)
+    assert seen == [1, [1], True]
+    # Nothing the work did, and nothing of the fence, committed.
+    assert await cluster.rows() == []
+    assert await cluster.results() == []
+    assert await cluster.mark() == 0
 
 
 # the key's rules, before any statement
@@ -936,10 +970,11 @@ async def test_statements_per_call(cluster: Cluster, clock: VirtualClock) -> Non
             await effects.save_result_if_absent(key_of(lease, step_key="s2"), Charge())
         refused = list(sent)
     if dialect == "mysql":
-        # No BEGIN round trip (autocommit off); the duplicate claim is followed by a read;
-        # the pool's reset sends a ROLLBACK after every transaction.
-        assert first == ["fence", "claim", "work", "store", "COMMIT", "ROLLBACK(pool)"]
-        assert replay == ["fence", "claim", "read", "COMMIT", "ROLLBACK(pool)"]
+        # No BEGIN round trip (autocommit off); the duplicate claim is followed by a read. A
+        # committed transaction's connection is kept for the next one; a failed one's goes
+        # back to the pool, whose reset sends a ROLLBACK.
+        assert first == ["fence", "claim", "work", "store", "COMMIT"]
+        assert replay == ["fence", "claim", "read", "COMMIT"]
         assert refused == ["fence", "diagnose", "ROLLBACK", "ROLLBACK(pool)"]
     else:
         # PostgreSQL and SQLite: the claim returns an existing row, so a replay reads nothing.
