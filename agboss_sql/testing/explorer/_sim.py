@@ -451,7 +451,7 @@ class Sim:
         self.outcomes: dict[str, int] = {}
         """How often each kind of answer was seen in checked steps (what the search
         reached)."""
-        self._keys: dict[tuple[str, int, int], FencedEffectKey] = {}
+        self._keys: dict[tuple[str, int, str], FencedEffectKey] = {}
         self._owners: dict[tuple[str, int, int], str] = {}
         self._short: dict[str, tuple[str, int] | str] = {}
         self._identities: dict[str, str] = {}
@@ -516,12 +516,13 @@ class Sim:
 
     # --- keys -----------------------------------------------------------------------
 
-    def key_of(self, tree: TreeModel, epoch: int) -> FencedEffectKey:
-        """The step's key under `tree`'s lease at `epoch`."""
-        cache = (tree.name, epoch, 0)
+    def key_of(self, tree: TreeModel, epoch: int, holder: str = "instance-1") -> FencedEffectKey:
+        """The step's key under `tree`'s lease at `epoch`, granted to `holder` (the holder
+        is no part of the key's identity, nor of its attempt owner)."""
+        cache = (tree.name, epoch, holder)
         key = self._keys.get(cache)
         if key is None:
-            lease = ExecutionLease(self.tenant, tree.name, "", epoch, 0)
+            lease = ExecutionLease(self.tenant, tree.name, holder, epoch, 0)
             ctx = ExecutionContext(
                 tenant_id=self.tenant,
                 root_execution_id=tree.name,
@@ -1244,7 +1245,7 @@ class Sim:
         effects = inst.stores.effects
         assert lease is not None and effects is not None
         epoch = lease.lease_epoch
-        key = self.key_of(tree, epoch)
+        key = self.key_of(tree, epoch, lease.holder_instance_id)
         row = f"{self.prefix}{tree.name}/{STEP_KEY}/{EFFECT_NAME} by {inst.name} at {epoch}"
         value = {"written_by": inst.name, "token": epoch}
         rows = self.business_rows
@@ -1335,7 +1336,7 @@ class Sim:
         assert calls is not None
         epoch = inst.lease.lease_epoch if inst.lease else 0
         try:
-            call = await calls.get(self.key_of(inst.tree, epoch))
+            call = await calls.get(self.key_of(inst.tree, epoch, inst.name))
         except Exception as exc:
             raise self._error(inst, "read the call", exc) from exc
         view: View | str = ABSENT if call is None else self._view_of(call)
@@ -1364,7 +1365,9 @@ class Sim:
             else ""
         )
         try:
-            saved = await calls.save_if_absent(self.key_of(tree, epoch), INTENT, self.now)
+            saved = await calls.save_if_absent(
+                self.key_of(tree, epoch, lease.holder_instance_id), INTENT, self.now
+            )
         except ExecutionFencedError as exc:
             self.outcome = f"record: refused ({exc.reason})"
             if log is not None:
@@ -1453,7 +1456,9 @@ class Sim:
             else ""
         )
         try:
-            claimed = await calls.mark_pending(self.key_of(tree, epoch), expected, mine)
+            claimed = await calls.mark_pending(
+                self.key_of(tree, epoch, lease.holder_instance_id), expected, mine
+            )
         except ExecutionFencedError as exc:
             self.outcome = f"claim: refused ({exc.reason})"
             if log is not None:
@@ -1534,7 +1539,7 @@ class Sim:
             ref = AttemptRef(OutboundCallStatus.PENDING, view[1], view[2])
             completed = True
             whose = f"{self.owner_text(view[2])}'s"
-        key = self.key_of(tree, epoch)
+        key = self.key_of(tree, epoch, lease.holder_instance_id)
         verb = "complete" if completed else "fail"
         text = (
             f"{inst.name} {verb} {whose} attempt {ref.attempt}, at {tree.name} {epoch}"
