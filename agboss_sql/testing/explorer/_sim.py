@@ -185,6 +185,9 @@ class World:
     fencing: tuple[str, ...] = ()
     """The fencing contracts whose guarantees the world tests (refused for a store that
     opted out of the lease check, unless the opt-out is accepted)."""
+    setup: tuple[Action, ...] = ()
+    """Steps every schedule starts from, made (and checked) before the scheduler's first
+    choice: where the world's story begins."""
 
 
 LEASE_WORLD = World(
@@ -219,6 +222,33 @@ BUSINESS_KEY_WORLD = World(
     fencing=("outbound_call",),
 )
 
+TAKEOVER_WORLD = World(
+    "outbound_call_takeover",
+    "outbound-call takeover world",
+    (ACQUIRE, RELEASE, FINISH),
+    call=True,
+    business_key=True,
+    trees=2,
+    needs=("execution_lease", "outbound_call"),
+    fencing=("outbound_call",),
+    setup=(
+        # instance-1 took tree-1, recorded the call under the business key and claimed its
+        # first attempt, then stopped (a pause, a lost network) until its lease ran out.
+        (0, ACQUIRE, 0),
+        (0, RECORD, 0),
+        (0, CLAIM, 0),
+        (TIME, WAIT_EXPIRY, 0),
+        # instance-2 holds tree-2, whose step makes the same call (the same business key).
+        (1, ACQUIRE, 0),
+    ),
+)
+"""Takeovers mixed with reconciliation: every schedule starts with instance-1's claimed
+attempt pending under tree-1's expired lease and instance-2 holding tree-2 under the same
+business key. From there tree-1 is taken over (by instance-1 coming back, at its next
+epoch, or by instance-3 in the walks) while tree-2 reconciles the pending attempt, and
+each claims the next attempt after its own reconciliation, racing the stopped claimer's
+marks made with its old context."""
+
 CHILD_QUEUE_WORLD = World(
     "child_queue",
     "child-queue world",
@@ -234,12 +264,15 @@ WORLDS: dict[str, World] = {
         FENCED_EFFECT_WORLD,
         HANDOVER_WORLD,
         BUSINESS_KEY_WORLD,
+        TAKEOVER_WORLD,
         CHILD_QUEUE_WORLD,
     )
 }
-"""The five worlds by id: the lease; the step's fenced effect; an outbound call handed
-over on one tree; an outbound call under one business key from two trees; a parent's two
-children in the child queue (claim, restart, finish races, the last child's wake)."""
+"""The six worlds by id: the lease; the step's fenced effect; an outbound call handed
+over on one tree; an outbound call under one business key from two trees; takeovers of a
+tree whose claimed attempt is pending while the other tree under the business key
+reconciles it; a parent's two children in the child queue (claim, restart, finish races,
+the last child's wake)."""
 
 CHILDREN = 2
 """How many children the child-queue world queues under its parent."""
@@ -445,6 +478,8 @@ class Sim:
         self.children: list[ChildModel] = []
         self.woken_by = ""
         """Which finish answered that no sibling is left (the last child's wake)."""
+        self.setup_log: list[str] = []
+        """The world's set-up steps, each with the store's answer, as last made."""
         self.suffix = ""
         self.last = ""
         self.outcome = ""
@@ -482,8 +517,27 @@ class Sim:
         self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
 
     async def setup(self) -> None:
-        """What a schedule starts from: the child-queue world's parent has its children
-        queued."""
+        """What a schedule starts from: the world's set-up steps made and checked (`Broken`
+        when a store breaks an invariant there, or answers otherwise than the contract
+        does); the child-queue world's parent has its children queued."""
+        if self.world.setup:
+            log: list[str] = []
+            self.setup_log = log
+            for action in self.world.setup:
+                try:
+                    await self.run(action, True, log)
+                except Broken as broken:
+                    raise Broken(
+                        broken.invariant,
+                        f"in the world's set-up ({'; '.join(log)}): {broken.message}",
+                    ) from None
+            first = self.insts[0]
+            if first.claimed is None or not all(i.holding for i in self.insts[:2]):
+                raise Broken(
+                    STORE_ERROR,
+                    f"the world's set-up did not reach its start ({'; '.join(log)}): the "
+                    "contract grants each of these steps",
+                )
         if not self.world.queue:
             return
         queue = self.insts[0].stores.queue
@@ -1749,6 +1803,7 @@ __all__ = [
     "BUSINESS_KEY",
     "BUSINESS_KEY_WORLD",
     "CHILD_QUEUE_WORLD",
+    "TAKEOVER_WORLD",
     "CLAIM_CHILD",
     "FINISH_CHILD",
     "RESTART",
