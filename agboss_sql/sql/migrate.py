@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
@@ -337,7 +338,7 @@ def _refuse_downgrade(
     script = ScriptDirectory.from_config(config)
     try:
         undone = list(script.iterate_revisions(before, revision))
-    except alembic.util.CommandError:
+    except (alembic.util.CommandError, RevisionError):
         return  # a target alembic resolves otherwise (relative, say): each step checks itself
     for found in undone:
         if found.revision == revision:
