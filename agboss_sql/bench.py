@@ -505,6 +505,7 @@ class Bench:
                     "tenant_id": "t",
                     "execution_id": raw_lease.execution_id,
                     "token": raw_lease.lease_epoch,
+                    "holder_instance_id": raw_lease.holder_instance_id,
                 },
             )
             assert count == 1

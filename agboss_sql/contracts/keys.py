@@ -175,7 +175,7 @@ def fenced_effect_key_of(
         name=checked_effect_name(name),
         business_key=business_key,
         fingerprint=checked_fingerprint(fingerprint),
-        holder_instance_id=lease.holder_instance_id or None,
+        holder_instance_id=checked_identifier("holder_instance_id", lease.holder_instance_id),
     )
     return checked_business_key(key)
 

@@ -307,7 +307,9 @@ def checked_fenced_key(key: object) -> FencedEffectKey:
     checked_token(key.token)
     checked_step(key.step)
     checked_fingerprint(key.fingerprint)
-    checked_optional_identifier("holder_instance_id", key.holder_instance_id)
+    # Every key names its holder: the fence checks it (a hand-built key without one could
+    # write with any instance's epoch).
+    checked_identifier("holder_instance_id", key.holder_instance_id)
     if key.scope_key != _scope_of(key.tenant_id, key.lease_execution_id):
         # The in-memory mark is kept per scope key, the SQL one on the lease row: a scope
         # that is not its lease's would fence differently in each.

@@ -332,24 +332,26 @@ class ExecutionTreeRepository(Store):
 
 
 class MeshRequestRepository(Store):
-    """One run per incoming request, by its idempotency key."""
+    """One run per incoming request, by its tenant and idempotency key: keys are per tenant,
+    so two tenants using one key never see, complete or collide with each other's request."""
 
     @abstractmethod
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
-        """Insert if absent; the stored request and whether it was created. The same key
-        with another fingerprint, or from another tenant, is `IdempotencyKeyConflictError`
-        (never another tenant's request)."""
+        """Insert the tenant's request under `idempotency_key` if the tenant has none; the
+        stored request and whether it was created. The same tenant and key with another
+        fingerprint is `IdempotencyKeyConflictError`. Another tenant's request under the
+        same key is another request: created, never answered nor refused by it."""
 
     @abstractmethod
     async def complete(self, tenant_id: str, idempotency_key: str, response: JsonValue) -> bool:
         """Store the response of the tenant's request once. True when it did; False for a
-        key only another tenant used."""
+        key the tenant never used (whoever else did)."""
 
     @abstractmethod
     async def get(self, tenant_id: str, idempotency_key: str) -> MeshRequest | None:
-        """The tenant's request, or `None` (also when only another tenant used the key)."""
+        """The tenant's request under the key, or `None` (never another tenant's)."""
 
 
 class RateLimitRepository(Store):

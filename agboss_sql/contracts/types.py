@@ -115,10 +115,13 @@ class FencedEffectKey:
     name: str
     business_key: str | None = None
     fingerprint: str | None = None
-    holder_instance_id: str | None = None
-    """The instance the lease at `token` was granted to: when given, the fence refuses the
-    write unless the lease's holder is that instance (a context built by hand with another
-    holder's epoch is refused as superseded). Not part of the key's identity."""
+    holder_instance_id: str = field(kw_only=True)
+    """The instance the lease at `token` was granted to (the lease's `holder_instance_id`):
+    the fence refuses the write unless the lease is held at `token` by that instance, so a
+    context built by hand with another holder's epoch is refused as superseded. Required:
+    a key that names no holder is `InvalidIdentifierError` before any statement (an epoch is
+    granted to one instance, but only the holder's name proves the writer is that one). Not
+    part of the key's identity."""
 
 
 @dataclass(frozen=True, slots=True)

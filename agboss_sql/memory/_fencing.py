@@ -29,9 +29,9 @@ def store_now(clock: StoreClock) -> int:
 def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
     """The lease and mark check of a fenced write; call it under `backend.atomic()`.
 
-    Raises `ExecutionFencedError` unless the key's lease is held at its token, not
-    released/yielded/finished and live at `now`, and the scope's mark is not above the
-    token. True when the mark must be raised to the token (the caller applies that with
+    Raises `ExecutionFencedError` unless the key's lease is held at its token by the
+    instance the key names, not released/yielded/finished and live at `now`, and the
+    scope's mark is not above the token. True when the mark must be raised to the token (the caller applies that with
     the rest of its step, so a rollback drops it too).
     """
     lease = backend.leases.get((key.tenant_id, key.lease_execution_id))
@@ -49,8 +49,7 @@ def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
         now=now,
         mark=mark,
     )
-    holder = getattr(key, "holder_instance_id", None)
-    if reason is None and holder is not None and lease.holder_instance_id != holder:
+    if reason is None and lease.holder_instance_id != key.holder_instance_id:
         # The token was granted to another instance: a context built by hand.
         reason = FenceRefusal.SUPERSEDED
     if reason is not None:

@@ -132,7 +132,8 @@ class InMemoryBackend:
         self.children: dict[str, ChildRow] = {}
         self.records: dict[tuple[str, str], RecordRow] = {}
         self.trees: dict[tuple[str, str], dict[str, str]] = {}
-        self.mesh_requests: dict[str, MeshRequest] = {}
+        self.mesh_requests: dict[tuple[str, str], MeshRequest] = {}
+        """Mesh requests by (tenant, idempotency key)."""
         self.slots: dict[str, dict[str, int]] = {}
         self.windows: dict[str, WindowRow] = {}
         self.rate_pauses: dict[str, int] = {}

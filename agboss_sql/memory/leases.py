@@ -41,11 +41,13 @@ class InMemoryExecutionLeaseRepository(StoreClockStore, ExecutionLeaseRepository
         return self.application.instance_id
 
     def _held(self, lease: ExecutionLease) -> LeaseRow | None:
-        """The lease's row when this instance holds it at the lease's epoch."""
+        """The lease's row when this instance holds it at the lease's epoch (and the lease
+        names this instance: one built by hand under another's name moves nothing)."""
         checked_lease(lease)
         row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
         if (
             row is None
+            or lease.holder_instance_id != self.instance_id
             or row.holder_instance_id != self.instance_id
             or row.lease_epoch != lease.lease_epoch
         ):

@@ -192,10 +192,10 @@ class InMemoryExecutionTreeRepository(ApplicationClockStore, ExecutionTreeReposi
 
 
 class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository):
-    """Incoming requests in an `InMemoryBackend`, one run per idempotency key.
+    """Incoming requests in an `InMemoryBackend`, one run per tenant and idempotency key.
 
-    The key is global: the same key from another tenant, or with another fingerprint, is
-    `IdempotencyKeyConflictError` (never another tenant's request or response).
+    Keys are per tenant: another tenant's request under the same key is another request.
+    The same tenant and key with another fingerprint is `IdempotencyKeyConflictError`.
     """
 
     @staticmethod
@@ -206,26 +206,28 @@ class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
         checked_mesh_request(idempotency_key, tenant_id, fingerprint, received_at)
-        existing = self.memory.mesh_requests.get(idempotency_key)
+        key = (tenant_id, idempotency_key)
+        existing = self.memory.mesh_requests.get(key)
         if existing is not None:
-            if existing.tenant_id != tenant_id or existing.fingerprint != fingerprint:
+            if existing.fingerprint != fingerprint:
                 raise IdempotencyKeyConflictError(
                     f"idempotency key {idempotency_key!r} was used before with another "
                     "request: use a new key for new content"
                 )
             return MeshRequestSaved(self._out(existing), False)
         request = MeshRequest(idempotency_key, tenant_id, fingerprint, received_at)
-        self.memory.mesh_requests[idempotency_key] = request
+        self.memory.mesh_requests[key] = request
         return MeshRequestSaved(self._out(request), True)
 
     async def complete(self, tenant_id: str, idempotency_key: str, response: JsonValue) -> bool:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
         response = json_copy(response)
-        existing = self.memory.mesh_requests.get(idempotency_key)
-        if existing is None or existing.tenant_id != tenant_id or existing.completed:
+        key = (tenant_id, idempotency_key)
+        existing = self.memory.mesh_requests.get(key)
+        if existing is None or existing.completed:
             return False
-        self.memory.mesh_requests[idempotency_key] = dataclasses.replace(
+        self.memory.mesh_requests[key] = dataclasses.replace(
             existing, response=response, completed=True
         )
         return True
@@ -233,8 +235,8 @@ class InMemoryMeshRequestRepository(ApplicationClockStore, MeshRequestRepository
     async def get(self, tenant_id: str, idempotency_key: str) -> MeshRequest | None:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
-        request = self.memory.mesh_requests.get(idempotency_key)
-        if request is None or request.tenant_id != tenant_id:
+        request = self.memory.mesh_requests.get((tenant_id, idempotency_key))
+        if request is None:
             return None
         return self._out(request)
 

@@ -2,8 +2,8 @@
 
 The scope's high-water mark lives on the lease row (`fence_token`), so one
 conditional `UPDATE` of that row is the whole check: it takes the row lock,
-requires the lease held at the key's token, not released/yielded/finished and
-live by the store's time (read once, inside the statement), requires the mark
+requires the lease held at the key's token by the instance the key names, not
+released/yielded/finished and live by the store's time (read once, inside the statement), requires the mark
 not above the token, and raises the mark to the token. One row matched: the
 write may go on in the same transaction, which keeps the lock until it ends,
 so a takeover waits for the commit or the commit sees the takeover. No row: a
@@ -40,8 +40,8 @@ MAX_CLAIM_ATTEMPTS = 12
 
 class FenceKey(Protocol):
     """What the fence reads of a write's key (a `FencedEffectKey`, or the lease a fenced
-    checkpoint write carries): the lease's tenant and execution, the token, and the scope
-    a refusal names."""
+    checkpoint write carries): the lease's tenant and execution, the token, the instance it
+    was granted to, and the scope a refusal names."""
 
     @property
     def tenant_id(self) -> str: ...
@@ -49,6 +49,8 @@ class FenceKey(Protocol):
     def lease_execution_id(self) -> str: ...
     @property
     def token(self) -> int: ...
+    @property
+    def holder_instance_id(self) -> str: ...
     @property
     def scope_key(self) -> str: ...
 
@@ -68,6 +70,7 @@ class FenceStatements:
             .where(
                 this_lease,
                 L.c.lease_epoch == token,
+                L.c.holder_instance_id == sa.bindparam("holder_instance_id"),
                 L.c.released.is_(sa.false()),
                 L.c.yielded.is_(sa.false()),
                 L.c.finished.is_(sa.false()),
@@ -75,10 +78,6 @@ class FenceStatements:
                 L.c.fence_token <= token,
             )
             .values(fence_token=token, fence_writes=L.c.fence_writes + 1)
-        )
-        # The same, for a key that names the lease's holder: the token must be that holder's.
-        self.fence_holder = self.fence.where(
-            L.c.holder_instance_id == sa.bindparam("holder_instance_id")
         )
         self.diagnose = sa.select(
             L.c.lease_epoch,
@@ -93,13 +92,13 @@ class FenceStatements:
         ).where(this_lease)
 
 
-def refusal_of(row: Any | None, token: int, holder: str | None = None) -> FenceRefusal:
-    """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token`
-    (of `holder`, when the key names one)."""
+def refusal_of(row: Any | None, token: int, holder: str) -> FenceRefusal:
+    """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token` of
+    `holder`."""
     if row is None:
         return FenceRefusal.LEASE_ABSENT
     epoch, released, yielded, finished, closed_reason, expires_at, mark, now, holder_now = row
-    if holder is not None and int(epoch) == token and holder_now != holder:
+    if int(epoch) == token and holder_now != holder:
         return FenceRefusal.SUPERSEDED
     reason = fence_refusal_of(
         token,
@@ -128,26 +127,22 @@ def store_time_params(clock: StoreClock, **params: Any) -> dict[str, Any]:
 
 
 def fence_params(key: FenceKey, clock: StoreClock) -> dict[str, Any]:
-    """The fence's parameters for `key` (`store_time_params`), with the holder the key
-    names, if any."""
-    params = store_time_params(
-        clock, tenant_id=key.tenant_id, execution_id=key.lease_execution_id, token=key.token
+    """The fence's parameters for `key` (`store_time_params`), with the holder it names."""
+    return store_time_params(
+        clock,
+        tenant_id=key.tenant_id,
+        execution_id=key.lease_execution_id,
+        token=key.token,
+        holder_instance_id=key.holder_instance_id,
     )
-    holder = getattr(key, "holder_instance_id", None)
-    if holder is not None:
-        params["holder_instance_id"] = holder
-    return params
 
 
 def fenced(sql: FenceStatements, key: FenceKey, params: dict[str, Any]) -> Step[None]:
-    """The lease and mark check of a write under `key`: the first statement of its step
-    (also matching the holder when the key names one)."""
-    holder = params.get("holder_instance_id")
-    statement = sql.fence if holder is None else sql.fence_holder
-    if (yield Exec(statement, params)).rowcount == 1:
+    """The lease and mark check of a write under `key`: the first statement of its step."""
+    if (yield Exec(sql.fence, params)).rowcount == 1:
         return None
     row = (yield Exec(sql.diagnose, params)).first()
-    raise fenced_error(key, refusal_of(row, key.token, holder))
+    raise fenced_error(key, refusal_of(row, key.token, key.holder_instance_id))
 
 
 async def fence_on(

@@ -187,6 +187,12 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
     def _params(self, **params: Any) -> dict[str, Any]:
         return store_time_params(self.store_clock, **params)
 
+    def _named_elsewhere(self, lease: ExecutionLease) -> bool:
+        """The lease names another instance than this store's: a context built by hand,
+        which moves nothing (checked before any statement)."""
+        checked_lease(lease)
+        return lease.holder_instance_id != self.application.instance_id
+
     def _lease_params(self, lease: ExecutionLease, **params: Any) -> dict[str, Any]:
         checked_lease(lease)
         return store_time_params(
@@ -242,6 +248,8 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
 
     async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
         params = self._lease_params(lease, lease_ms=checked_positive_ms("lease_ms", lease_ms))
+        if self._named_elsewhere(lease):
+            return None
         if self._sql.returning:
             row = (await self.connection.execute(self._sql.renew, params, priority=True)).first()
             return None if row is None else remaining_of(row[0], row[1])
@@ -259,12 +267,16 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         return remaining_of(row[1], row[2])
 
     async def release(self, lease: ExecutionLease) -> bool:
+        if self._named_elsewhere(lease):
+            return False
         result = await self.connection.execute(
             self._sql.release, self._lease_params(lease), priority=True
         )
         return result.rowcount == 1
 
     async def yield_lease(self, lease: ExecutionLease) -> bool:
+        if self._named_elsewhere(lease):
+            return False
         result = await self.connection.execute(
             self._sql.yield_lease, self._lease_params(lease), priority=True
         )
@@ -274,6 +286,8 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         params = self._lease_params(
             lease, lease_ms=checked_positive_ms("lease_ms", lease_ms), take_id=secrets.token_hex(16)
         )
+        if self._named_elsewhere(lease):
+            return None
         result = await self.connection.execute(self._sql.reclaim, params, priority=True)
         if self._sql.returning:
             row = result.first()
@@ -294,6 +308,8 @@ class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
         )
 
     async def finish(self, lease: ExecutionLease) -> bool:
+        if self._named_elsewhere(lease):
+            return False
         result = await self.connection.execute(
             self._sql.finish, self._lease_params(lease), priority=True
         )

@@ -1,4 +1,5 @@
-"""`SqlMeshRequestRepository`: one run per incoming request, by its idempotency key.
+"""`SqlMeshRequestRepository`: one run per incoming request, by its tenant and idempotency
+key.
 
 Statements per operation, every dialect: `save_if_absent` one (the insert-if-absent)
 when it creates the request, two when the key was there (the insert, then a read of the
@@ -39,7 +40,7 @@ class MeshStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
-        self.insert = ops.insert_if_absent(M, ["idempotency_key"]).values(
+        self.insert = ops.insert_if_absent(M, ["idempotency_key", "tenant_id"]).values(
             idempotency_key=sa.bindparam("idempotency_key"),
             tenant_id=sa.bindparam("tenant_id"),
             fingerprint=sa.bindparam("fingerprint"),
@@ -48,7 +49,8 @@ class MeshStatements:
             response=sa.null(),
         )
         self.read = sa.select(*(M.c[c] for c in _COLUMNS)).where(
-            M.c.idempotency_key == sa.bindparam("idempotency_key")
+            M.c.idempotency_key == sa.bindparam("idempotency_key"),
+            M.c.tenant_id == sa.bindparam("tenant_id"),
         )
         self.complete = (
             sa.update(M)
@@ -74,11 +76,12 @@ def _request_of(row: Any) -> MeshRequest:
 
 
 class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
-    """Incoming requests on SQL, one run per idempotency key.
+    """Incoming requests on SQL, one run per tenant and idempotency key.
 
-    The key is global (it is the table's primary key): the same key from another tenant, or
-    with another fingerprint, is `IdempotencyKeyConflictError` — never another tenant's
-    request or response. The first insert wins, whichever instance sends it.
+    The table's primary key is (idempotency key, tenant): another tenant's request under the
+    same key is another request, never answered nor refused by it. The same tenant and key
+    with another fingerprint is `IdempotencyKeyConflictError`. The first insert wins,
+    whichever instance sends it.
     """
 
     def __init__(
@@ -93,9 +96,9 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int
     ) -> MeshRequestSaved:
-        """Insert the request unless its key is stored (one statement); else read the stored
-        row. The stored request and whether this call created it; the same key with another
-        tenant or fingerprint is `IdempotencyKeyConflictError`."""
+        """Insert the request unless the tenant stored one under its key (one statement);
+        else read the stored row. The stored request and whether this call created it; the
+        same tenant and key with another fingerprint is `IdempotencyKeyConflictError`."""
         checked_mesh_request(idempotency_key, tenant_id, fingerprint, received_at)
         params = {
             "idempotency_key": idempotency_key,
@@ -112,14 +115,14 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
             if row is None:
                 continue
             stored = _request_of(row)
-            if stored.idempotency_key != idempotency_key:
+            if stored.idempotency_key != idempotency_key or stored.tenant_id != tenant_id:
                 # MySQL's PAD SPACE collations compare 'k' and 'k ' equal: never answer
                 # another key's request as this one's.
                 raise IdempotencyKeyConflictError(
                     f"idempotency key {idempotency_key!r} collides in this database with the "
                     f"stored key {stored.idempotency_key!r}: use a key without trailing spaces"
                 )
-            if stored.tenant_id != tenant_id or stored.fingerprint != fingerprint:
+            if stored.fingerprint != fingerprint:
                 raise IdempotencyKeyConflictError(
                     f"idempotency key {idempotency_key!r} was used before with another "
                     "request: use a new key for new content"
@@ -146,9 +149,8 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
         """The tenant's stored request, or `None` (also for another tenant's)."""
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("idempotency_key", idempotency_key)
-        row = (
-            await self.connection.execute(self._sql.read, {"idempotency_key": idempotency_key})
-        ).first()
+        params = {"idempotency_key": idempotency_key, "tenant_id": tenant_id}
+        row = (await self.connection.execute(self._sql.read, params)).first()
         if row is None or row[0] != idempotency_key or row[1] != tenant_id:
             return None
         return _request_of(row)

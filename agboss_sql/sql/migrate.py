@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import alembic.command
+import alembic.util
 import sqlalchemy as sa
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
@@ -318,9 +320,33 @@ def _migrate_on(connection: sa.Connection, revision: str, *, upgrading: bool) ->
                 )
         config = alembic_config(connection.engine.url)
         config.attributes["connection"] = connection
+        if not upgrading:
+            _refuse_downgrade(config, connection, before, revision)
         step = alembic.command.upgrade if upgrading else alembic.command.downgrade
         step(config, revision)
         return Migration(before, _current_on(connection))
+
+
+def _refuse_downgrade(
+    config: Config, connection: sa.Connection, before: str | None, revision: str
+) -> None:
+    """Raise `RuntimeError` before any step when a revision the downgrade would undo says
+    it must not run (its `downgrade_refusal(connection)`): on MySQL and MariaDB each step's
+    DDL commits on its own, so a refusal met halfway would leave the steps before it done."""
+    if before is None:
+        return
+    script = ScriptDirectory.from_config(config)
+    try:
+        undone = list(script.iterate_revisions(before, revision))
+    except (alembic.util.CommandError, RevisionError):
+        return  # a target alembic resolves otherwise (relative, say): each step checks itself
+    for found in undone:
+        if found.revision == revision:
+            continue
+        refusal = getattr(found.module, "downgrade_refusal", None)
+        reason = refusal(connection) if refusal is not None else None
+        if reason is not None:
+            raise RuntimeError(reason)
 
 
 @contextmanager

@@ -224,8 +224,10 @@ execution_tree_keys = sa.Table(
 mesh_requests = sa.Table(
     "agboss_mesh_requests",
     metadata,
+    # Idempotency keys are per tenant: another tenant's request under the same key is
+    # another request.
     sa.Column("idempotency_key", Ident(), primary_key=True),
-    sa.Column("tenant_id", Ident(), nullable=False),
+    sa.Column("tenant_id", Ident(), primary_key=True),
     sa.Column("fingerprint", sa.Text(), nullable=False),
     sa.Column("received_at", Millis(), nullable=False),
     sa.Column("completed", Flag(), nullable=False),

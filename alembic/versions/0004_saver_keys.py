@@ -157,17 +157,26 @@ def upgrade() -> None:
     op.create_index(_RUN_INDEX, "agboss_checkpoints", ["run_hash"], unique=False)
 
 
+def downgrade_refusal(bind: sa.Connection) -> str | None:
+    """Why a downgrade below this revision must not run on `bind`'s database, or `None`.
+    The migration runner asks it before the first step of a downgrade, so a refused
+    downgrade changes nothing even where DDL commits on its own (MySQL, MariaDB)."""
+    for table in ("agboss_checkpoints", "agboss_checkpoint_blobs", "agboss_checkpoint_writes"):
+        if bind.execute(sa.text(f"SELECT 1 FROM {table} LIMIT 1")).first() is not None:
+            return (
+                f"{table} holds checkpoints: downgrading below 0004_saver_keys would lose "
+                "them (values are keyed by their channel's digest); delete the threads first"
+            )
+    return None
+
+
 def downgrade() -> None:
     # The value rows no longer hold their channel's name (only its digest): they cannot be
     # carried back. Refuse rather than lose checkpoints.
     if not context.is_offline_mode():
-        bind = op.get_bind()
-        for table in _new_tables():
-            if bind.execute(sa.text(f"SELECT 1 FROM {table} LIMIT 1")).first() is not None:
-                raise RuntimeError(
-                    f"{table} holds checkpoints: downgrading below 0004_saver_keys would lose "
-                    "them (values are keyed by their channel's digest); delete the threads first"
-                )
+        refusal = downgrade_refusal(op.get_bind())
+        if refusal is not None:
+            raise RuntimeError(refusal)
     op.drop_index(_RUN_INDEX, table_name="agboss_checkpoints")
     for table in _new_tables():
         op.drop_table(table)

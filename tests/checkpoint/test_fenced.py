@@ -3,6 +3,7 @@ wakes after a takeover cannot overwrite the new holder's checkpoint."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -81,7 +82,12 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
     lease_b = await b.leases.acquire(TENANT, execution, LEASE_MS)
     assert lease_b is not None and lease_b.lease_epoch == 2
     assert lease_b.taken_over_from is not None
-    as_dict = {"tenant_id": TENANT, "execution_id": execution, "lease_epoch": lease_b.lease_epoch}
+    as_dict = {
+        "tenant_id": TENANT,
+        "execution_id": execution,
+        "lease_epoch": lease_b.lease_epoch,
+        "holder_instance_id": "instance-b",
+    }
     second = await _put(b.saver, _config(thread, as_dict, first), {"answer": "from b, step 2"})
 
     # A wakes and writes as if it still held the lease: a new checkpoint ...
@@ -209,6 +215,95 @@ async def test_a_fenced_saver_needs_a_lease_and_raises_the_scope_mark(
     assert (await sql.execute(mark)).scalar() == 0
     await _put(a.saver, _config(thread, lease), {"n": 1})
     assert (await sql.execute(mark)).scalar() == 2
+
+
+class SaverTrustingTheEpoch(SqlCheckpointSaver):
+    """A broken twin: the fence checks the epoch alone (each write goes under the name of
+    whoever holds the lease now), as the saver did before writes named their holder."""
+
+    async def _as_holder(self, config: Any) -> Any:
+        lease = config["configurable"][LEASE_KEY]
+        row = await self.connection.execute(
+            sa.select(execution_leases.c.holder_instance_id).where(
+                execution_leases.c.tenant_id == lease.tenant_id,
+                execution_leases.c.execution_id == lease.execution_id,
+            )
+        )
+        holder = row.scalar()
+        if holder is None:
+            return config
+        configurable = {
+            **config["configurable"],
+            LEASE_KEY: dataclasses.replace(lease, holder_instance_id=holder),
+        }
+        return {**config, "configurable": configurable}
+
+    async def aput(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+        return await super().aput(await self._as_holder(config), *args, **kwargs)
+
+    async def aput_writes(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        await super().aput_writes(await self._as_holder(config), *args, **kwargs)
+
+
+async def _another_holders_epoch_is_refused(
+    saver: SqlCheckpointSaver, a: Instance, clock: VirtualClock
+) -> str | None:
+    """What a fenced saver did wrong with a lease built by hand under another instance's
+    name at the holder's current epoch (`None`: it refused every write, wrote nothing)."""
+    thread = f"thread-{uuid.uuid4()}"
+    lease = await a.leases.acquire(TENANT, f"run-{uuid.uuid4()}", LEASE_MS)
+    assert lease is not None
+    first = await _put(a.saver, _config(thread, lease), {"n": 1})
+    forged = dataclasses.replace(lease, holder_instance_id="instance-b")
+    as_dict = {
+        "tenant_id": lease.tenant_id,
+        "execution_id": lease.execution_id,
+        "lease_epoch": lease.lease_epoch,
+        "holder_instance_id": "instance-b",
+    }
+    for hand_built in (forged, as_dict):
+        try:
+            await _put(saver, _config(thread, hand_built, first), {"n": "forged"})
+            return f"a checkpoint under {hand_built!r} was written"
+        except ExecutionFencedError as refused:
+            if refused.reason != "superseded":
+                return f"refused for {refused.reason!r}, not as superseded"
+        try:
+            await saver.aput_writes(_config(thread, hand_built, first), [("n", 2)], "task-1")
+            return f"pending writes under {hand_built!r} were written"
+        except ExecutionFencedError:
+            pass
+    latest = await a.saver.aget_tuple({"configurable": {"thread_id": thread}})
+    assert latest is not None
+    if latest.config["configurable"]["checkpoint_id"] != first or latest.pending_writes:
+        return f"the thread moved: {latest.checkpoint['channel_values']}, {latest.pending_writes}"
+    return None
+
+
+async def test_a_lease_under_another_holders_name_is_refused_and_writes_nothing(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    a = Instance(sql, clock, "instance-a")
+    assert await _another_holders_epoch_is_refused(a.saver, a, clock) is None
+    # A lease that names no holder is refused before any statement.
+    thread = f"thread-{uuid.uuid4()}"
+    lease = await a.leases.acquire(TENANT, f"run-{uuid.uuid4()}", LEASE_MS)
+    assert lease is not None
+    no_holder = {"tenant_id": TENANT, "execution_id": lease.execution_id, "lease_epoch": 1}
+    with pytest.raises(ValueError, match="holder_instance_id"):
+        await _put(a.saver, _config(thread, no_holder), {"n": 1})
+    with pytest.raises(ValueError, match="holder"):
+        await _put(a.saver, _config(thread, dataclasses.replace(lease, holder_instance_id="")), {})
+    assert [t async for t in a.saver.alist({"configurable": {"thread_id": thread}})] == []
+
+
+async def test_the_holder_case_bites_a_saver_that_trusts_the_epoch(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    a = Instance(sql, clock, "instance-a")
+    twin = SaverTrustingTheEpoch(sql, fenced=True, store_clock=StoreClock(clock))
+    found = await _another_holders_epoch_is_refused(twin, a, clock)
+    assert found is not None and "was written" in found, found
 
 
 async def test_an_unfenced_saver_ignores_leases(sql: SqlConnection, clock: VirtualClock) -> None:

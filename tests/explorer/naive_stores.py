@@ -6,7 +6,8 @@ instant, a renewal whatever the time, a renewal from the old end, a finish that
 only releases, a reclaim that keeps the epoch, a renewal that ignores a yield, a
 release/finish that matches the holder but not the epoch, calls keyed by the step
 only, a claim that does not compare, effects that trust the current token,
-effects on the caller's clock, a queue finish without the attempt compare.
+effects on the caller's clock, a queue finish without the attempt compare, ends of an
+attempt that trust a finished lease.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agboss_sql.contracts.types import (
     LeaseHolder,
     OutboundCall,
     OutboundCallSaved,
+    OutboundCallStatus,
 )
 from agboss_sql.memory import (
     InMemoryBackend,
@@ -240,6 +242,38 @@ class ClaimWithoutCompare(InMemoryOutboundCallRepository):
         return await super().mark_pending(key, current.attempt_ref, owner)
 
 
+class EndsTrustAFinishedLease(InMemoryOutboundCallRepository):
+    """Ends of an attempt (`mark_completed`, `mark_failed`) whose fence lets a finished
+    lease through for its holder at its token, whatever its time: "the run finished, but
+    how its call ended must still be recorded". A finished lease is over: the attempt is
+    someone else's to reconcile."""
+
+    async def _end(
+        self,
+        key: FencedEffectKey,
+        attempt: AttemptRef,
+        status: OutboundCallStatus,
+        response: JsonValue,
+        error: JsonValue,
+    ) -> bool:
+        row = self.memory.leases.get((key.tenant_id, key.lease_execution_id))
+        if (
+            row is None
+            or not row.finished
+            or row.lease_epoch != key.token
+            or row.holder_instance_id != key.holder_instance_id
+        ):
+            return await super()._end(key, attempt, status, response, error)
+        kept = (row.finished, row.released, row.closed_reason, row.expires_at)
+        row.finished = row.released = False
+        row.closed_reason = None
+        row.expires_at = store_now(self.store_clock) + 1
+        try:
+            return await super()._end(key, attempt, status, response, error)
+        finally:
+            row.finished, row.released, row.closed_reason, row.expires_at = kept
+
+
 class EffectsTrustCurrentToken(InMemoryFencedEffectRepository):
     """Fenced effects checked against whatever token the lease is at now, not the key's."""
 
@@ -320,6 +354,7 @@ def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
 
 __all__ = [
     "CallsKeyedByStep",
+    "EndsTrustAFinishedLease",
     "ClaimWithoutCompare",
     "EffectsTrustCurrentToken",
     "FinishOnlyReleases",

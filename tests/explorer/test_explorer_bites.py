@@ -18,6 +18,7 @@ from naive_stores import (
     CallsKeyedByStep,
     ClaimWithoutCompare,
     EffectsTrustCurrentToken,
+    EndsTrustAFinishedLease,
     FinishOnlyReleases,
     LetGoByHolderOnly,
     LiveThroughExpiry,
@@ -36,6 +37,7 @@ from agboss_sql.testing.explorer import InterleavingFailure, explore
 from agboss_sql.testing.explorer._search import Explorer
 from agboss_sql.testing.explorer._sim import (
     ACQUIRE,
+    FINISH,
     LEASE_STATE_OF,
     READ,
     RENEW,
@@ -134,6 +136,13 @@ BITES = [
         "one-send-per-business-key",
         8,
         {"calls": naive(ClaimWithoutCompare)},
+    ),
+    Bite(
+        "ends of an attempt that trust a finished lease",
+        "outbound_call_takeover",
+        "no-stale-write",
+        2,
+        {"calls": naive(EndsTrustAFinishedLease)},
     ),
     Bite(
         "effects that trust the current token",
@@ -288,11 +297,45 @@ async def test_shrinking_removes_every_step_whose_removal_still_breaks_the_invar
 
 def test_every_naive_store_of_the_spec_has_its_bite() -> None:
     labels = {bite.label for bite in BITES}
-    assert len(labels) == 13
+    assert len(labels) == 14
     assert {bite.world for bite in BITES} == {
         "lease",
         "fenced_effect",
         "outbound_call_business_key",
+        "outbound_call_takeover",
         "child_queue",
     }
     assert READ  # the protocol's first step is part of the call worlds' schedules
+
+
+async def test_the_takeover_worlds_naive_store_is_caught_by_that_world_alone() -> None:
+    """Ends that trust a finished lease pass every other world: no other world finishes a
+    lease while an outbound call is under way (the lease and fenced-effect worlds finish
+    but never end an attempt; the other call worlds never finish). Each other world runs
+    its races, an exhaustive search to depth 5 and the 200 seeded walks."""
+    takeover = WORLDS["outbound_call_takeover"]
+    assert FINISH in takeover.lease_ops and takeover.call
+    for world in WORLDS.values():
+        if world is not takeover:
+            assert not (world.call and FINISH in world.lease_ops), world.ident
+    chosen = memory_set(calls=naive(EndsTrustAFinishedLease))
+    for ident in WORLDS:
+        if ident == "outbound_call_takeover":
+            continue
+        report = await explore(
+            chosen.factories,
+            world=ident,
+            depth=5,
+            walks=200,
+            seed=SEED,
+            reset=chosen.reset,
+            business_rows=chosen.business_rows,
+            name="ends that trust a finished lease",
+        )
+        assert report.states > 10 and report.walk_steps == 200 * 30, report.summary()
+    caught = await _failure(
+        next(b for b in BITES if b.world == "outbound_call_takeover"), exhaustive=True
+    )
+    text = str(caught)
+    assert "every schedule of this world starts from its set-up:" in text
+    assert "instance-1 claim attempt 1 after pending attempt 0 of tree-1 at 1" in text

@@ -3,7 +3,7 @@
 
 Every schedule starts from an emptied lease, effect, call and business table; each
 instance is its own `SqlConnection`, and the store decides by the run's time (a bound
-`now`). The depth and the walks are chosen per database so the five worlds take at most
+`now`). The depth and the walks are chosen per database so the six worlds take at most
 a few minutes there on two cores (measured; see `BUDGET`); `AGBOSS_EXPLORER_DEEP=1` runs
 the deep search instead (`DEEP_BUDGET`).
 """
@@ -55,6 +55,12 @@ steps at depth 5 (the four worlds of before made 56,434 at depth 6) and 186,554 
 (load 4-8, other suites running): SQLite at depth 6, 65 s for the five worlds; PostgreSQL
 15 at depth 5, 15 min (10-23 schedules/s, where an idle machine runs several times that);
 MariaDB 10.11 at depth 5, see the README."""
+
+SHALLOWER: dict[str, int] = {"outbound_call_takeover": 1}
+"""How many levels less than the budget's depth a world searches: every schedule of the
+takeover world first replays its five-step set-up, so at the same depth it sends about
+four times the statements of the business-key world (67,000 against 15,600 at depth 5 on
+the in-memory set); one level less is 19,000, about what the other call worlds send."""
 
 DEEP_ENV = "AGBOSS_EXPLORER_DEEP"
 """Set to 1 for the deep search (`DEEP_BUDGET`): not in the default run."""
@@ -150,6 +156,7 @@ async def _database(sql_url: str) -> AsyncIterator[None]:
 async def test_the_sql_set_passes_every_world(world: str) -> None:
     deep = os.environ.get(DEEP_ENV) == "1"
     depth, walks = (DEEP_BUDGET if deep else BUDGET)[SQL.dialect]
+    depth -= SHALLOWER.get(world, 0)
     started = time.perf_counter()
     report = await explore(
         SQL.factories(),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from support.sql import statements
 
 from agboss_sql.contracts.clocks import VirtualClock
@@ -14,6 +15,7 @@ from agboss_sql.contracts.errors import IdempotencyKeyConflictError, InvalidIden
 from agboss_sql.contracts.types import ApplicationContext, MeshRequest
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.mesh import SqlMeshRequestRepository
+from agboss_sql.sql.schema import mesh_requests
 
 START = 1_700_000_000_000
 
@@ -44,12 +46,28 @@ async def test_same_key_with_another_fingerprint_is_a_conflict(sql: SqlConnectio
     assert await store.get("tenant-a", "req-1") == MeshRequest("req-1", "tenant-a", "fp-1", START)
 
 
-async def test_same_key_from_another_tenant_is_a_conflict(sql: SqlConnection) -> None:
+async def test_same_key_from_another_tenant_is_another_request(sql: SqlConnection) -> None:
+    """Keys are per tenant: one row per (key, tenant), neither tenant sees the other's."""
     store = store_on(sql)
     await store.save_if_absent("req-1", "tenant-a", "fp-1", START)
     await store.complete("tenant-a", "req-1", {"secret": "tenant-a's answer"})
+    theirs = await store.save_if_absent("req-1", "tenant-b", "fp-2", START + 1)
+    assert theirs == (MeshRequest("req-1", "tenant-b", "fp-2", START + 1), True)
     with pytest.raises(IdempotencyKeyConflictError):
         await store.save_if_absent("req-1", "tenant-b", "fp-1", START)
+    assert await store.complete("tenant-b", "req-1", {"for": "b"}) is True
+    assert await store.get("tenant-a", "req-1") == MeshRequest(
+        "req-1", "tenant-a", "fp-1", START, {"secret": "tenant-a's answer"}, completed=True
+    )
+    assert await store.get("tenant-b", "req-1") == MeshRequest(
+        "req-1", "tenant-b", "fp-2", START + 1, {"for": "b"}, completed=True
+    )
+    rows = await sql.execute(
+        sa.select(mesh_requests.c.tenant_id)
+        .where(mesh_requests.c.idempotency_key == "req-1")
+        .order_by(mesh_requests.c.tenant_id)
+    )
+    assert [row[0] for row in rows.rows] == ["tenant-a", "tenant-b"]
 
 
 async def test_complete_stores_the_response_once(sql: SqlConnection) -> None:

@@ -4,6 +4,7 @@ and finish meet every child state; and it bites store sets that break one rule e
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from conformance_runner import failures, memory_set, run_class
@@ -70,8 +71,8 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
         writes[write.contract] += 1
     states = len(LEASE_STATES) + len(WRITE_ONLY_STATES)
     assert len(effect) == writes["fenced_effect"] * states
-    assert len(call) == writes["outbound_call"] * states == 4 * 10
-    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 50
+    assert len(call) == writes["outbound_call"] * states == 4 * 11
+    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 60
     assert len(queue) == 2 * len(CHILD_STATES)
     states = {
         "live",
@@ -87,7 +88,7 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
 
 async def test_the_sound_set_passes_the_matrix() -> None:
     results = await run_class(_set(), only="__matrix_", real_time=False)
-    assert len(results) == 10 + 4 * 10 + 50 + 12
+    assert len(results) == 11 + 4 * 11 + 60 + 12
     assert failures(results) == {}
 
 
@@ -217,6 +218,86 @@ async def test_an_unfenced_mark_failed_fails_its_row() -> None:
     assert set(found) == {
         "test_outbound_call__matrix_mark_failed_with_a_context_whose_lease_is_expired"
     }, sorted(found)
+
+
+class EffectsTrustTheEpoch(InMemoryFencedEffectRepository):
+    """A fence that checks the epoch alone: whoever the key names, the write goes through
+    under the lease's current holder."""
+
+    async def save_result_if_absent(
+        self, key: FencedEffectKey, work: Any
+    ) -> FencedEffectResult[Any]:
+        row = self.memory.leases.get((key.tenant_id, key.lease_execution_id))
+        if row is not None and key.holder_instance_id is not None:
+            key = dataclasses.replace(key, holder_instance_id=row.holder_instance_id)
+        return await super().save_result_if_absent(key, work)
+
+
+class CallsCheckAHolderOnlyWhenNamed(InMemoryOutboundCallRepository):
+    """Outbound calls whose fence checks the holder only when the key names one (the fence
+    before every key named its holder): a key built without one writes at any epoch."""
+
+    def _named(self, key: FencedEffectKey) -> FencedEffectKey:
+        row = self.memory.leases.get((key.tenant_id, key.lease_execution_id))
+        if getattr(key, "holder_instance_id", None) is None and row is not None:
+            return dataclasses.replace(key, holder_instance_id=row.holder_instance_id)
+        return key
+
+    async def save_if_absent(self, key: FencedEffectKey, intent: Any, recorded_at: int) -> Any:
+        return await super().save_if_absent(self._named(key), intent, recorded_at)
+
+    async def mark_pending(self, key: FencedEffectKey, expected: Any, owner: str) -> bool:
+        return await super().mark_pending(self._named(key), expected, owner)
+
+    async def mark_completed(self, key: FencedEffectKey, attempt: Any, response: Any) -> bool:
+        return await super().mark_completed(self._named(key), attempt, response)
+
+    async def mark_failed(self, key: FencedEffectKey, attempt: Any, error: JsonValue) -> bool:
+        return await super().mark_failed(self._named(key), attempt, error)
+
+
+class LeasesIgnoreTheNamedHolder(InMemoryExecutionLeaseRepository):
+    """Lease moves that look at the store's instance and the epoch, not at the holder the
+    lease names."""
+
+    def _held(self, lease: ExecutionLease) -> Any:
+        return super()._held(dataclasses.replace(lease, holder_instance_id=self.instance_id))
+
+
+async def test_a_fence_that_checks_the_epoch_alone_fails_the_holder_rows() -> None:
+    found = failures(
+        await run_class(_set({"fenced_effect": EffectsTrustTheEpoch}), only="__matrix_")
+    )
+    assert set(found) == {
+        "test_fenced_effect__matrix_save_result_if_absent_with_a_context_whose_lease_is_the_holder_s_epoch_under_another_instance_s_name"
+    }, sorted(found)
+    _expect(found, "no-stale-write", *found)
+
+
+async def test_a_fence_that_checks_a_holder_only_when_named_fails_the_no_holder_rows() -> None:
+    found = failures(
+        await run_class(_set({"outbound_call": CallsCheckAHolderOnlyWhenNamed}), only="__matrix_")
+    )
+    assert set(found) == {
+        f"test_outbound_call__matrix_{write}_with_a_context_whose_lease_is_the_holder_s_epoch_in_a_key_that_names_no_holder"
+        for write in ("save_if_absent", "mark_pending", "mark_completed", "mark_failed")
+    }, sorted(found)
+    _expect(found, "no-stale-write", *found)
+
+
+async def test_moves_that_ignore_the_named_holder_fail_its_rows() -> None:
+    found = failures(
+        await run_class(_set({"execution_lease": LeasesIgnoreTheNamedHolder}), only="__matrix_")
+    )
+    assert set(found) == {
+        f"test_execution_lease__matrix_{move}_with_a_context_whose_lease_is_{state}"
+        for move in ("renew", "release", "yield", "finish")
+        for state in (
+            "the_holder_s_epoch_under_another_instance_s_name",
+            "the_holder_s_epoch_in_a_context_that_names_no_instance",
+        )
+    }, sorted(found)
+    _expect(found, "no-stale-write", *found)
 
 
 async def test_a_queue_finish_without_the_attempt_compare_fails_its_rows() -> None:

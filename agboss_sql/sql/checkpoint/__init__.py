@@ -55,8 +55,10 @@ The latest checkpoint of a thread is read off the primary key (the greatest
 Fencing (`fenced=True`): every `aput` and `aput_writes` raises the lease's fence
 token in the same transaction as (where writes fold: the same statement as) the write,
 with the statement the fenced-effect store uses on `agboss_execution_leases` (`_fence`).
-The write happens only while the lease in the run's config (`configurable["agboss_lease"]`)
-is held at its epoch and live by the store's time; otherwise nothing is written and
+The write happens only while the lease in the run's config (`configurable["agboss_lease"]`:
+an `ExecutionLease`, or a dict of `tenant_id`, `execution_id`, `lease_epoch` and
+`holder_instance_id`) is held at its epoch by the instance it names and live by the
+store's time (a lease that names no holder is a `ValueError` before any statement); otherwise nothing is written and
 `ExecutionFencedError` is raised, so an instance that wakes after a takeover cannot
 overwrite the new holder's checkpoint.
 

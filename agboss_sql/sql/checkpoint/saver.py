@@ -151,7 +151,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     Sync and async calls mix freely; `close()` never leaves a sync call waiting.
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
-    `configurable["agboss_lease"]` is held (checked in the write's transaction, by
+    `configurable["agboss_lease"]` is held at its epoch by the instance it names (checked
+    in the write's transaction, by
     `store_clock`'s time: database time by default), else `ExecutionFencedError`.
     Deleting, copying and pruning threads are not fenced.
     """

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agboss_sql.contracts.errors import ExecutionFencedError
+from agboss_sql.contracts.errors import ExecutionFencedError, InvalidIdentifierError
 from agboss_sql.contracts.keys import attempt_owner_of
 from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
@@ -72,11 +72,15 @@ class State:
     """One state a lease (and the context acting on it) can be in."""
 
     name: str
-    write: FenceRefusal | None
-    """What a fenced write with the context is refused for (`None`: it is accepted)."""
+    write: FenceRefusal | type[Exception] | None
+    """What a fenced write with the context is refused for (`None`: it is accepted): the
+    fence's reason, or the typed error that refuses the key before any statement."""
     moves: dict[str, bool]
     """Whether each move with the context is granted."""
     reach: Callable[[World, Prepare], Awaitable[Reached]]
+    key: Callable[[FencedEffectKey], FencedEffectKey] | None = None
+    """How the write's key is built by hand from the context's (`None`: as the runtime
+    builds it, `fenced_effect_key_of`)."""
 
 
 async def _taken(w: World, prepare: Prepare) -> tuple[str, ExecutionLease]:
@@ -146,6 +150,25 @@ async def _named_for_another(w: World, prepare: Prepare) -> Reached:
     return Reached(dataclasses.replace(lease, holder_instance_id="instance-2"), 0, (0, lease))
 
 
+async def _named_by_nobody(w: World, prepare: Prepare) -> Reached:
+    # The holder's current epoch in a context that names no instance at all.
+    _, lease = await _taken(w, prepare)
+    return Reached(dataclasses.replace(lease, holder_instance_id=""), 0, (0, lease))
+
+
+async def _holder_left_out(w: World, prepare: Prepare) -> Reached:
+    # The holder's own context; the write's key is built by hand without the holder.
+    _, lease = await _taken(w, prepare)
+    return Reached(lease, 0, (0, lease))
+
+
+def _without_holder(key: FencedEffectKey) -> FencedEffectKey:
+    # Built with replace(**Any) on purpose: the type requires the holder.
+    hand: Any = dataclasses.replace
+    built: FencedEffectKey = hand(key, holder_instance_id=None)
+    return built
+
+
 async def _other_holder(w: World, prepare: Prepare) -> Reached:
     # Another instance's store moving the holder's lease, with the holder's own context.
     _, lease = await _taken(w, prepare)
@@ -167,15 +190,6 @@ LEASE_STATES: tuple[State, ...] = (
     State("an older epoch of the same holder", FenceRefusal.SUPERSEDED, _granted(), _older_epoch),
     State("a token never granted", FenceRefusal.TOKEN_NOT_GRANTED, _granted(), _never_granted),
     State("absent", FenceRefusal.LEASE_ABSENT, _granted(), _absent),
-)
-"""Every state a lease can be in when a write or a move arrives with its context."""
-
-MOVE_ONLY_STATES: tuple[State, ...] = (
-    State("held by another instance", None, _granted(), _other_holder),
-)
-"""States only a lease move can meet: a move is made by its store's instance."""
-
-WRITE_ONLY_STATES: tuple[State, ...] = (
     State(
         "the holder's epoch under another instance's name",
         FenceRefusal.SUPERSEDED,
@@ -183,8 +197,30 @@ WRITE_ONLY_STATES: tuple[State, ...] = (
         _named_for_another,
     ),
 )
-"""States only a fenced write can meet: its key names the instance the epoch was granted
-to (a move names none but its store's own)."""
+"""Every state a lease can be in when a write or a move arrives with its context. A context
+built by hand under another instance's name with the holder's current epoch moves and
+writes nothing: a write's key names the instance the epoch was granted to, and a move is
+made by its store's instance for the lease it names."""
+
+MOVE_ONLY_STATES: tuple[State, ...] = (
+    State("held by another instance", None, _granted(), _other_holder),
+    State(
+        "the holder's epoch in a context that names no instance", None, _granted(), _named_by_nobody
+    ),
+)
+"""States only a lease move can meet: a move is made by its store's instance."""
+
+WRITE_ONLY_STATES: tuple[State, ...] = (
+    State(
+        "the holder's epoch in a key that names no holder",
+        InvalidIdentifierError,
+        _granted(),
+        _holder_left_out,
+        key=_without_holder,
+    ),
+)
+"""States only a fenced write can meet: a key built by hand that leaves the holder out is
+refused before any statement (the holder is what the fence checks beside the epoch)."""
 
 
 # --- the fenced writes --------------------------------------------------------------------
@@ -252,9 +288,17 @@ async def _no_call(w: World, lease: ExecutionLease) -> str | None:
     return None if row is None else f"a call row {row}"
 
 
+def _readable(key: FencedEffectKey) -> FencedEffectKey:
+    """`key` for reading the call's row before the write: a key built without its holder
+    reads the same row under any holder's name (the holder is no part of its identity)."""
+    if key.holder_instance_id:
+        return key
+    return dataclasses.replace(key, holder_instance_id="reader")
+
+
 async def _mark_pending(w: World, key: FencedEffectKey, instance: int) -> Any:
     expected = AttemptRef(OutboundCallStatus.PENDING, 0, "")
-    row = await w.calls(0).get(key)
+    row = await w.calls(0).get(_readable(key))
     if row is not None:
         expected = row.attempt_ref
     return await w.calls(instance).mark_pending(key, expected, attempt_owner_of(key))
@@ -273,7 +317,7 @@ def _at_attempt(status: OutboundCallStatus, attempt: int) -> Any:
 
 def _ending(completed: bool) -> Callable[[World, FencedEffectKey, int], Awaitable[Any]]:
     async def run(w: World, key: FencedEffectKey, instance: int) -> Any:
-        row = await w.calls(0).get(key)
+        row = await w.calls(0).get(_readable(key))
         ref = (
             row.attempt_ref
             if row is not None
@@ -320,17 +364,36 @@ def _write_case(write: Write, state: State) -> CaseRun:
         w = World(ctx)
         reached = await state.reach(w, write.prepare(w))
         key = key_of(reached.context)
+        if state.key is not None:
+            key = state.key(key)
         what = f"{write.name} with a context whose lease is {state.name}"
+        refusal = state.write
+        if isinstance(refusal, type):
+            try:
+                answer = await write.run(w, key, reached.instance)
+            except refusal:
+                written = await write.unchanged(w, reached.context)
+                expect(written is None, "no-stale-write", f"{what} was refused but wrote {written}")
+                return
+            except Exception as exc:
+                fail(
+                    "bad-input",
+                    f"{what} raised {exc!r}, where the contract raises {refusal.__name__}",
+                )
+            fail(
+                "no-stale-write",
+                f"{what} was accepted ({answer!r}), where the contract refuses it "
+                f"({refusal.__name__})",
+            )
         try:
             answer = await write.run(w, key, reached.instance)
         except ExecutionFencedError as exc:
-            if state.write is None:
+            if refusal is None:
                 fail("no-stale-write", f"{what} was refused ({exc.reason})")
             expect(
-                exc.reason == state.write,
+                exc.reason == refusal,
                 "no-stale-write",
-                f"{what} was refused for {exc.reason!r}, where the contract says "
-                f"{state.write.value!r}",
+                f"{what} was refused for {exc.reason!r}, where the contract says {refusal.value!r}",
             )
             expect(
                 exc.scope_key == key.scope_key and exc.token == key.token,
@@ -341,11 +404,11 @@ def _write_case(write: Write, state: State) -> CaseRun:
             written = await write.unchanged(w, reached.context)
             expect(written is None, "no-stale-write", f"{what} was refused but wrote {written}")
             return
-        if state.write is not None:
+        if refusal is not None:
             fail(
                 "no-stale-write",
                 f"{what} was accepted ({answer!r}), where the contract refuses it "
-                f"({state.write.value})",
+                f"({refusal.value})",
             )
         accepted = getattr(answer, "created", answer)
         if isinstance(accepted, bool):

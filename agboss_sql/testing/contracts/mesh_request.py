@@ -1,13 +1,15 @@
 """Contract suite of `MeshRequestRepository` (docs/contracts.md): one run per incoming request.
 
-An idempotency key is saved once (whichever instance receives the request first), the
-same key with another fingerprint is `IdempotencyKeyConflictError`, and the response is
-stored once, so a retried request gets the first run's answer.
+An idempotency key is saved once per tenant (whichever instance receives the request
+first), the same tenant and key with another fingerprint is `IdempotencyKeyConflictError`,
+and the response is stored once, so a retried request gets the first run's answer. Keys
+are per tenant: two tenants using one key never see nor collide with each other's request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError
@@ -204,6 +206,71 @@ async def another_tenant_neither_reads_nor_completes(ctx: CaseContext) -> None:
     _expect(seen is None, "tenant-apart", f"another tenant's get() read the response: {seen}")
 
 
+async def two_tenants_under_one_key_each_get_their_own(ctx: CaseContext) -> None:
+    """Keys are per tenant: another tenant's save under a key the first tenant used (with
+    the same or another fingerprint) creates its own request, from either instance, under
+    concurrent saves too; each tenant's retries, `get` and `complete` see only its own."""
+    other = "tenant-2"
+    first = ctx.clock.now()
+    await _mesh(ctx, 0).save_if_absent("key-1", TENANT, FINGERPRINT, first)
+    await _mesh(ctx, 0).complete(TENANT, "key-1", {"for": TENANT})
+    try:
+        theirs, created = await _mesh(ctx, 1).save_if_absent(
+            "key-1", other, "sha256:other", first + 1
+        )
+    except IdempotencyKeyConflictError as exc:
+        raise AssertionError(
+            f"[tenant-apart] another tenant's save under a key the first tenant used was "
+            f"refused as a conflict: keys are per tenant ({exc})"
+        ) from None
+    want = MeshRequest("key-1", other, "sha256:other", first + 1, None, False)
+    _expect(created, "tenant-apart", "another tenant's first save under the key was a replay")
+    _expect(theirs == want, "tenant-apart", f"another tenant's save answered {theirs}")
+    again, created = await _mesh(ctx, 0).save_if_absent("key-1", other, "sha256:other", first + 2)
+    _expect(
+        (again, created) == (want, False),
+        "tenant-apart",
+        f"the other tenant's retry answered {again}, created={created}",
+    )
+    mine = MeshRequest("key-1", TENANT, FINGERPRINT, first, {"for": TENANT}, True)
+    got = await _mesh(ctx, 1).get(TENANT, "key-1")
+    _expect(got == mine, "tenant-apart", f"the first tenant's request reads {got}")
+    done = await _mesh(ctx, 0).complete(other, "key-1", {"for": other})
+    _expect(done, "tenant-apart", "the other tenant could not complete its own request")
+    got = await _mesh(ctx, 1).get(other, "key-1")
+    _expect(
+        got == dataclasses.replace(want, response={"for": other}, completed=True),
+        "tenant-apart",
+        f"the other tenant's request reads {got}",
+    )
+    got = await _mesh(ctx, 0).get(TENANT, "key-1")
+    _expect(got == mine, "tenant-apart", f"the other tenant's complete changed {got}")
+    # Both tenants' first saves of a new key at once: each tenant's request is created once.
+    for round_ in range(3):
+        key = f"key-both-{round_}"
+        results = await asyncio.gather(
+            *(
+                _mesh(ctx, i % 2).save_if_absent(
+                    key, (TENANT, other)[i % 2], FINGERPRINT, ctx.clock.now()
+                )
+                for i in range(6)
+            )
+        )
+        for i, result in enumerate(results):
+            _expect(
+                result.request.tenant_id == (TENANT, other)[i % 2],
+                "tenant-apart",
+                f"round {round_ + 1}: a save of {(TENANT, other)[i % 2]} answered {result.request}",
+            )
+        for tenant in (TENANT, other):
+            created_count = sum(1 for r in results if r.created and r.request.tenant_id == tenant)
+            _expect(
+                created_count == 1,
+                "tenant-apart",
+                f"round {round_ + 1}: {created_count} saves created {tenant}'s request",
+            )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "another tenant neither reads nor completes a request",
@@ -221,6 +288,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ),
     ("stores the response once", stores_the_response_once),
     ("stores one of concurrent responses", stores_one_of_concurrent_responses),
+    (
+        "two tenants under one key each get their own request",
+        two_tenants_under_one_key_each_get_their_own,
+    ),
 ]
 
 

@@ -11,9 +11,13 @@ yielded and released leases) and may renew, yield, reclaim, release or finish
 with any of them, write the fenced effect, or record, claim and end the call;
 the model decides what must be refused. Each operation is sent only once the store answered the one
 before, so the order the explorer chose is the order the store sees, for any
-store. Five worlds: the lease; the step's fenced effect; an outbound call
+store. Six worlds: the lease; the step's fenced effect; an outbound call
 handed over on one tree; an outbound call under one business key from two
-trees; a parent's two children in the child queue (claim, list the running
+trees; takeovers mixed with reconciliation (every schedule starts with a claimed
+attempt pending under an expired lease of tree-1 while tree-2 holds the same
+business key: tree-1 is taken over while tree-2 reconciles, both claim, the
+stopped claimer marks with its old context, a holder may finish its tree); a
+parent's two children in the child queue (claim, list the running
 ones, restart and finish with any attempt an instance saw: a finish or restart
 at a stale attempt must be refused, and exactly one finish of the last child
 answers none left). Each runs both orders of its two-outcome races, every schedule of two

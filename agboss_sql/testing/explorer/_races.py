@@ -34,6 +34,7 @@ from agboss_sql.testing.explorer._sim import (
     RENEW,
     RESTART,
     RUNNING,
+    STALE,
     TIME,
     WAIT_EXPIRY,
     Action,
@@ -284,6 +285,42 @@ RACES: tuple[Race, ...] = (
         (_is("completed"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
         (_is("claimed attempt 2"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
     ),
+    # --- takeovers mixed with reconciliation under one business key ---
+    Race(
+        "a claim after a takeover vs the other tree's claim",
+        "outbound_call_takeover",
+        (
+            (_a(1, READ), _is("pending attempt 1 of tree-1 at 1")),
+            (
+                _a(1, RECONCILE),
+                _is("lease_state_of tree-1 at 1: superseded; the other system never got it"),
+            ),
+            (_a(0, ACQUIRE), _is(TAKEOVER)),
+            (
+                _a(0, RECONCILE),
+                _is("lease_state_of tree-1 at 1: superseded; the other system never got it"),
+            ),
+        ),
+        Side("tree-1's claim after its takeover", (_a(0, CLAIM),)),
+        Side("tree-2's claim", (_a(1, CLAIM),)),
+        (_is("claimed attempt 2"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+        (_is("claimed attempt 2"), _is("lost (the row moved)", ONE_SEND_PER_BUSINESS_KEY)),
+    ),
+    Race(
+        "the stopped claimer's mark vs the reconciler's claim",
+        "outbound_call_takeover",
+        (
+            (_a(1, READ), _is("pending attempt 1 of tree-1 at 1")),
+            (
+                _a(1, RECONCILE),
+                _is("lease_state_of tree-1 at 1: superseded; the other system never got it"),
+            ),
+        ),
+        Side("the stopped claimer's mark", (_a(0, STALE + END, 1),)),
+        Side("the reconciler's claim", (_a(1, CLAIM),)),
+        (_is(REFUSED, NO_STALE_WRITE), _is("claimed attempt 2")),
+        (_is("claimed attempt 2"), _is(REFUSED, NO_STALE_WRITE)),
+    ),
     # --- a parent's children in the child queue ---
     Race(
         "a finish vs a restart of its attempt",
@@ -314,7 +351,8 @@ RACES: tuple[Race, ...] = (
 lease_state_of vs take and vs finish (and vs a late renewal), a write vs its lease's
 hand-over, two claims of one attempt, an ending vs a newer claim, two executions recording
 one business key, a claim vs its hand-over, a child's finish vs a restart of its attempt,
-the finishes of a parent's last two children."""
+the finishes of a parent's last two children, a claim after a takeover vs the other tree's
+claim, the stopped claimer's mark vs the reconciler's claim."""
 
 
 def races_of(world: str, *, lease_state_of: bool) -> list[Race]:

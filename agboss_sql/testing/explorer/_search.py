@@ -212,6 +212,16 @@ def _weight(op: str) -> float:
     return _STALE_WEIGHT if op.startswith(STALE) else _WEIGHTS.get(op, 1)
 
 
+def _setup_lines(sim: Sim) -> list[str]:
+    """The world's set-up, printed after a schedule that started from it."""
+    if not sim.world.setup:
+        return []
+    return [
+        "every schedule of this world starts from its set-up:",
+        *(f"   {text}" for text in sim.setup_log),
+    ]
+
+
 class _Stopped(Exception):
     """The search reached its time limit."""
 
@@ -379,7 +389,16 @@ class Explorer:
         # Without a reset, every schedule works in a tenant of its own.
         tenant = "tenant-1" if self.resets else f"explorer-{self.uid}-{self.schedule_number}"
         sim.start(tenant, f"interleavings/{self.uid}/{self.schedule_number}/")
-        await sim.setup()
+        try:
+            await sim.setup()
+        except Broken as broken:
+            n = len(sim.insts)
+            raise InterleavingFailure(
+                self._header(n, "set-up", broken.invariant, broken.message),
+                invariant=broken.invariant,
+                world=self.world.ident,
+                mode="set-up",
+            ) from None
 
     async def close(self) -> None:
         """Close every store it built, with its factory's close."""
@@ -486,6 +505,7 @@ class Explorer:
             *(f"{number:4d}. {text}" for number, text in enumerate(log, 1)),
             _clocks_line(n, skew_index),
             reproduce,
+            *_setup_lines(sim),
         ]
         return InterleavingFailure(
             "\n".join(lines),
@@ -555,6 +575,7 @@ class Explorer:
             f"schedule ({len(log)} steps):",
             *(f"{number:4d}. {text}" for number, text in enumerate(log, 1)),
             _clocks_line(n, skew_index),
+            *_setup_lines(sim),
         ]
         return InterleavingFailure(
             "\n".join(lines), invariant=invariant, world=self.world.ident, mode=mode, schedule=log

@@ -185,6 +185,9 @@ class World:
     fencing: tuple[str, ...] = ()
     """The fencing contracts whose guarantees the world tests (refused for a store that
     opted out of the lease check, unless the opt-out is accepted)."""
+    setup: tuple[Action, ...] = ()
+    """Steps every schedule starts from, made (and checked) before the scheduler's first
+    choice: where the world's story begins."""
 
 
 LEASE_WORLD = World(
@@ -219,6 +222,33 @@ BUSINESS_KEY_WORLD = World(
     fencing=("outbound_call",),
 )
 
+TAKEOVER_WORLD = World(
+    "outbound_call_takeover",
+    "outbound-call takeover world",
+    (ACQUIRE, RELEASE, FINISH),
+    call=True,
+    business_key=True,
+    trees=2,
+    needs=("execution_lease", "outbound_call"),
+    fencing=("outbound_call",),
+    setup=(
+        # instance-1 took tree-1, recorded the call under the business key and claimed its
+        # first attempt, then stopped (a pause, a lost network) until its lease ran out.
+        (0, ACQUIRE, 0),
+        (0, RECORD, 0),
+        (0, CLAIM, 0),
+        (TIME, WAIT_EXPIRY, 0),
+        # instance-2 holds tree-2, whose step makes the same call (the same business key).
+        (1, ACQUIRE, 0),
+    ),
+)
+"""Takeovers mixed with reconciliation: every schedule starts with instance-1's claimed
+attempt pending under tree-1's expired lease and instance-2 holding tree-2 under the same
+business key. From there tree-1 is taken over (by instance-1 coming back, at its next
+epoch, or by instance-3 in the walks) while tree-2 reconciles the pending attempt, and
+each claims the next attempt after its own reconciliation, racing the stopped claimer's
+marks made with its old context."""
+
 CHILD_QUEUE_WORLD = World(
     "child_queue",
     "child-queue world",
@@ -234,12 +264,15 @@ WORLDS: dict[str, World] = {
         FENCED_EFFECT_WORLD,
         HANDOVER_WORLD,
         BUSINESS_KEY_WORLD,
+        TAKEOVER_WORLD,
         CHILD_QUEUE_WORLD,
     )
 }
-"""The five worlds by id: the lease; the step's fenced effect; an outbound call handed
-over on one tree; an outbound call under one business key from two trees; a parent's two
-children in the child queue (claim, restart, finish races, the last child's wake)."""
+"""The six worlds by id: the lease; the step's fenced effect; an outbound call handed
+over on one tree; an outbound call under one business key from two trees; takeovers of a
+tree whose claimed attempt is pending while the other tree under the business key
+reconciles it; a parent's two children in the child queue (claim, restart, finish races,
+the last child's wake)."""
 
 CHILDREN = 2
 """How many children the child-queue world queues under its parent."""
@@ -445,13 +478,15 @@ class Sim:
         self.children: list[ChildModel] = []
         self.woken_by = ""
         """Which finish answered that no sibling is left (the last child's wake)."""
+        self.setup_log: list[str] = []
+        """The world's set-up steps, each with the store's answer, as last made."""
         self.suffix = ""
         self.last = ""
         self.outcome = ""
         self.outcomes: dict[str, int] = {}
         """How often each kind of answer was seen in checked steps (what the search
         reached)."""
-        self._keys: dict[tuple[str, int, int], FencedEffectKey] = {}
+        self._keys: dict[tuple[str, int, str], FencedEffectKey] = {}
         self._owners: dict[tuple[str, int, int], str] = {}
         self._short: dict[str, tuple[str, int] | str] = {}
         self._identities: dict[str, str] = {}
@@ -482,8 +517,27 @@ class Sim:
         self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
 
     async def setup(self) -> None:
-        """What a schedule starts from: the child-queue world's parent has its children
-        queued."""
+        """What a schedule starts from: the world's set-up steps made and checked (`Broken`
+        when a store breaks an invariant there, or answers otherwise than the contract
+        does); the child-queue world's parent has its children queued."""
+        if self.world.setup:
+            log: list[str] = []
+            self.setup_log = log
+            for action in self.world.setup:
+                try:
+                    await self.run(action, True, log)
+                except Broken as broken:
+                    raise Broken(
+                        broken.invariant,
+                        f"in the world's set-up ({'; '.join(log)}): {broken.message}",
+                    ) from None
+            first = self.insts[0]
+            if first.claimed is None or not all(i.holding for i in self.insts[:2]):
+                raise Broken(
+                    STORE_ERROR,
+                    f"the world's set-up did not reach its start ({'; '.join(log)}): the "
+                    "contract grants each of these steps",
+                )
         if not self.world.queue:
             return
         queue = self.insts[0].stores.queue
@@ -516,12 +570,13 @@ class Sim:
 
     # --- keys -----------------------------------------------------------------------
 
-    def key_of(self, tree: TreeModel, epoch: int) -> FencedEffectKey:
-        """The step's key under `tree`'s lease at `epoch`."""
-        cache = (tree.name, epoch, 0)
+    def key_of(self, tree: TreeModel, epoch: int, holder: str = "instance-1") -> FencedEffectKey:
+        """The step's key under `tree`'s lease at `epoch`, granted to `holder` (the holder
+        is no part of the key's identity, nor of its attempt owner)."""
+        cache = (tree.name, epoch, holder)
         key = self._keys.get(cache)
         if key is None:
-            lease = ExecutionLease(self.tenant, tree.name, "", epoch, 0)
+            lease = ExecutionLease(self.tenant, tree.name, holder, epoch, 0)
             ctx = ExecutionContext(
                 tenant_id=self.tenant,
                 root_execution_id=tree.name,
@@ -1244,7 +1299,7 @@ class Sim:
         effects = inst.stores.effects
         assert lease is not None and effects is not None
         epoch = lease.lease_epoch
-        key = self.key_of(tree, epoch)
+        key = self.key_of(tree, epoch, lease.holder_instance_id)
         row = f"{self.prefix}{tree.name}/{STEP_KEY}/{EFFECT_NAME} by {inst.name} at {epoch}"
         value = {"written_by": inst.name, "token": epoch}
         rows = self.business_rows
@@ -1335,7 +1390,7 @@ class Sim:
         assert calls is not None
         epoch = inst.lease.lease_epoch if inst.lease else 0
         try:
-            call = await calls.get(self.key_of(inst.tree, epoch))
+            call = await calls.get(self.key_of(inst.tree, epoch, inst.name))
         except Exception as exc:
             raise self._error(inst, "read the call", exc) from exc
         view: View | str = ABSENT if call is None else self._view_of(call)
@@ -1364,7 +1419,9 @@ class Sim:
             else ""
         )
         try:
-            saved = await calls.save_if_absent(self.key_of(tree, epoch), INTENT, self.now)
+            saved = await calls.save_if_absent(
+                self.key_of(tree, epoch, lease.holder_instance_id), INTENT, self.now
+            )
         except ExecutionFencedError as exc:
             self.outcome = f"record: refused ({exc.reason})"
             if log is not None:
@@ -1453,7 +1510,9 @@ class Sim:
             else ""
         )
         try:
-            claimed = await calls.mark_pending(self.key_of(tree, epoch), expected, mine)
+            claimed = await calls.mark_pending(
+                self.key_of(tree, epoch, lease.holder_instance_id), expected, mine
+            )
         except ExecutionFencedError as exc:
             self.outcome = f"claim: refused ({exc.reason})"
             if log is not None:
@@ -1534,7 +1593,7 @@ class Sim:
             ref = AttemptRef(OutboundCallStatus.PENDING, view[1], view[2])
             completed = True
             whose = f"{self.owner_text(view[2])}'s"
-        key = self.key_of(tree, epoch)
+        key = self.key_of(tree, epoch, lease.holder_instance_id)
         verb = "complete" if completed else "fail"
         text = (
             f"{inst.name} {verb} {whose} attempt {ref.attempt}, at {tree.name} {epoch}"
@@ -1744,6 +1803,7 @@ __all__ = [
     "BUSINESS_KEY",
     "BUSINESS_KEY_WORLD",
     "CHILD_QUEUE_WORLD",
+    "TAKEOVER_WORLD",
     "CLAIM_CHILD",
     "FINISH_CHILD",
     "RESTART",

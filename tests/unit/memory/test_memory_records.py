@@ -252,8 +252,9 @@ async def test_the_same_key_with_other_content_is_a_conflict(cluster: Cluster) -
     await mesh.save_if_absent("req-1", TENANT, "fp", START)
     with pytest.raises(IdempotencyKeyConflictError):
         await mesh.save_if_absent("req-1", TENANT, "other-fp", START)
-    with pytest.raises(IdempotencyKeyConflictError):
-        await mesh.save_if_absent("req-1", "tenant-2", "fp", START)
+    # Keys are per tenant: another tenant's request under the key is its own.
+    theirs = await mesh.save_if_absent("req-1", "tenant-2", "fp", START + 1)
+    assert theirs == (MeshRequest("req-1", "tenant-2", "fp", START + 1), True)
 
 
 async def test_a_request_completes_once(cluster: Cluster) -> None:
