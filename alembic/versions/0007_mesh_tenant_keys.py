@@ -1,6 +1,6 @@
 """tenants kept apart: mesh request idempotency keys per tenant
 
-Revision ID: 0007_tenant13
+Revision ID: 0007_mesh_tenant_keys
 Revises: 0006_galera
 Create Date: 2026-12-01 22:40:00.000000
 """
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision: str = "0007_tenant13"
+revision: str = "0007_mesh_tenant_keys"
 down_revision: str | Sequence[str] | None = "0006_galera"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
