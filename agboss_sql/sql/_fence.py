@@ -150,12 +150,10 @@ async def fence_on(
 ) -> None:
     """`fenced`, sent with `connection.execute_on` in the caller's transaction `tx` (a
     fenced effect's: no step to drive)."""
-    holder = params.get("holder_instance_id")
-    statement = sql.fence if holder is None else sql.fence_holder
-    if (await connection.execute_on(tx, statement, params)).rowcount == 1:
+    if (await connection.execute_on(tx, sql.fence, params)).rowcount == 1:
         return
     row = (await connection.execute_on(tx, sql.diagnose, params)).first()
-    raise fenced_error(key, refusal_of(row, key.token, holder))
+    raise fenced_error(key, refusal_of(row, key.token, key.holder_instance_id))
 
 
 async def run_claiming(connection: SqlConnection, factory: Callable[[], Step[T]]) -> T:
