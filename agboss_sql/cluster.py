@@ -423,6 +423,10 @@ class _Chaos:
             holding = {p.instance_id: _held_by(engine, self.tenant, p.instance_id) for p in alive}
             pod = max(alive, key=lambda p: len(holding[p.instance_id]))
             held = holding[pod.instance_id]
+            if not held and share < 0.9:
+                # Parents waiting on children hold no lease, so at a given moment no worker
+                # may hold one: a freeze then loses nothing. Look again at the next tick.
+                return answer
             cluster.signal(pod, signal.SIGSTOP)
             self.frozen = pod
             self.thaw_at = time.monotonic() + 2 * self.config.lease_ms / 1000
