@@ -56,6 +56,16 @@ steps at depth 5 (the four worlds of before made 56,434 at depth 6) and 186,554 
 15 at depth 5, 15 min (10-23 schedules/s, where an idle machine runs several times that);
 MariaDB 10.11 at depth 5, see the README."""
 
+MUTATION_ENV = "AGBOSS_MUTATION_RUN"
+"""Set to 1 by `tox -e mutation` (tools/mutation): `MUTATION_BUDGET`, for each mutant."""
+
+MUTATION_BUDGET: dict[str, tuple[int, int]] = {
+    "sqlite": (4, 30),
+    "postgresql": (3, 30),
+    "mysql": (3, 30),
+}
+"""(depth, walks) per database with `AGBOSS_MUTATION_RUN=1`: seconds per world on SQLite."""
+
 DEEP_ENV = "AGBOSS_EXPLORER_DEEP"
 """Set to 1 for the deep search (`DEEP_BUDGET`): not in the default run."""
 
@@ -149,7 +159,8 @@ async def _database(sql_url: str) -> AsyncIterator[None]:
 @pytest.mark.parametrize("world", list(WORLDS))
 async def test_the_sql_set_passes_every_world(world: str) -> None:
     deep = os.environ.get(DEEP_ENV) == "1"
-    depth, walks = (DEEP_BUDGET if deep else BUDGET)[SQL.dialect]
+    budget = MUTATION_BUDGET if os.environ.get(MUTATION_ENV) == "1" else BUDGET
+    depth, walks = (DEEP_BUDGET if deep else budget)[SQL.dialect]
     started = time.perf_counter()
     report = await explore(
         SQL.factories(),

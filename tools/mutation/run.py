@@ -1,0 +1,102 @@
+"""`tox -e mutation`: mutmut over the guard and fence code, then the report.
+
+1. `mutmut run` on one mutant: writes every mutant into `mutants/` and records which tests
+   reach which function (kept in `mutants/` for the next runs);
+2. `mutants.py select`: the mutants of the guard and fence functions, conditions only in
+   the statement builders;
+3. `mutmut run` on those: each mutant against the tests that reach its function, first
+   failure ends it (the tests: pyproject.toml, `[tool.mutmut]`);
+4. `mutants.py report`: the kill rate per module and every surviving mutant.
+
+    python tools/mutation/run.py [--max-children N] [--fresh] [--rerun-survivors]
+
+`--fresh` removes `mutants/` first (after a change to the code or the tests: mutmut keeps
+the results of mutants it ran). `--rerun-survivors` runs the survivors of the last run
+again (after adding the cases that should kill them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+MUTANTS = ROOT / "mutants"
+SEED_MUTANT = "agboss_sql.contracts.rules.x_fence_refusal_of__mutmut_1"
+
+
+def _mutmut(*args: str) -> int:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    command = [str(mutmut) if mutmut.exists() else "mutmut", *args]
+    print("+", " ".join(command[:6]), "..." if len(command) > 6 else "", flush=True)
+    return subprocess.call(command, cwd=ROOT)
+
+
+def _chosen() -> list[str]:
+    out = subprocess.run(
+        [sys.executable, str(HERE / "mutants.py"), "select"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return out.split()
+
+
+def _forget(names: set[str]) -> None:
+    """Drop the recorded results of `names`, so that mutmut runs them again."""
+    for meta in MUTANTS.rglob("*.py.meta"):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes = data["exit_code_by_key"]
+        changed = False
+        for name in names & codes.keys():
+            codes[name] = None
+            changed = True
+        if changed:
+            meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
+
+
+def _survivors(chosen: list[str]) -> set[str]:
+    codes: dict[str, int | None] = {}
+    for meta in MUTANTS.rglob("*.py.meta"):
+        codes.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+    return {name for name in chosen if codes.get(name) in (0, 5, 33)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--rerun-survivors", action="store_true")
+    args = parser.parse_args()
+    started = time.monotonic()
+    # The explorer's shallower search for each mutant, without its time bound.
+    os.environ["AGBOSS_MUTATION_RUN"] = "1"
+    if args.fresh and MUTANTS.exists():
+        shutil.rmtree(MUTANTS)
+    children = ["--max-children", str(args.max_children)]
+    if not MUTANTS.exists():
+        # Generation and the test-to-function map; the one mutant's result is kept.
+        _mutmut("run", *children, SEED_MUTANT)
+    chosen = _chosen()
+    if args.rerun_survivors:
+        again = _survivors(chosen)
+        _forget(again)
+        chosen = sorted(again)
+    print(f"{len(chosen)} mutants chosen", flush=True)
+    if chosen:
+        _mutmut("run", *children, *chosen)
+    subprocess.call([sys.executable, str(HERE / "mutants.py"), "report"], cwd=ROOT)
+    print(f"mutation run: {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
