@@ -139,28 +139,29 @@ def _mutant_functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.Async
 
 
 def _first_difference(
-    a: ast.AST, b: ast.AST, parent: ast.AST | None
-) -> tuple[ast.AST, ast.AST, ast.AST | None] | None:
+    a: ast.AST, b: ast.AST, parents: tuple[ast.AST, ast.AST] | None
+) -> tuple[ast.AST, ast.AST, tuple[ast.AST, ast.AST] | None] | None:
+    """The first node where `a` and `b` differ, each with its parent."""
     if type(a) is not type(b):
-        return a, b, parent
+        return a, b, parents
     for field in a._fields:
         va, vb = getattr(a, field, None), getattr(b, field, None)
         if isinstance(va, list) and isinstance(vb, list):
             if len(va) != len(vb):
-                return a, b, parent
+                return a, b, parents
             for xa, xb in zip(va, vb, strict=True):
                 if isinstance(xa, ast.AST) and isinstance(xb, ast.AST):
-                    found = _first_difference(xa, xb, a)
+                    found = _first_difference(xa, xb, (a, b))
                     if found:
                         return found
                 elif xa != xb:
-                    return a, b, parent
+                    return a, b, parents
         elif isinstance(va, ast.AST) and isinstance(vb, ast.AST):
-            found = _first_difference(va, vb, a)
+            found = _first_difference(va, vb, (a, b))
             if found:
                 return found
         elif isinstance(va, ast.AST) or isinstance(vb, ast.AST) or va != vb:
-            return a, b, parent
+            return a, b, parents
     return None
 
 
@@ -213,12 +214,28 @@ def _source(node: ast.AST) -> str:
         return type(node).__name__
 
 
+def _source_lines(module: str) -> dict[str, int]:
+    """The line of each function of `module`'s source ("Class.method" or "function")."""
+    path = Path(module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines[f"{node.name}.{item.name}"] = item.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines[node.name] = node.lineno
+    return lines
+
+
 def mutants() -> list[Mutant]:
     found: list[Mutant] = []
     for module, functions in TARGETS.items():
         path = MUTANTS / (module.replace(".", "/") + ".py")
         tree = ast.parse(path.read_text(encoding="utf-8"))
         defs = _mutant_functions(tree)
+        source_lines = _source_lines(module)
         for function in functions:
             cls, _, method = function.rpartition(".")
             prefix = f"xǁ{cls}ǁ{method}__mutmut_" if cls else f"x_{method}__mutmut_"
@@ -232,35 +249,25 @@ def mutants() -> list[Mutant]:
                 diff = _first_difference(_body(original), _body(node), None)
                 if diff is None:
                     continue
-                a, b, parent = diff
+                a, b, parents = diff
+                parent = parents[0] if parents else None
                 kind = _kind(a, b, parent)
-                if isinstance(a, (ast.cmpop, ast.boolop, ast.operator)) and parent is not None:
-                    a, b = parent, _rebuilt(node, parent)
+                if isinstance(a, (ast.cmpop, ast.boolop, ast.operator)) and parents:
+                    a, b = parents
                 found.append(
                     Mutant(
                         name=f"{module}.{name}",
                         module=module,
                         function=function,
-                        line=getattr(a, "lineno", 0),
+                        line=source_lines.get(function, 0)
+                        + getattr(a, "lineno", original.lineno)
+                        - original.lineno,
                         kind=kind,
                         before=_source(a),
                         after=_source(b),
                     )
                 )
     return found
-
-
-def _rebuilt(mutant: ast.AST, original_parent: ast.AST) -> ast.AST:
-    """The node of `mutant` at the position of `original_parent` (same line and column)."""
-    for node in ast.walk(mutant):
-        if (
-            type(node) is type(original_parent)
-            and getattr(node, "col_offset", None) == getattr(original_parent, "col_offset", -1)
-            and getattr(node, "lineno", None) is not None
-            and _source(node) != _source(original_parent)
-        ):
-            return node
-    return original_parent
 
 
 def chosen(all_mutants: list[Mutant]) -> list[Mutant]:

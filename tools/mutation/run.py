@@ -29,13 +29,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 MUTANTS = ROOT / "mutants"
-SEED_MUTANT = "agboss_sql.contracts.rules.x_fence_refusal_of__mutmut_1"
+SEED_MUTANT = "agboss_sql.memory._fencing.x_raise_mark__mutmut_1"
 
 
 def _mutmut(*args: str) -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     command = [str(mutmut) if mutmut.exists() else "mutmut", *args]
-    print("+", " ".join(command[:6]), "..." if len(command) > 6 else "", flush=True)
+    print("+", " ".join(command[:5]), f"... ({len(command) - 5} more)" if len(command) > 5 else "", flush=True)
     return subprocess.call(command, cwd=ROOT)
 
 

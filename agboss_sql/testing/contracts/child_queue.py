@@ -548,6 +548,33 @@ async def claims_and_marks_the_parents_wake_once(ctx: CaseContext) -> None:
     _expect(not late, "wake-claim", "a woken parent's wake was claimed again")
 
 
+async def lists_owed_wakes_oldest_finish_first(ctx: CaseContext) -> None:
+    """`unwoken` lists the owed wakes oldest finish first, whatever the order the children
+    were queued in, and `limit` keeps the oldest; a child nobody queued owes no wake, so
+    `mark_woken` of it is False."""
+    parents = ("parent-queued-first", "parent-queued-second")
+    for parent in parents:
+        await _queue(ctx, 0).enqueue(_child(f"{parent}/only", parent=parent))
+    claimed = {c.child_execution_id: c for c in (await _claim(ctx, 0), await _claim(ctx, 1))}
+    finish_order = [f"{parent}/only" for parent in reversed(parents)]
+    for child_id in finish_order:
+        child = claimed[child_id]
+        done = await _queue(ctx, 1).finish(child_id, None, attempt=child.attempt)
+        _expect(done == FinishResult(True, 0), "one-wake", f"the only child's finish gave {done}")
+        await ctx.clock.advance(10)
+    for instance in (0, 1):
+        listed = [c.child_execution_id for c in await _queue(ctx, instance).unwoken(10)]
+        _expect(
+            listed == finish_order,
+            "wake-order",
+            f"unwoken(10) = {listed}, expected the oldest finish first: {finish_order}",
+        )
+        oldest = [c.child_execution_id for c in await _queue(ctx, instance).unwoken(1)]
+        _expect(oldest == finish_order[:1], "wake-order", f"unwoken(1) = {oldest}")
+    unknown = await _queue(ctx, 1).mark_woken("nobody", "claimer-a")
+    _expect(not unknown, "wake-claim", "the wake of a child nobody queued was marked done")
+
+
 async def hands_a_run_out_wake_claim_to_another_claimer(ctx: CaseContext) -> None:
     """A claim lives `claim_ms` on the application clock: until then nobody else gets the
     wake and it is not listed; from then on it is listed, another claimer takes it, and the
@@ -700,6 +727,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         answers_a_retried_finish_of_one_attempt_as_the_first,
     ),
     ("claims and marks the parent's wake once", claims_and_marks_the_parents_wake_once),
+    ("lists owed wakes oldest finish first", lists_owed_wakes_oldest_finish_first),
     (
         "hands a run-out wake claim to another claimer",
         hands_a_run_out_wake_claim_to_another_claimer,
