@@ -4,18 +4,17 @@ mutmut (configured in pyproject.toml, `[tool.mutmut]`) writes every mutant of th
 mutates into `mutants/`, one function per mutant beside the original. This script reads
 those functions back, finds what each mutant changed against the original (the first
 differing node), keeps the mutants of the functions in `TARGETS`, and drops the kinds that
-test nothing of a guard:
+are not a condition (`CONDITION_KINDS`):
 
-- a changed string literal (an error message, a bind parameter's or a column's name: a
-  wrong name fails every statement that uses it, which any test shows);
-- in the statement builders (`*Statements.__init__` and the SQL helpers they call), a
-  mutant outside a condition (an assigned value set to None, a column dropped from a
-  RETURNING list), which fails the first statement built from it.
-
-What stays in a builder are the conditions: comparison and boolean operators, `true` and
-`false`, numbers, and each term dropped from (or set to None in) a `where(...)`, `and_(...)`,
-`or_(...)`, `case(...)` or `greatest(...)`. mutmut's argument removal is the "dropped WHERE
-term" mutation: `sa.update(L).where(a, b, c)` loses `b`.
+- kept: comparison and boolean operators (`>` for `>=`, `==` for `!=`, `and` for `or`, a
+  condition forced true or false), `not` dropped, `True`/`False` swapped, numbers, `+`/`-`,
+  and each term dropped from (or set to None in) a `where(...)`, `and_(...)`, `or_(...)`,
+  `case(...)`, `greatest(...)` or `least(...)`: mutmut's argument removal is the "dropped
+  WHERE term" mutation, `sa.update(L).where(a, b, c)` loses `b`;
+- dropped: a changed string literal (an error message, a bind parameter's or a column's
+  name, which fails every statement that uses it), an argument of any other call set to
+  None or dropped, an assigned value set to None: each fails loudly at its first use,
+  and none is a decision of a guard.
 
     python tools/mutation/mutants.py select          # the chosen names, one a line
     python tools/mutation/mutants.py report [--md]   # per-module kill rate and survivors
@@ -110,9 +109,6 @@ TARGETS: dict[str, tuple[str, ...]] = {
     # the SQLite dialect's parts of the fence and take statements
     "agboss_sql._dialects.sqlite": ("upsert_where", "now_source", "greatest", "least"),
 }
-
-BUILDERS = re.compile(r"(Statements\.__init__|^_held|^upsert_where|^now_source|^greatest|^least)$")
-"""The functions that build statements: only their conditions are mutated."""
 
 CONDITION_CALLS = {"where", "and_", "or_", "case", "greatest", "least", "not_"}
 
@@ -270,21 +266,18 @@ def mutants() -> list[Mutant]:
     return found
 
 
+CONDITION_KINDS = {"comparison", "boolean", "unary", "number", "arithmetic", "augassign", "name"}
+"""The mutants of a condition: an operator, `and`/`or`, `not`, `True`/`False`, a number."""
+
+
 def chosen(all_mutants: list[Mutant]) -> list[Mutant]:
-    keep: list[Mutant] = []
-    for mutant in all_mutants:
-        if mutant.kind == "string":
-            continue
-        if BUILDERS.search(mutant.function) and mutant.kind not in (
-            "comparison",
-            "boolean",
-            "unary",
-            "number",
-            "arithmetic",
-        ) and not mutant.kind.startswith("argument of"):
-            continue
-        keep.append(mutant)
-    return keep
+    """The mutants of conditions: `CONDITION_KINDS`, and a term dropped from (or set to
+    None in) a `where(...)`, `and_(...)`, `or_(...)`, `case(...)`, `greatest(...)`."""
+    return [
+        mutant
+        for mutant in all_mutants
+        if mutant.kind in CONDITION_KINDS or mutant.kind.startswith("argument of")
+    ]
 
 
 def _results() -> dict[str, int | None]:

@@ -39,6 +39,42 @@ def _mutmut(*args: str) -> int:
     return subprocess.call(command, cwd=ROOT)
 
 
+BUILDER_TESTS: dict[str, tuple[str, ...]] = {
+    # builder (mangled function name prefix) -> the modules whose tests run its statements
+    "agboss_sql.sql._fence.xǁFenceStatementsǁ": ("agboss_sql.sql._fence.",),
+    "agboss_sql.sql.leases.xǁLeaseStatementsǁ": ("agboss_sql.sql.leases.",),
+    "agboss_sql.sql.leases.x__held": ("agboss_sql.sql.leases.",),
+    "agboss_sql.sql.queue.xǁQueueStatementsǁ": ("agboss_sql.sql.queue.",),
+    "agboss_sql.sql.outbound.xǁOutboundStatementsǁ": ("agboss_sql.sql.outbound.",),
+    "agboss_sql.sql.effects.xǁEffectStatementsǁ": ("agboss_sql.sql.effects.",),
+    "agboss_sql._dialects.sqlite.x_upsert_where": ("agboss_sql.sql.leases.",),
+    "agboss_sql._dialects.sqlite.x_greatest": ("agboss_sql.sql.leases.",),
+    "agboss_sql._dialects.sqlite.x_least": ("agboss_sql.sql.leases.",),
+    "agboss_sql._dialects.sqlite.x_now_source": ("agboss_sql.sql.leases.", "agboss_sql.sql._fence."),
+}
+"""A connection builds its statements once (`SqlConnection.prepared`) and reuses them, so
+mutmut's record of the tests that call a builder names only the first test of each
+connection. A builder's mutant must meet every test that runs its statements: the tests of
+the store functions of its module (one more store call per test is all it takes)."""
+
+
+def _widen_builder_tests() -> None:
+    path = MUTANTS / "mutmut-stats.json"
+    stats = json.loads(path.read_text(encoding="utf-8"))
+    by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+    for builder, modules in BUILDER_TESTS.items():
+        users = {
+            test
+            for name, tests in by_function.items()
+            if name.startswith(modules) and not any(name.startswith(b) for b in BUILDER_TESTS)
+            for test in tests
+        }
+        for name in by_function:
+            if name.startswith(builder):
+                by_function[name] = sorted(users | set(by_function[name]))
+    path.write_text(json.dumps(stats, indent=2), encoding="utf-8")
+
+
 def _chosen() -> list[str]:
     out = subprocess.run(
         [sys.executable, str(HERE / "mutants.py"), "select"],
@@ -63,10 +99,15 @@ def _forget(names: set[str]) -> None:
             meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
 
 
-def _survivors(chosen: list[str]) -> set[str]:
+def _codes() -> dict[str, int | None]:
     codes: dict[str, int | None] = {}
     for meta in MUTANTS.rglob("*.py.meta"):
         codes.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+    return codes
+
+
+def _survivors(chosen: list[str]) -> set[str]:
+    codes = _codes()
     return {name for name in chosen if codes.get(name) in (0, 5, 33)}
 
 
@@ -85,11 +126,16 @@ def main() -> int:
     if not MUTANTS.exists():
         # Generation and the test-to-function map; the one mutant's result is kept.
         _mutmut("run", *children, SEED_MUTANT)
+    _widen_builder_tests()
     chosen = _chosen()
     if args.rerun_survivors:
         again = _survivors(chosen)
         _forget(again)
         chosen = sorted(again)
+    else:
+        # mutmut runs every mutant it is named, also those it ran: name the new ones only.
+        codes = _codes()
+        chosen = [name for name in chosen if codes.get(name) is None]
     print(f"{len(chosen)} mutants chosen", flush=True)
     if chosen:
         _mutmut("run", *children, *chosen)

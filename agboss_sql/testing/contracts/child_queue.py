@@ -675,8 +675,33 @@ async def lists_a_parents_children_per_tenant(ctx: CaseContext) -> None:
     _expect(nobody == [], "tenant-apart", f"a third tenant listed {nobody}")
 
 
+async def counts_only_its_tenants_siblings(ctx: CaseContext) -> None:
+    """A finish counts the unfinished children of its own tenant's parent: another tenant's
+    children under the same parent id belong to another parent, so each tenant's last
+    finish sees none left and owes its own wake."""
+    await _queue(ctx, 0).enqueue(_child("tenant-1-child"))
+    await _queue(ctx, 1).enqueue(QueuedChild("tenant-2", ROOT, PARENT, "tenant-2-child", 1, None))
+    claimed = {c.child_execution_id: c for c in (await _claim(ctx, 0), await _claim(ctx, 1))}
+    for instance, child_id in ((1, "tenant-1-child"), (0, "tenant-2-child")):
+        done = await _queue(ctx, instance).finish(
+            child_id, None, attempt=claimed[child_id].attempt
+        )
+        _expect(
+            done == FinishResult(True, 0),
+            "tenant-apart",
+            f"the finish of {child_id}, its tenant's only child of {PARENT}, gave {done}",
+        )
+    owed = sorted(c.child_execution_id for c in await _queue(ctx, 0).unwoken(10))
+    _expect(
+        owed == ["tenant-1-child", "tenant-2-child"],
+        "tenant-apart",
+        f"each tenant's parent is owed its wake; unwoken(10) = {owed}",
+    )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("lists a parent's children per tenant", lists_a_parents_children_per_tenant),
+    ("counts only its tenant's siblings", counts_only_its_tenants_siblings),
     ("claims nothing from an empty queue", claims_nothing_from_an_empty_queue),
     ("claims deepest first, then oldest", claims_deepest_first_then_oldest),
     (
