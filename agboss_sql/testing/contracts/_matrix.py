@@ -23,6 +23,7 @@ from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     AttemptRef,
+    ChildStatus,
     ExecutionLease,
     FencedEffectKey,
     OutboundCallStatus,
@@ -547,9 +548,19 @@ def _attempt_case(move: str, state: ChildState) -> CaseRun:
                 )
         else:
             result = await other.finish(child, {"late": True}, attempt=attempt)
-            granted = bool(result.finished)
+            granted = result.finished is True
             wanted = state.finish
             rule = "finish-once"
+            # Every finish answers the parent's children not finished once it is done (a
+            # refused one changed nothing; a retry answers what the first finish did).
+            siblings = await queue.children("tenant-1", f"{child}-parent")
+            remaining = sum(1 for c in siblings if c.status != ChildStatus.FINISHED)
+            expect(
+                result.finished in (True, False) and result.remaining == remaining,
+                rule,
+                f"{what} answered {result}, where the contract answers "
+                f"finished={wanted}, remaining={remaining}",
+            )
         expect(
             granted == wanted,
             rule,
