@@ -23,6 +23,7 @@ from agboss_sql.contracts.errors import (
     InvalidFencedEffectNameError,
 )
 from agboss_sql.contracts.keys import attempt_owner_of, pending_outbound_call_of
+from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import OutboundCallRepository
 from agboss_sql.contracts.types import (
     AttemptRef,
@@ -487,6 +488,17 @@ def _lease_state_at(offset: int, label: str) -> CaseRun:
             "atomic-lease-state",
             "after lease_state_of closed it, the holder could still renew",
         )
+        try:
+            written = await _record(w, key_of(lease))
+        except ExecutionFencedError as exc:
+            expect(
+                exc.reason == FenceRefusal.SUPERSEDED,
+                "no-stale-write",
+                f"a write with a context lease_state_of closed was refused as {exc.reason}, "
+                "where the lease was superseded",
+            )
+        else:
+            fail("no-stale-write", f"a write with a context lease_state_of closed: {written}")
         taken = await w.take(tree, 2)
         expect(
             taken.lease_epoch == 2 and taken.taken_over_from == LeaseHolder("instance-1", 1),
