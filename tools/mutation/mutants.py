@@ -13,8 +13,9 @@ are not a condition (`CONDITION_KINDS`):
   WHERE term" mutation, `sa.update(L).where(a, b, c)` loses `b`;
 - dropped: a changed string literal (an error message, a bind parameter's or a column's
   name, which fails every statement that uses it), an argument of any other call set to
-  None or dropped, an assigned value set to None: each fails loudly at its first use,
-  and none is a decision of a guard.
+  None or dropped, an assigned value set to None (each fails loudly at its first use),
+  and a call's keyword option changed (`priority=True`, `transaction=False`: how a
+  statement is sent, not what it decides).
 
     python tools/mutation/mutants.py select          # the chosen names, one a line
     python tools/mutation/mutants.py report [--md]   # per-module kill rate and survivors
@@ -176,6 +177,10 @@ def _call_name(node: ast.AST) -> str:
 
 
 def _kind(a: ast.AST, b: ast.AST, parent: ast.AST | None) -> str:
+    if isinstance(parent, ast.keyword):
+        # An option of a call (`priority=True`, `transaction=False`): how a statement is
+        # sent, not what it decides.
+        return "keyword argument"
     if isinstance(a, ast.Constant) and isinstance(b, ast.Constant):
         if isinstance(a.value, str):
             return "string"

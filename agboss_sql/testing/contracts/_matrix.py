@@ -34,6 +34,7 @@ from agboss_sql.testing.contracts._fencing import (
     FENCED_EFFECT,
     LEASE,
     LEASE_MS,
+    OTHER_TENANT,
     OUTBOUND_CALL,
     World,
     expect,
@@ -153,6 +154,13 @@ async def _other_holder(w: World, prepare: Prepare) -> Reached:
     return Reached(lease, 1, (0, lease))
 
 
+async def _other_tenant(w: World, prepare: Prepare) -> Reached:
+    # The holder's live lease and epoch, in a context naming another tenant: that tenant
+    # has no lease of the execution (an execution id is unique within its tenant only).
+    _, lease = await _taken(w, prepare)
+    return Reached(dataclasses.replace(lease, tenant_id=OTHER_TENANT), 0, (0, lease))
+
+
 def _granted(*moves: str) -> dict[str, bool]:
     """The moves granted with a context in a state: every other move is refused."""
     return {move: move in moves for move in MOVES}
@@ -168,6 +176,12 @@ LEASE_STATES: tuple[State, ...] = (
     State("an older epoch of the same holder", FenceRefusal.SUPERSEDED, _granted(), _older_epoch),
     State("a token never granted", FenceRefusal.TOKEN_NOT_GRANTED, _granted(), _never_granted),
     State("absent", FenceRefusal.LEASE_ABSENT, _granted(), _absent),
+    State(
+        "the same execution's lease in another tenant",
+        FenceRefusal.LEASE_ABSENT,
+        _granted(),
+        _other_tenant,
+    ),
 )
 """Every state a lease can be in when a write or a move arrives with its context."""
 
