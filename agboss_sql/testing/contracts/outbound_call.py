@@ -40,6 +40,7 @@ from agboss_sql.testing.contracts._fencing import (
     BOUNDARIES,
     DATABASE_LEASE_MS,
     LEASE_MS,
+    OTHER_TENANT,
     SKEWS,
     TENANT,
     Round,
@@ -1056,6 +1057,63 @@ async def database_time_decides(ctx: CaseContext) -> None:
     )
 
 
+async def moves_only_its_own_call(ctx: CaseContext) -> None:
+    """A claim and an end change the call of their key and no other, also when two calls of
+    one lease stand at the same attempt; an end with the reference of an attempt that has
+    already ended (status completed) is refused and changes nothing; `lease_state_of` for
+    the same execution id in another tenant answers ABSENT, whatever this tenant's lease."""
+    w = World(ctx)
+    tree = w.name()
+    lease = await w.take(tree, 0)
+    calls = w.calls(0)
+    first, second = key_of(lease), key_of(lease, step_key="step-2")
+    one = (await _record(w, first)).call
+    two = (await _record(w, second)).call
+    expect(
+        await calls.mark_pending(first, one.attempt_ref, "owner-a"),
+        "one-attempt-claim",
+        "the claim of the first of two calls at attempt 0 was refused",
+    )
+    _expect_call(await calls.get(second), two, "one-attempt-claim", "the other call, after a claim")
+    expect(
+        await calls.mark_pending(second, two.attempt_ref, "owner-a"),
+        "one-attempt-claim",
+        "the claim of the second call was refused",
+    )
+    ref1 = AttemptRef(OutboundCallStatus.PENDING, 1, "owner-a")
+    expect(
+        await w.calls(1).mark_completed(first, ref1, {"ok": True}),
+        "one-attempt-claim",
+        "the end of the first of two calls at attempt 1 was refused",
+    )
+    pending = dataclasses.replace(
+        two, status=OutboundCallStatus.PENDING, attempt=1, attempt_owner="owner-a"
+    )
+    _expect_call(
+        await calls.get(second), pending, "one-attempt-claim", "the other call", moved=True
+    )
+    ended = AttemptRef(OutboundCallStatus.COMPLETED, 1, "owner-a")
+    expect(
+        not await calls.mark_failed(first, ended, {"late": True}),
+        "one-attempt-claim",
+        "an end with the reference of the completed attempt was accepted",
+    )
+    done = dataclasses.replace(
+        one,
+        status=OutboundCallStatus.COMPLETED,
+        attempt=1,
+        attempt_owner="owner-a",
+        response={"ok": True},
+    )
+    _expect_call(await calls.get(first), done, "one-attempt-claim", "the ended call", moved=True)
+    state = await w.calls(1).lease_state_of(OTHER_TENANT, tree, lease.lease_epoch)
+    expect(
+        state == LeaseState.ABSENT,
+        "tenant-apart",
+        f"lease_state_of in {OTHER_TENANT}, which has no lease of {tree!r}, answered {state}",
+    )
+
+
 def cases() -> list[Case]:
     """The outbound call's cases; those only an atomic lease check passes are fencing."""
     named: list[tuple[str, CaseRun, bool]] = [
@@ -1074,6 +1132,7 @@ def cases() -> list[Case]:
             ends_only_the_current_attempt,
             False,
         ),
+        ("a claim or an end moves its own call only", moves_only_its_own_call, False),
         (
             "a business key is one intent across executions",
             business_key_shared_across_executions,
