@@ -575,6 +575,29 @@ async def lists_owed_wakes_oldest_finish_first(ctx: CaseContext) -> None:
     _expect(not unknown, "wake-claim", "the wake of a child nobody queued was marked done")
 
 
+async def marks_only_its_own_childs_wake(ctx: CaseContext) -> None:
+    """`mark_woken` records the wake of the child it names only: a claimer holding the
+    claims of two parents' wakes marks one, and once the claims run out the other is
+    listed and claimed again."""
+    _, first = await _two_finished_children(ctx, parent="parent-a")
+    _, second = await _two_finished_children(ctx, parent="parent-b")
+    for child in (first, second):
+        claimed = await _queue(ctx, 0).claim_wake(child, "claimer-a", 1_000)
+        _expect(claimed, "wake-claim", f"the claim of the wake owed by {child!r} was refused")
+    done = await _queue(ctx, 1).mark_woken(first, "claimer-a")
+    _expect(done, "wake-claim", "the claimer could not mark its wake done")
+    await ctx.clock.advance(1_000)
+    listed = [c.child_execution_id for c in await _queue(ctx, 1).unwoken(10)]
+    _expect(
+        listed == [second],
+        "wake-claim",
+        f"after marking {first!r} woken and the claims ran out, unwoken(10) = {listed}, "
+        f"expected [{second!r}]",
+    )
+    again = await _queue(ctx, 1).claim_wake(second, "claimer-b", 1_000)
+    _expect(again, "wake-claim", "a wake nobody marked done could not be claimed again")
+
+
 async def hands_a_run_out_wake_claim_to_another_claimer(ctx: CaseContext) -> None:
     """A claim lives `claim_ms` on the application clock: until then nobody else gets the
     wake and it is not listed; from then on it is listed, another claimer takes it, and the
@@ -753,6 +776,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ),
     ("claims and marks the parent's wake once", claims_and_marks_the_parents_wake_once),
     ("lists owed wakes oldest finish first", lists_owed_wakes_oldest_finish_first),
+    ("marks only its own child's wake", marks_only_its_own_childs_wake),
     (
         "hands a run-out wake claim to another claimer",
         hands_a_run_out_wake_claim_to_another_claimer,
