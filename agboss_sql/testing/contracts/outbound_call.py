@@ -1060,7 +1060,8 @@ async def database_time_decides(ctx: CaseContext) -> None:
 async def moves_only_its_own_call(ctx: CaseContext) -> None:
     """A claim and an end change the call of their key and no other, also when two calls of
     one lease stand at the same attempt; an end with the reference of an attempt that has
-    already ended (status completed) is refused and changes nothing; `lease_state_of` for
+    already ended (status completed) is refused and changes nothing, and so is an end of a
+    call never recorded; `lease_state_of` for
     the same execution id in another tenant answers ABSENT, whatever this tenant's lease."""
     w = World(ctx)
     tree = w.name()
@@ -1106,6 +1107,12 @@ async def moves_only_its_own_call(ctx: CaseContext) -> None:
         response={"ok": True},
     )
     _expect_call(await calls.get(first), done, "one-attempt-claim", "the ended call", moved=True)
+    never = key_of(lease, step_key="step-never-recorded")
+    expect(
+        not await calls.mark_completed(never, ref1, {"ok": True}),
+        "one-attempt-claim",
+        "an end of a call never recorded was accepted",
+    )
     state = await w.calls(1).lease_state_of(OTHER_TENANT, tree, lease.lease_epoch)
     expect(
         state == LeaseState.ABSENT,
