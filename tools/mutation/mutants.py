@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import re
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -130,7 +129,10 @@ def _mutant_functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.Async
     for node in tree.body:
         bodies = node.body if isinstance(node, ast.ClassDef) else [node]
         for item in bodies:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in item.name:
+            if (
+                isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and "__mutmut_" in item.name
+            ):
                 found[item.name] = item
     return found
 
@@ -191,7 +193,7 @@ def _kind(a: ast.AST, b: ast.AST, parent: ast.AST | None) -> str:
     if isinstance(parent, ast.Call) and isinstance(b, ast.Constant) and b.value is None:
         name = _call_name(parent)
         return f"argument of {name}()" if name in CONDITION_CALLS else "argument"
-    if isinstance(a, ast.Compare) or isinstance(a, (ast.cmpop,)):
+    if isinstance(a, (ast.Compare, ast.cmpop)):
         return "comparison"
     if isinstance(a, (ast.BoolOp, ast.boolop)):
         return "boolean"

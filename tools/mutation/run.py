@@ -8,11 +8,13 @@
    failure ends it (the tests: pyproject.toml, `[tool.mutmut]`);
 4. `mutants.py report`: the kill rate per module and every surviving mutant.
 
-    python tools/mutation/run.py [--max-children N] [--fresh] [--rerun-survivors]
+    python tools/mutation/run.py [--max-children N] [--fresh]
+    python tools/mutation/run.py --rerun-survivors [--only 'NAME-PATTERN' ...]
 
 `--fresh` removes `mutants/` first (after a change to the code or the tests: mutmut keeps
 the results of mutants it ran). `--rerun-survivors` runs the survivors of the last run
-again (after adding the cases that should kill them).
+again (after adding the cases that should kill them); `--only` picks some of them by name
+pattern (`*` matches anything).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +38,12 @@ SEED_MUTANT = "agboss_sql.memory._fencing.x_raise_mark__mutmut_1"
 def _mutmut(*args: str) -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     command = [str(mutmut) if mutmut.exists() else "mutmut", *args]
-    print("+", " ".join(command[:5]), f"... ({len(command) - 5} more)" if len(command) > 5 else "", flush=True)
+    print(
+        "+",
+        " ".join(command[:5]),
+        f"... ({len(command) - 5} more)" if len(command) > 5 else "",
+        flush=True,
+    )
     return subprocess.call(command, cwd=ROOT)
 
 
@@ -50,7 +58,10 @@ BUILDER_TESTS: dict[str, tuple[str, ...]] = {
     "agboss_sql._dialects.sqlite.x_upsert_where": ("agboss_sql.sql.leases.",),
     "agboss_sql._dialects.sqlite.x_greatest": ("agboss_sql.sql.leases.",),
     "agboss_sql._dialects.sqlite.x_least": ("agboss_sql.sql.leases.",),
-    "agboss_sql._dialects.sqlite.x_now_source": ("agboss_sql.sql.leases.", "agboss_sql.sql._fence."),
+    "agboss_sql._dialects.sqlite.x_now_source": (
+        "agboss_sql.sql.leases.",
+        "agboss_sql.sql._fence.",
+    ),
 }
 """A connection builds its statements once (`SqlConnection.prepared`) and reuses them, so
 mutmut's record of the tests that call a builder names only the first test of each
@@ -116,6 +127,9 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--rerun-survivors", action="store_true")
+    parser.add_argument(
+        "--only", action="append", default=[], help="with --rerun-survivors: a name pattern"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     # The explorer's shallower search for each mutant, without its time bound.
@@ -130,6 +144,8 @@ def main() -> int:
     chosen = _chosen()
     if args.rerun_survivors:
         again = _survivors(chosen)
+        if args.only:
+            again = {name for name in again if any(fnmatch(name, p) for p in args.only)}
         _forget(again)
         chosen = sorted(again)
     else:

@@ -706,9 +706,7 @@ async def counts_only_its_tenants_siblings(ctx: CaseContext) -> None:
     await _queue(ctx, 1).enqueue(QueuedChild("tenant-2", ROOT, PARENT, "tenant-2-child", 1, None))
     claimed = {c.child_execution_id: c for c in (await _claim(ctx, 0), await _claim(ctx, 1))}
     for instance, child_id in ((1, "tenant-1-child"), (0, "tenant-2-child")):
-        done = await _queue(ctx, instance).finish(
-            child_id, None, attempt=claimed[child_id].attempt
-        )
+        done = await _queue(ctx, instance).finish(child_id, None, attempt=claimed[child_id].attempt)
         _expect(
             done == FinishResult(True, 0),
             "tenant-apart",
