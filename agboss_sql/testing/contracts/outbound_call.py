@@ -1061,7 +1061,7 @@ async def moves_only_its_own_call(ctx: CaseContext) -> None:
     """A claim and an end change the call of their key and no other, also when two calls of
     one lease stand at the same attempt; an end with the reference of an attempt that has
     already ended (status completed) is refused and changes nothing, and so is an end of a
-    call never recorded; `lease_state_of` for
+    call never recorded; `lease_state_of` at a token never granted answers ABSENT, and for
     the same execution id in another tenant answers ABSENT, whatever this tenant's lease."""
     w = World(ctx)
     tree = w.name()
@@ -1112,6 +1112,12 @@ async def moves_only_its_own_call(ctx: CaseContext) -> None:
         not await calls.mark_completed(never, ref1, {"ok": True}),
         "one-attempt-claim",
         "an end of a call never recorded was accepted",
+    )
+    above = await w.calls(1).lease_state_of(TENANT, tree, lease.lease_epoch + 1)
+    expect(
+        above == LeaseState.ABSENT,
+        "lease-state",
+        f"lease_state_of at a token never granted (above the live epoch) answered {above}",
     )
     state = await w.calls(1).lease_state_of(OTHER_TENANT, tree, lease.lease_epoch)
     expect(
