@@ -1119,6 +1119,11 @@ async def moves_only_its_own_call(ctx: CaseContext) -> None:
         "lease-state",
         f"lease_state_of at a token never granted (above the live epoch) answered {above}",
     )
+    expect(
+        await w.leases(0).renew(lease, LEASE_MS) == LEASE_MS,
+        "atomic-lease-state",
+        "lease_state_of at a token never granted closed the live lease: its holder could not renew",
+    )
     state = await w.calls(1).lease_state_of(OTHER_TENANT, tree, lease.lease_epoch)
     expect(
         state == LeaseState.ABSENT,
