@@ -134,6 +134,9 @@ def main() -> int:
     started = time.monotonic()
     # The explorer's shallower search for each mutant, without its time bound.
     os.environ["AGBOSS_MUTATION_RUN"] = "1"
+    # Mutants run side by side: each test process takes its own temporary SQLite file.
+    os.environ.pop("AGBOSS_TEST_DATABASE_URL", None)
+    os.environ.pop("AGBOSS_TEST_DATABASE_URLS", None)
     if args.fresh and MUTANTS.exists():
         shutil.rmtree(MUTANTS)
     children = ["--max-children", str(args.max_children)]
