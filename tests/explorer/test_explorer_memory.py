@@ -9,6 +9,7 @@ reset that does not reset, and `register` on a pytest class.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
@@ -33,7 +34,12 @@ from agboss_sql.testing.explorer import (
     register,
 )
 
-DEPTH = 8
+MUTATION_ENV = "AGBOSS_MUTATION_RUN"
+"""Set to 1 by `tox -e mutation` (tools/mutation): a shallower search (depth 6) for each mutant, and no
+time bound (mutants run side by side on a loaded machine, which measures no speed)."""
+MUTATION_RUN = os.environ.get(MUTATION_ENV) == "1"
+
+DEPTH = 6 if MUTATION_RUN else 8
 WALKS = 200
 SEED = 533
 

@@ -62,6 +62,16 @@ takeover world first replays its five-step set-up, so at the same depth it sends
 four times the statements of the business-key world (67,000 against 15,600 at depth 5 on
 the in-memory set); one level less is 19,000, about what the other call worlds send."""
 
+MUTATION_ENV = "AGBOSS_MUTATION_RUN"
+"""Set to 1 by `tox -e mutation` (tools/mutation): `MUTATION_BUDGET`, for each mutant."""
+
+MUTATION_BUDGET: dict[str, tuple[int, int]] = {
+    "sqlite": (4, 30),
+    "postgresql": (3, 30),
+    "mysql": (3, 30),
+}
+"""(depth, walks) per database with `AGBOSS_MUTATION_RUN=1`: seconds per world on SQLite."""
+
 DEEP_ENV = "AGBOSS_EXPLORER_DEEP"
 """Set to 1 for the deep search (`DEEP_BUDGET`): not in the default run."""
 
@@ -155,7 +165,8 @@ async def _database(sql_url: str) -> AsyncIterator[None]:
 @pytest.mark.parametrize("world", list(WORLDS))
 async def test_the_sql_set_passes_every_world(world: str) -> None:
     deep = os.environ.get(DEEP_ENV) == "1"
-    depth, walks = (DEEP_BUDGET if deep else BUDGET)[SQL.dialect]
+    budget = MUTATION_BUDGET if os.environ.get(MUTATION_ENV) == "1" else BUDGET
+    depth, walks = (DEEP_BUDGET if deep else budget)[SQL.dialect]
     depth -= SHALLOWER.get(world, 0)
     started = time.perf_counter()
     report = await explore(

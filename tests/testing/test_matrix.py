@@ -71,8 +71,8 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
         writes[write.contract] += 1
     states = len(LEASE_STATES) + len(WRITE_ONLY_STATES)
     assert len(effect) == writes["fenced_effect"] * states
-    assert len(call) == writes["outbound_call"] * states == 4 * 11
-    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 60
+    assert len(call) == writes["outbound_call"] * states == 4 * 12
+    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 65
     assert len(queue) == 2 * len(CHILD_STATES)
     states = {
         "live",
@@ -82,13 +82,14 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
         "finished",
         "superseded by a takeover",
         "absent",
+        "the same execution's lease in another tenant",
     }
     assert states <= {state.name for state in LEASE_STATES}
 
 
 async def test_the_sound_set_passes_the_matrix() -> None:
     results = await run_class(_set(), only="__matrix_", real_time=False)
-    assert len(results) == 11 + 4 * 11 + 60 + 12
+    assert len(results) == 12 + 4 * 12 + 65 + 2 * len(CHILD_STATES)
     assert failures(results) == {}
 
 

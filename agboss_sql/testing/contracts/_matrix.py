@@ -23,6 +23,7 @@ from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     AttemptRef,
+    ChildStatus,
     ExecutionLease,
     FencedEffectKey,
     OutboundCallStatus,
@@ -33,6 +34,7 @@ from agboss_sql.testing.contracts._fencing import (
     FENCED_EFFECT,
     LEASE,
     LEASE_MS,
+    OTHER_TENANT,
     OUTBOUND_CALL,
     World,
     expect,
@@ -175,6 +177,13 @@ async def _other_holder(w: World, prepare: Prepare) -> Reached:
     return Reached(lease, 1, (0, lease))
 
 
+async def _other_tenant(w: World, prepare: Prepare) -> Reached:
+    # The holder's live lease and epoch, in a context naming another tenant: that tenant
+    # has no lease of the execution (an execution id is unique within its tenant only).
+    _, lease = await _taken(w, prepare)
+    return Reached(dataclasses.replace(lease, tenant_id=OTHER_TENANT), 0, (0, lease))
+
+
 def _granted(*moves: str) -> dict[str, bool]:
     """The moves granted with a context in a state: every other move is refused."""
     return {move: move in moves for move in MOVES}
@@ -190,6 +199,12 @@ LEASE_STATES: tuple[State, ...] = (
     State("an older epoch of the same holder", FenceRefusal.SUPERSEDED, _granted(), _older_epoch),
     State("a token never granted", FenceRefusal.TOKEN_NOT_GRANTED, _granted(), _never_granted),
     State("absent", FenceRefusal.LEASE_ABSENT, _granted(), _absent),
+    State(
+        "the same execution's lease in another tenant",
+        FenceRefusal.LEASE_ABSENT,
+        _granted(),
+        _other_tenant,
+    ),
     State(
         "the holder's epoch under another instance's name",
         FenceRefusal.SUPERSEDED,
@@ -610,9 +625,19 @@ def _attempt_case(move: str, state: ChildState) -> CaseRun:
                 )
         else:
             result = await other.finish(child, {"late": True}, attempt=attempt)
-            granted = bool(result.finished)
+            granted = result.finished is True
             wanted = state.finish
             rule = "finish-once"
+            # Every finish answers the parent's children not finished once it is done (a
+            # refused one changed nothing; a retry answers what the first finish did).
+            siblings = await queue.children("tenant-1", f"{child}-parent")
+            remaining = sum(1 for c in siblings if c.status != ChildStatus.FINISHED)
+            expect(
+                result.finished in (True, False) and result.remaining == remaining,
+                rule,
+                f"{what} answered {result}, where the contract answers "
+                f"finished={wanted}, remaining={remaining}",
+            )
         expect(
             granted == wanted,
             rule,

@@ -558,6 +558,56 @@ async def claims_and_marks_the_parents_wake_once(ctx: CaseContext) -> None:
     _expect(not late, "wake-claim", "a woken parent's wake was claimed again")
 
 
+async def lists_owed_wakes_oldest_finish_first(ctx: CaseContext) -> None:
+    """`unwoken` lists the owed wakes oldest finish first, whatever the order the children
+    were queued in, and `limit` keeps the oldest; a child nobody queued owes no wake, so
+    `mark_woken` of it is False."""
+    parents = ("parent-queued-first", "parent-queued-second")
+    for parent in parents:
+        await _queue(ctx, 0).enqueue(_child(f"{parent}/only", parent=parent))
+    claimed = {c.child_execution_id: c for c in (await _claim(ctx, 0), await _claim(ctx, 1))}
+    finish_order = [f"{parent}/only" for parent in reversed(parents)]
+    for child_id in finish_order:
+        child = claimed[child_id]
+        done = await _queue(ctx, 1).finish(child_id, None, attempt=child.attempt)
+        _expect(done == FinishResult(True, 0), "one-wake", f"the only child's finish gave {done}")
+        await ctx.clock.advance(10)
+    for instance in (0, 1):
+        listed = [c.child_execution_id for c in await _queue(ctx, instance).unwoken(10)]
+        _expect(
+            listed == finish_order,
+            "wake-order",
+            f"unwoken(10) = {listed}, expected the oldest finish first: {finish_order}",
+        )
+        oldest = [c.child_execution_id for c in await _queue(ctx, instance).unwoken(1)]
+        _expect(oldest == finish_order[:1], "wake-order", f"unwoken(1) = {oldest}")
+    unknown = await _queue(ctx, 1).mark_woken("nobody", "claimer-a")
+    _expect(not unknown, "wake-claim", "the wake of a child nobody queued was marked done")
+
+
+async def marks_only_its_own_childs_wake(ctx: CaseContext) -> None:
+    """`mark_woken` records the wake of the child it names only: a claimer holding the
+    claims of two parents' wakes marks one, and once the claims run out the other is
+    listed and claimed again."""
+    _, first = await _two_finished_children(ctx, parent="parent-a")
+    _, second = await _two_finished_children(ctx, parent="parent-b")
+    for child in (first, second):
+        claimed = await _queue(ctx, 0).claim_wake(child, "claimer-a", 1_000)
+        _expect(claimed, "wake-claim", f"the claim of the wake owed by {child!r} was refused")
+    done = await _queue(ctx, 1).mark_woken(first, "claimer-a")
+    _expect(done, "wake-claim", "the claimer could not mark its wake done")
+    await ctx.clock.advance(1_000)
+    listed = [c.child_execution_id for c in await _queue(ctx, 1).unwoken(10)]
+    _expect(
+        listed == [second],
+        "wake-claim",
+        f"after marking {first!r} woken and the claims ran out, unwoken(10) = {listed}, "
+        f"expected [{second!r}]",
+    )
+    again = await _queue(ctx, 1).claim_wake(second, "claimer-b", 1_000)
+    _expect(again, "wake-claim", "a wake nobody marked done could not be claimed again")
+
+
 async def hands_a_run_out_wake_claim_to_another_claimer(ctx: CaseContext) -> None:
     """A claim lives `claim_ms` on the application clock: until then nobody else gets the
     wake and it is not listed; from then on it is listed, another claimer takes it, and the
@@ -815,8 +865,31 @@ async def never_loses_the_wake_of_a_wait_raced_by_the_last_finish(ctx: CaseConte
         _expect(done.finished, "finish-once", f"round {round_ + 1}: the child's finish: {done}")
 
 
+async def counts_only_its_tenants_siblings(ctx: CaseContext) -> None:
+    """A finish counts the unfinished children of its own tenant's parent: another tenant's
+    children under the same parent id belong to another parent, so each tenant's last
+    finish sees none left and owes its own wake."""
+    await _queue(ctx, 0).enqueue(_child("tenant-1-child"))
+    await _queue(ctx, 1).enqueue(QueuedChild("tenant-2", ROOT, PARENT, "tenant-2-child", 1, None))
+    claimed = {c.child_execution_id: c for c in (await _claim(ctx, 0), await _claim(ctx, 1))}
+    for instance, child_id in ((1, "tenant-1-child"), (0, "tenant-2-child")):
+        done = await _queue(ctx, instance).finish(child_id, None, attempt=claimed[child_id].attempt)
+        _expect(
+            done == FinishResult(True, 0),
+            "tenant-apart",
+            f"the finish of {child_id}, its tenant's only child of {PARENT}, gave {done}",
+        )
+    owed = sorted(c.child_execution_id for c in await _queue(ctx, 0).unwoken(10))
+    _expect(
+        owed == ["tenant-1-child", "tenant-2-child"],
+        "tenant-apart",
+        f"each tenant's parent is owed its wake; unwoken(10) = {owed}",
+    )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("lists a parent's children per tenant", lists_a_parents_children_per_tenant),
+    ("counts only its tenant's siblings", counts_only_its_tenants_siblings),
     ("claims nothing from an empty queue", claims_nothing_from_an_empty_queue),
     ("claims deepest first, then oldest", claims_deepest_first_then_oldest),
     (
@@ -867,6 +940,8 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         answers_a_retried_finish_of_one_attempt_as_the_first,
     ),
     ("claims and marks the parent's wake once", claims_and_marks_the_parents_wake_once),
+    ("lists owed wakes oldest finish first", lists_owed_wakes_oldest_finish_first),
+    ("marks only its own child's wake", marks_only_its_own_childs_wake),
     (
         "hands a run-out wake claim to another claimer",
         hands_a_run_out_wake_claim_to_another_claimer,

@@ -23,6 +23,7 @@ from agboss_sql.contracts.errors import (
     InvalidFencedEffectNameError,
 )
 from agboss_sql.contracts.keys import attempt_owner_of, pending_outbound_call_of
+from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import OutboundCallRepository
 from agboss_sql.contracts.types import (
     AttemptRef,
@@ -39,6 +40,7 @@ from agboss_sql.testing.contracts._fencing import (
     BOUNDARIES,
     DATABASE_LEASE_MS,
     LEASE_MS,
+    OTHER_TENANT,
     SKEWS,
     TENANT,
     Round,
@@ -487,6 +489,17 @@ def _lease_state_at(offset: int, label: str) -> CaseRun:
             "atomic-lease-state",
             "after lease_state_of closed it, the holder could still renew",
         )
+        try:
+            written = await _record(w, key_of(lease))
+        except ExecutionFencedError as exc:
+            expect(
+                exc.reason == FenceRefusal.SUPERSEDED,
+                "no-stale-write",
+                f"a write with a context lease_state_of closed was refused as {exc.reason}, "
+                "where the lease was superseded",
+            )
+        else:
+            fail("no-stale-write", f"a write with a context lease_state_of closed: {written}")
         taken = await w.take(tree, 2)
         expect(
             taken.lease_epoch == 2 and taken.taken_over_from == LeaseHolder("instance-1", 1),
@@ -1044,6 +1057,81 @@ async def database_time_decides(ctx: CaseContext) -> None:
     )
 
 
+async def moves_only_its_own_call(ctx: CaseContext) -> None:
+    """A claim and an end change the call of their key and no other, also when two calls of
+    one lease stand at the same attempt; an end with the reference of an attempt that has
+    already ended (status completed) is refused and changes nothing, and so is an end of a
+    call never recorded; `lease_state_of` at a token never granted answers ABSENT, and for
+    the same execution id in another tenant answers ABSENT, whatever this tenant's lease."""
+    w = World(ctx)
+    tree = w.name()
+    lease = await w.take(tree, 0)
+    calls = w.calls(0)
+    first, second = key_of(lease), key_of(lease, step_key="step-2")
+    one = (await _record(w, first)).call
+    two = (await _record(w, second)).call
+    expect(
+        await calls.mark_pending(first, one.attempt_ref, "owner-a"),
+        "one-attempt-claim",
+        "the claim of the first of two calls at attempt 0 was refused",
+    )
+    _expect_call(await calls.get(second), two, "one-attempt-claim", "the other call, after a claim")
+    expect(
+        await calls.mark_pending(second, two.attempt_ref, "owner-a"),
+        "one-attempt-claim",
+        "the claim of the second call was refused",
+    )
+    ref1 = AttemptRef(OutboundCallStatus.PENDING, 1, "owner-a")
+    expect(
+        await w.calls(1).mark_completed(first, ref1, {"ok": True}),
+        "one-attempt-claim",
+        "the end of the first of two calls at attempt 1 was refused",
+    )
+    pending = dataclasses.replace(
+        two, status=OutboundCallStatus.PENDING, attempt=1, attempt_owner="owner-a"
+    )
+    _expect_call(
+        await calls.get(second), pending, "one-attempt-claim", "the other call", moved=True
+    )
+    ended = AttemptRef(OutboundCallStatus.COMPLETED, 1, "owner-a")
+    expect(
+        not await calls.mark_failed(first, ended, {"late": True}),
+        "one-attempt-claim",
+        "an end with the reference of the completed attempt was accepted",
+    )
+    done = dataclasses.replace(
+        one,
+        status=OutboundCallStatus.COMPLETED,
+        attempt=1,
+        attempt_owner="owner-a",
+        response={"ok": True},
+    )
+    _expect_call(await calls.get(first), done, "one-attempt-claim", "the ended call", moved=True)
+    never = key_of(lease, step_key="step-never-recorded")
+    expect(
+        not await calls.mark_completed(never, ref1, {"ok": True}),
+        "one-attempt-claim",
+        "an end of a call never recorded was accepted",
+    )
+    above = await w.calls(1).lease_state_of(TENANT, tree, lease.lease_epoch + 1)
+    expect(
+        above == LeaseState.ABSENT,
+        "lease-state",
+        f"lease_state_of at a token never granted (above the live epoch) answered {above}",
+    )
+    expect(
+        await w.leases(0).renew(lease, LEASE_MS) == LEASE_MS,
+        "atomic-lease-state",
+        "lease_state_of at a token never granted closed the live lease: its holder could not renew",
+    )
+    state = await w.calls(1).lease_state_of(OTHER_TENANT, tree, lease.lease_epoch)
+    expect(
+        state == LeaseState.ABSENT,
+        "tenant-apart",
+        f"lease_state_of in {OTHER_TENANT}, which has no lease of {tree!r}, answered {state}",
+    )
+
+
 def cases() -> list[Case]:
     """The outbound call's cases; those only an atomic lease check passes are fencing."""
     named: list[tuple[str, CaseRun, bool]] = [
@@ -1062,6 +1150,7 @@ def cases() -> list[Case]:
             ends_only_the_current_attempt,
             False,
         ),
+        ("a claim or an end moves its own call only", moves_only_its_own_call, False),
         (
             "a business key is one intent across executions",
             business_key_shared_across_executions,

@@ -1,0 +1,381 @@
+"""Choose the mutants of the guard and fence code that `tox -e mutation` runs, and report.
+
+mutmut (configured in pyproject.toml, `[tool.mutmut]`) writes every mutant of the files it
+mutates into `mutants/`, one function per mutant beside the original. This script reads
+those functions back, finds what each mutant changed against the original (the first
+differing node), keeps the mutants of the functions in `TARGETS`, and drops the kinds that
+are not a condition (`CONDITION_KINDS`):
+
+- kept: comparison and boolean operators (`>` for `>=`, `==` for `!=`, `and` for `or`, a
+  condition forced true or false), `not` dropped, `True`/`False` swapped, numbers, `+`/`-`,
+  and each term dropped from (or set to None in) a `where(...)`, `and_(...)`, `or_(...)`,
+  `case(...)`, `greatest(...)` or `least(...)`: mutmut's argument removal is the "dropped
+  WHERE term" mutation, `sa.update(L).where(a, b, c)` loses `b`;
+- dropped: a changed string literal (an error message, a bind parameter's or a column's
+  name, which fails every statement that uses it), an argument of any other call set to
+  None or dropped, an assigned value set to None (each fails loudly at its first use),
+  and a call's keyword option changed (`priority=True`, `transaction=False`: how a
+  statement is sent, not what it decides).
+
+    python tools/mutation/mutants.py select          # the chosen names, one a line
+    python tools/mutation/mutants.py report [--md]   # per-module kill rate and survivors
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+MUTANTS = Path("mutants")
+
+TARGETS: dict[str, tuple[str, ...]] = {
+    # the in-memory guards and fences
+    "agboss_sql.memory._fencing": ("fence", "raise_mark"),
+    "agboss_sql.memory.leases": (
+        "InMemoryExecutionLeaseRepository.acquire",
+        "InMemoryExecutionLeaseRepository._held",
+        "InMemoryExecutionLeaseRepository.renew",
+        "InMemoryExecutionLeaseRepository.release",
+        "InMemoryExecutionLeaseRepository.yield_lease",
+        "InMemoryExecutionLeaseRepository.reclaim",
+        "InMemoryExecutionLeaseRepository.finish",
+    ),
+    "agboss_sql.memory.fenced": (
+        "InMemoryFencedEffectRepository.save_result_if_absent",
+        "InMemoryOutboundCallRepository._fenced",
+        "InMemoryOutboundCallRepository.save_if_absent",
+        "InMemoryOutboundCallRepository.mark_pending",
+        "InMemoryOutboundCallRepository._end",
+        "InMemoryOutboundCallRepository.lease_state_of",
+    ),
+    "agboss_sql.memory.queue": (
+        "InMemoryChildExecutionQueueRepository.claim",
+        "InMemoryChildExecutionQueueRepository.restart",
+        "InMemoryChildExecutionQueueRepository.finish",
+        "InMemoryChildExecutionQueueRepository.unwoken",
+        "InMemoryChildExecutionQueueRepository.claim_wake",
+        "InMemoryChildExecutionQueueRepository.mark_woken",
+    ),
+    # the decisions both store families share
+    "agboss_sql.contracts.rules": (
+        "fence_refusal_of",
+        "lease_state_at",
+        "checked_attempt",
+        "checked_attempt_owner",
+    ),
+    # the SQL statements' conditions and the code that reads their answers
+    "agboss_sql.sql._fence": (
+        "FenceStatements.__init__",
+        "refusal_of",
+        "fence_params",
+        "fenced",
+    ),
+    "agboss_sql.sql.leases": (
+        "_held",
+        "LeaseStatements.__init__",
+        "SqlExecutionLeaseRepository.acquire",
+        "SqlExecutionLeaseRepository.renew",
+        "SqlExecutionLeaseRepository._renew_then_read",
+        "SqlExecutionLeaseRepository.release",
+        "SqlExecutionLeaseRepository.yield_lease",
+        "SqlExecutionLeaseRepository.reclaim",
+        "SqlExecutionLeaseRepository.finish",
+    ),
+    "agboss_sql.sql.queue": (
+        "QueueStatements.__init__",
+        "SqlChildExecutionQueueRepository.claim",
+        "SqlChildExecutionQueueRepository._claim_locked",
+        "SqlChildExecutionQueueRepository.restart",
+        "SqlChildExecutionQueueRepository._restart_then_read",
+        "SqlChildExecutionQueueRepository.finish",
+        "SqlChildExecutionQueueRepository._finish",
+    ),
+    "agboss_sql.sql.outbound": (
+        "OutboundStatements.__init__",
+        "SqlOutboundCallRepository.mark_pending",
+        "SqlOutboundCallRepository._end",
+        "SqlOutboundCallRepository._fenced_update",
+        "SqlOutboundCallRepository.lease_state_of",
+    ),
+    "agboss_sql.sql.effects": (
+        "EffectStatements.__init__",
+        "SqlFencedEffectRepository._claim",
+    ),
+    # the SQLite dialect's parts of the fence and take statements
+    "agboss_sql._dialects.sqlite": ("upsert_where", "now_source", "greatest", "least"),
+}
+
+CONDITION_CALLS = {"where", "and_", "or_", "case", "greatest", "least", "not_"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    module: str
+    function: str
+    line: int
+    kind: str
+    before: str
+    after: str
+
+
+def _mutant_functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        bodies = node.body if isinstance(node, ast.ClassDef) else [node]
+        for item in bodies:
+            if (
+                isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and "__mutmut_" in item.name
+            ):
+                found[item.name] = item
+    return found
+
+
+def _first_difference(
+    a: ast.AST, b: ast.AST, parents: tuple[ast.AST, ast.AST] | None
+) -> tuple[ast.AST, ast.AST, tuple[ast.AST, ast.AST] | None] | None:
+    """The first node where `a` and `b` differ, each with its parent."""
+    if type(a) is not type(b):
+        return a, b, parents
+    for field in a._fields:
+        va, vb = getattr(a, field, None), getattr(b, field, None)
+        if isinstance(va, list) and isinstance(vb, list):
+            if len(va) != len(vb):
+                return a, b, parents
+            for xa, xb in zip(va, vb, strict=True):
+                if isinstance(xa, ast.AST) and isinstance(xb, ast.AST):
+                    found = _first_difference(xa, xb, (a, b))
+                    if found:
+                        return found
+                elif xa != xb:
+                    return a, b, parents
+        elif isinstance(va, ast.AST) and isinstance(vb, ast.AST):
+            found = _first_difference(va, vb, (a, b))
+            if found:
+                return found
+        elif isinstance(va, ast.AST) or isinstance(vb, ast.AST) or va != vb:
+            return a, b, parents
+    return None
+
+
+def _body(function: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.Module:
+    return ast.Module(body=function.body, type_ignores=[])
+
+
+def _call_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            return func.attr
+        if isinstance(func, ast.Name):
+            return func.id
+    return ""
+
+
+def _kind(a: ast.AST, b: ast.AST, parent: ast.AST | None) -> str:
+    if isinstance(parent, ast.keyword):
+        # An option of a call (`priority=True`, `transaction=False`): how a statement is
+        # sent, not what it decides.
+        return "keyword argument"
+    if isinstance(a, ast.Constant) and isinstance(b, ast.Constant):
+        if isinstance(a.value, str):
+            return "string"
+        return "number"
+    if isinstance(a, ast.Call) and isinstance(b, ast.Call):
+        name = _call_name(a)
+        return f"argument of {name}()" if name in CONDITION_CALLS else "argument"
+    if isinstance(parent, ast.Call) and isinstance(b, ast.Constant) and b.value is None:
+        name = _call_name(parent)
+        return f"argument of {name}()" if name in CONDITION_CALLS else "argument"
+    if isinstance(a, (ast.Compare, ast.cmpop)):
+        return "comparison"
+    if isinstance(a, (ast.BoolOp, ast.boolop)):
+        return "boolean"
+    if isinstance(a, ast.UnaryOp) or isinstance(parent, ast.UnaryOp):
+        return "unary"
+    if isinstance(a, (ast.BinOp, ast.operator)):
+        return "arithmetic"
+    if isinstance(a, ast.Name) and a.id in ("True", "False"):
+        return "boolean"
+    if isinstance(a, ast.Constant) and a.value in (True, False):
+        return "boolean"
+    if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        return "assignment"
+    return type(a).__name__.lower()
+
+
+def _source(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:
+        return type(node).__name__
+
+
+def _source_lines(module: str) -> dict[str, int]:
+    """The line of each function of `module`'s source ("Class.method" or "function")."""
+    path = Path(module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines[f"{node.name}.{item.name}"] = item.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines[node.name] = node.lineno
+    return lines
+
+
+def mutants() -> list[Mutant]:
+    found: list[Mutant] = []
+    for module, functions in TARGETS.items():
+        path = MUTANTS / (module.replace(".", "/") + ".py")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defs = _mutant_functions(tree)
+        source_lines = _source_lines(module)
+        for function in functions:
+            cls, _, method = function.rpartition(".")
+            prefix = f"xǁ{cls}ǁ{method}__mutmut_" if cls else f"x_{method}__mutmut_"
+            original = defs.get(prefix + "orig")
+            if original is None:
+                continue
+            for name, node in defs.items():
+                suffix = name[len(prefix) :]
+                if not name.startswith(prefix) or not suffix.isdigit():
+                    continue
+                diff = _first_difference(_body(original), _body(node), None)
+                if diff is None:
+                    continue
+                a, b, parents = diff
+                parent = parents[0] if parents else None
+                kind = _kind(a, b, parent)
+                if isinstance(a, (ast.cmpop, ast.boolop, ast.operator)) and parents:
+                    a, b = parents
+                found.append(
+                    Mutant(
+                        name=f"{module}.{name}",
+                        module=module,
+                        function=function,
+                        line=source_lines.get(function, 0)
+                        + getattr(a, "lineno", original.lineno)
+                        - original.lineno,
+                        kind=kind,
+                        before=_source(a),
+                        after=_source(b),
+                    )
+                )
+    return found
+
+
+CONDITION_KINDS = {"comparison", "boolean", "unary", "number", "arithmetic", "augassign", "name"}
+"""The mutants of a condition: an operator, `and`/`or`, `not`, `True`/`False`, a number."""
+
+
+def chosen(all_mutants: list[Mutant]) -> list[Mutant]:
+    """The mutants of conditions: `CONDITION_KINDS`, and a term dropped from (or set to
+    None in) a `where(...)`, `and_(...)`, `or_(...)`, `case(...)`, `greatest(...)`."""
+    return [
+        mutant
+        for mutant in all_mutants
+        if mutant.kind in CONDITION_KINDS or mutant.kind.startswith("argument of")
+    ]
+
+
+def _results() -> dict[str, int | None]:
+    results: dict[str, int | None] = {}
+    for meta in MUTANTS.rglob("*.py.meta"):
+        results.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+    return results
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "not run"
+    if code in (1, 3):
+        return "killed"
+    if code == 0:
+        return "survived"
+    if code in (-24, 24, 36, 152, 255):
+        return "timeout"
+    if code == 5:
+        return "no tests"
+    if code == 33:
+        return "no tests"
+    return f"exit {code}"
+
+
+def report(markdown: bool) -> int:
+    results = _results()
+    picked = chosen(mutants())
+    per_module: dict[str, Counter[str]] = defaultdict(Counter)
+    survivors: list[Mutant] = []
+    for mutant in picked:
+        status = _status(results.get(mutant.name))
+        per_module[mutant.module][status] += 1
+        if status in ("survived", "no tests"):
+            survivors.append(mutant)
+    total: Counter[str] = Counter()
+    rows = []
+    for module in TARGETS:
+        counts = per_module[module]
+        total.update(counts)
+        rows.append((module, counts))
+    rows.append(("total", total))
+    if markdown:
+        print("| module | mutants | killed | timeout | survived | not run | kill rate |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for module, counts in rows:
+        run = sum(counts.values()) - counts["not run"]
+        dead = counts["killed"] + counts["timeout"]
+        rate = f"{100 * dead / run:.1f}%" if run else "-"
+        alive = counts["survived"] + counts["no tests"]
+        if markdown:
+            print(
+                f"| `{module}` | {sum(counts.values())} | {counts['killed']} | "
+                f"{counts['timeout']} | {alive} | {counts['not run']} | {rate} |"
+            )
+        else:
+            print(
+                f"{module:32} {sum(counts.values()):5} killed {counts['killed']:5} timeout "
+                f"{counts['timeout']:3} survived {alive:3} not-run {counts['not run']:4} {rate}"
+            )
+    print()
+    for mutant in survivors:
+        status = _status(results.get(mutant.name))
+        print(
+            f"- `{mutant.name.rsplit('.', 1)[-1]}` ({mutant.module}:{mutant.line}, {mutant.kind}, "
+            f"{status}): `{mutant.before}` -> `{mutant.after}`"
+            if markdown
+            else f"{mutant.name}  line {mutant.line} [{mutant.kind}] {status}\n"
+            f"    {mutant.before}\n -> {mutant.after}"
+        )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("select", "report", "kinds"))
+    parser.add_argument("--md", action="store_true")
+    args = parser.parse_args()
+    if args.command == "select":
+        for mutant in chosen(mutants()):
+            print(mutant.name)
+        return 0
+    if args.command == "kinds":
+        all_mutants = mutants()
+        picked = {m.name for m in chosen(all_mutants)}
+        counts = Counter((m.kind, m.name in picked) for m in all_mutants)
+        for (kind, kept), n in sorted(counts.items()):
+            print(f"{n:5} {'kept' if kept else 'dropped':7} {kind}")
+        return 0
+    return report(args.md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
