@@ -153,6 +153,13 @@ REACHED: dict[str, tuple[str, ...]] = {
 got there would pass without having proven anything."""
 
 
+DEEPER_ONLY: dict[str, tuple[str, ...]] = {
+    "outbound_call_takeover": ("end: completed for another owner",),
+}
+"""Outcomes of `REACHED` that only a search deeper than a mutation run's (depth 6) reaches:
+the takeover world replays a five-step set-up before its first free step."""
+
+
 async def _explore(chosen: MemorySet, world: str, **options: Any) -> Any:
     settings: dict[str, Any] = {
         "depth": DEPTH,
@@ -180,7 +187,8 @@ async def test_the_reference_set_passes_every_world(world: str) -> None:
     # The reference stores decide by the store's time only: one skew's search stands for all.
     assert report.skews_searched == 1
     assert report.schedules_per_s > 0 and report.states_per_s > 0
-    missing = [outcome for outcome in REACHED[world] if not report.seen(outcome)]
+    beyond = DEEPER_ONLY.get(world, ()) if MUTATION_RUN else ()
+    missing = [o for o in REACHED[world] if o not in beyond and not report.seen(o)]
     assert not missing, f"the {world} exploration never reached: {missing}"
     # Its time is printed, not asserted: a loaded two-core machine runs a world's search
     # several times slower than an idle one (the search's bound is its time_limit).
