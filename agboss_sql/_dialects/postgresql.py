@@ -290,6 +290,9 @@ def is_unique_violation(exc: BaseException) -> bool:
 _DISCONNECT_STATES = ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
 
 
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
 def is_disconnect(exc: BaseException) -> bool:
     """The session is gone: terminated or shut down by the server (class 08 or 57P0x), or lost
     on the client's side (a driver error with no SQLSTATE). A cancelled statement (57014) or
@@ -299,6 +302,10 @@ def is_disconnect(exc: BaseException) -> bool:
     orig = getattr(exc, "orig", None)
     if isinstance(orig, BaseException):
         exc = orig
+    if getattr(exc, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT:
+        # The server ended the session (idle_in_transaction_session_timeout); psycopg
+        # raises it as an InternalError (class 25), not as an OperationalError.
+        return True
     if not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         return False
     sqlstate = getattr(exc, "sqlstate", None)

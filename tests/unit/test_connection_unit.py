@@ -423,3 +423,14 @@ async def test_a_cancellation_that_meets_a_statement_deadline_stays_a_cancellati
     time.sleep(deadline_s + 0.05)
     await asyncio.wait([task])
     assert task.cancelled()
+
+
+def test_an_idle_in_transaction_timeout_is_a_lost_session_on_postgresql() -> None:
+    import psycopg.errors
+
+    from agboss_sql._dialects import postgresql
+
+    exc = psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
+    assert postgresql.is_disconnect(exc)
+    assert postgresql.is_disconnect(sa.exc.InternalError("INSERT", {}, exc))
+    assert not postgresql.is_disconnect(psycopg.errors.UniqueViolation("duplicate"))
