@@ -1,5 +1,6 @@
 """What an instance runs around the stores: the lease keeper (renewal, self-fencing), the
-recovery sweep, the child worker, and durable compensation."""
+recovery sweep, the child worker, durable compensation, and the outbound call sent at
+most once per attempt."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from agboss_sql.runtime.keeper import (
     current_keeper,
     unbind_keeper,
 )
+from agboss_sql.runtime.outbound import Send, outbound_call
 from agboss_sql.runtime.signal import AbortSignal
 from agboss_sql.runtime.sweep import DAY_MS, DEFAULT_SWEEP_MS, RecoverySweep, Resume
 from agboss_sql.runtime.unwind import Compensator, Unwinder, compensate
@@ -42,4 +44,6 @@ __all__ = [
     "Unwinder",
     "Compensator",
     "compensate",
+    "outbound_call",
+    "Send",
 ]

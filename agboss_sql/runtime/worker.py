@@ -79,7 +79,7 @@ from agboss_sql.contracts.errors import (
     NotPausedError,
     StoreUnavailableError,
 )
-from agboss_sql.contracts.keys import attempt_owner_of, fenced_effect_key_of
+from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.stores import (
     CANCEL_REQUEST_KEY,
     ChildExecutionQueueRepository,
@@ -92,7 +92,6 @@ from agboss_sql.contracts.stores import (
     PausedExecutionRepository,
 )
 from agboss_sql.contracts.types import (
-    AttemptRef,
     ClaimedChild,
     ExecutionContext,
     ExecutionLease,
@@ -100,7 +99,6 @@ from agboss_sql.contracts.types import (
     ExecutionRecordStatus,
     JsonValue,
     LeaseEventKind,
-    OutboundCallStatus,
     PausedExecution,
     PauseStatus,
     QueuedChild,
@@ -116,6 +114,7 @@ from agboss_sql.runtime.children import (
     release_bounded,
 )
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
+from agboss_sql.runtime.outbound import outbound_call
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
 from agboss_sql.runtime.unwind import Compensator, Unwinder
@@ -1181,29 +1180,10 @@ class Worker:
         return True
 
     async def _notify(self, run: _Run) -> None:
-        """The leaf's outbound call: recorded, claimed, sent once, completed."""
-        outbound = self.outbound
+        """The leaf's outbound call: recorded, claimed, sent once per attempt, completed."""
         key = fenced_effect_key_of(self._context(run, "notify"), "notify")
-        owner = attempt_owner_of(key)
-        saved = await outbound.save_if_absent(
-            key, {"order": order_key(run.execution)}, self.clock.now()
-        )
-        call = saved.call
-        while call.status is not OutboundCallStatus.COMPLETED:
-            if not (
-                call.status is OutboundCallStatus.PENDING
-                and call.attempt_owner == owner
-                and call.attempt > 0
-            ):
-                expected = AttemptRef(call.status, call.attempt, call.attempt_owner)
-                if not await outbound.mark_pending(key, expected, owner):
-                    found = await outbound.get(key)
-                    assert found is not None
-                    call = found
-                    continue
-                attempt = call.attempt + 1
-            else:
-                attempt = call.attempt
+
+        async def send(attempt: int) -> JsonValue:
             run.keeper.guard()
             self.emit(
                 {
@@ -1213,12 +1193,11 @@ class Worker:
                     "epoch": run.lease.lease_epoch,
                 }
             )
-            await outbound.mark_completed(
-                key, AttemptRef(OutboundCallStatus.PENDING, attempt, owner), {"ok": True}
-            )
-            found = await outbound.get(key)
-            assert found is not None
-            call = found
+            return {"ok": True}
+
+        await outbound_call(
+            self.outbound, key, {"order": order_key(run.execution)}, self.clock.now(), send
+        )
 
     # -- pauses ----------------------------------------------------------------------------
 

@@ -35,16 +35,14 @@ from agboss_sql.contracts.errors import (
     ExecutionLeaseLostError,
     NotPausedError,
 )
-from agboss_sql.contracts.keys import attempt_owner_of, fenced_effect_key_of
+from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.types import (
-    AttemptRef,
     ClaimedChild,
     ExecutionContext,
     ExecutionLease,
     ExecutionRecord,
     ExecutionRecordStatus,
     JsonValue,
-    OutboundCallStatus,
     PausedExecution,
     PauseStatus,
     QueuedChild,
@@ -52,6 +50,7 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.runtime import ChildWorker, LeaseKeeper, RecoverySweep, compensate
 from agboss_sql.runtime.children import FinishReporting
+from agboss_sql.runtime.outbound import outbound_call
 from agboss_sql.testing.faults.fixture import PodIdentity, PodStores
 
 logger = logging.getLogger("agboss_sql.testing.faults")
@@ -351,26 +350,9 @@ class Workload:
     async def _outbound(
         self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
     ) -> None:
-        outbound = self.stores.outbound
         key = fenced_effect_key_of(self._context(lease, tree, tree, step), "notify")
-        owner = attempt_owner_of(key)
-        saved = await outbound.save_if_absent(key, {"tree": tree}, self.pod.clock.now())
-        call = saved.call
-        while call.status is not OutboundCallStatus.COMPLETED:
-            if not (
-                call.status is OutboundCallStatus.PENDING
-                and call.attempt_owner == owner
-                and call.attempt > 0
-            ):
-                expected = AttemptRef(call.status, call.attempt, call.attempt_owner)
-                if not await outbound.mark_pending(key, expected, owner):
-                    found = await outbound.get(key)
-                    assert found is not None
-                    call = found
-                    continue
-                attempt = call.attempt + 1
-            else:
-                attempt = call.attempt
+
+        async def send(attempt: int) -> JsonValue:
             keeper.guard()
             self.emit(
                 {
@@ -380,14 +362,9 @@ class Workload:
                     "epoch": lease.lease_epoch,
                 }
             )
-            done = await outbound.mark_completed(
-                key, AttemptRef(OutboundCallStatus.PENDING, attempt, owner), {"ok": True}
-            )
-            found = await outbound.get(key)
-            assert found is not None
-            call = found
-            if not done and call.status is not OutboundCallStatus.COMPLETED:
-                continue
+            return {"ok": True}
+
+        await outbound_call(self.stores.outbound, key, {"tree": tree}, self.pod.clock.now(), send)
 
     async def _children(
         self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
