@@ -18,6 +18,13 @@ One client, operations in sequence; the savers take turns in slices (`--rounds`)
 change in the machine's load falls on both. Prints a table, then one JSON line per
 measurement and per comparison.
 
+`--floor` adds a third contestant to the put/get scenarios, taking its turns with the
+savers: what no saver can avoid per operation. Its put serialises the checkpoint's new
+values and body with LangGraph's serde and commits one small row in autocommit (one round
+trip, one durable commit); its get is one round trip (`SELECT 1`) and deserialises what
+the put serialised. Its row's ratio column shows the ceiling of ours/theirs in that run
+(floor ops/s over theirs): what our saver would reach if it cost only the floor.
+
 Our tables are created if absent (`metadata.create_all`; deployments run the
 migrations); the official saver's `setup()` creates its own. Every thread the run wrote
 is deleted at the end, by each saver.
@@ -39,7 +46,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_checkpoint
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    Checkpoint,
+    CheckpointTuple,
+    empty_checkpoint,
+)
 
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
 from agboss_sql.sql.connection import SqlConnection
@@ -218,6 +230,56 @@ class Workload:
         )
 
 
+FLOOR = "floor"
+"""The `--floor` contestant's name in the table."""
+
+floor_rows = sa.Table(
+    "bench_floor_rows",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("value", sa.String(64), nullable=False),
+)
+"""The table of the floor's one-row commits (created and dropped by the run)."""
+
+
+class FloorSaver(BaseCheckpointSaver[str]):
+    """What any saver pays per operation: LangGraph's serde both ways, one durable
+    single-row commit on put, one round trip on get (see `--floor`). Not a saver: it keeps
+    the serialised checkpoint in memory to hand it back."""
+
+    def __init__(self, connection: SqlConnection) -> None:
+        super().__init__()
+        self.connection = connection
+        self.insert = sa.insert(floor_rows).values(value=sa.bindparam("value", type_=sa.String))
+        self.ping = sa.select(sa.literal(1))
+        self.latest: dict[str, tuple[Any, list[tuple[str, bytes]], tuple[str, bytes]]] = {}
+
+    async def aput(
+        self, config: Any, checkpoint: Checkpoint, metadata: Any, new_versions: Any
+    ) -> Any:
+        values = checkpoint["channel_values"]
+        dumped = [self.serde.dumps_typed(values[k]) for k in new_versions if k in values]
+        body = self.serde.dumps_typed({**checkpoint, "channel_values": {}})
+        await self.connection.execute(self.insert, {"value": checkpoint["id"]})
+        thread_id = config["configurable"]["thread_id"]
+        self.latest[thread_id] = (checkpoint["id"], dumped, body)
+        return {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
+
+    async def aget_tuple(self, config: Any) -> CheckpointTuple | None:
+        await self.connection.execute(self.ping)
+        found = self.latest.get(config["configurable"]["thread_id"])
+        if found is None:
+            return None
+        _, dumped, body = found
+        checkpoint = self.serde.loads_typed(body)
+        for value in dumped:
+            self.serde.loads_typed(value)
+        return CheckpointTuple(config, checkpoint, {}, None, [])
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        self.latest.pop(thread_id, None)
+
+
 @contextlib.asynccontextmanager
 async def official_saver(
     url: sa.URL,
@@ -269,8 +331,17 @@ def slices(total: int, rounds: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(max(1, rounds)) if base or i < extra]
 
 
-async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measurement]:
+async def benchmark(
+    url: str, ops: int, warmup: int, rounds: int, floor: bool = False
+) -> list[Measurement]:
     ensure_our_tables(url)
+    if floor:
+        engine = sa.create_engine(sync_url(url))
+        try:
+            floor_rows.metadata.drop_all(engine, checkfirst=True)
+            floor_rows.metadata.create_all(engine)
+        finally:
+            engine.dispose()
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -288,11 +359,12 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
             savers: list[tuple[str, BaseCheckpointSaver[Any]]] = [("SqlCheckpointSaver", ours)]
             if theirs is not None:
                 savers.append((their_name, theirs))
+            contestants = [*savers, (FLOOR, FloorSaver(connection))] if floor else savers
             for scenario, threads in SCENARIOS:
                 tag = scenario.replace(" ", "")
                 loads = [
                     Workload(saver, name, threads, run_id, f"{i}{tag}", chat=scenario == "chat")
-                    for i, (name, saver) in enumerate(savers)
+                    for i, (name, saver) in enumerate(contestants)
                 ]
                 written += [(w.saver, w.thread_ids) for w in loads]
                 for load in loads:
@@ -309,6 +381,12 @@ async def benchmark(url: str, ops: int, warmup: int, rounds: int) -> list[Measur
                     await saver.adelete_thread(thread_id)
     finally:
         await connection.close()
+        if floor:
+            engine = sa.create_engine(sync_url(url))
+            try:
+                floor_rows.metadata.drop_all(engine, checkfirst=True)
+            finally:
+                engine.dispose()
     return measurements
 
 
@@ -369,7 +447,7 @@ async def history(
 def report(measurements: list[Measurement]) -> None:
     by_key = {(m.scenario, m.saver): m for m in measurements}
     scenarios = [*(s for s, _ in SCENARIOS), "history"]
-    theirs_names = sorted({m.saver for m in measurements} - {"SqlCheckpointSaver"})
+    theirs_names = sorted({m.saver for m in measurements} - {"SqlCheckpointSaver", FLOOR})
     header = f"{'database':<10} {'scenario':<12} {'saver':<20} {'ops/s':>9} {'put ms':>8} {'get ms':>8} {'ours/theirs':>12} {'saver time':>11}"
     print(header)
     print("-" * len(header))
@@ -378,7 +456,24 @@ def report(measurements: list[Measurement]) -> None:
         ours = by_key.get((scenario, "SqlCheckpointSaver"))
         for m in [x for x in measurements if x.scenario == scenario]:
             ratio = in_saver = ""
-            if ours is not None and m.saver != "SqlCheckpointSaver":
+            theirs = [x for x in measurements if x.scenario == scenario and x.saver in theirs_names]
+            if m.saver == FLOOR:
+                # The ceiling of ours/theirs: our saver at the floor.
+                if theirs:
+                    ceiling = m.ops_per_s / theirs[0].ops_per_s
+                    saver_ceiling = (theirs[0].put_ms + theirs[0].get_ms) / (m.put_ms + m.get_ms)
+                    ratio, in_saver = f"<={ceiling:.2f}x", f"<={saver_ceiling:.2f}x"
+                    comparisons.append(
+                        {
+                            "kind": "ceiling",
+                            "database": m.database,
+                            "scenario": scenario,
+                            "theirs": theirs[0].saver,
+                            "ceiling": round(ceiling, 2),
+                            "saver_time_ceiling": round(saver_ceiling, 2),
+                        }
+                    )
+            elif ours is not None and m.saver != "SqlCheckpointSaver":
                 ratio = f"{ours.ops_per_s / m.ops_per_s:.2f}x"
                 # The savers' own time (put + get), without the benchmark building its inputs.
                 saver_ratio = (m.put_ms + m.get_ms) / (ours.put_ms + ours.get_ms)
@@ -472,6 +567,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help="untimed operations before each run")
     parser.add_argument("--rounds", type=int, default=10, help="slices the savers take turns in")
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the floor any saver pays per put/get (serde, one commit, round trips)",
+    )
+    parser.add_argument(
         "--flat",
         type=int,
         metavar="N",
@@ -482,7 +582,7 @@ def main() -> None:
         ensure_our_tables(args.url)
         asyncio.run(flatness(args.url, args.flat))
         return
-    report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds)))
+    report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds, args.floor)))
 
 
 if __name__ == "__main__":

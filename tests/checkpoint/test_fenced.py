@@ -75,7 +75,7 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
 
     lease_a = await a.leases.acquire(TENANT, execution, LEASE_MS)
     assert lease_a is not None and lease_a.lease_epoch == 1
-    first = await _put(a.saver, _config(thread, lease_a), {"answer": "from a, step 1"})
+    first = await _put(a.saver, _config(thread, lease_a), {"answer": ["from a, step 1"]})
 
     # A freezes; its lease runs out; B takes over and writes the next checkpoint.
     await clock.advance(LEASE_MS + 1)
@@ -88,16 +88,16 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
         "lease_epoch": lease_b.lease_epoch,
         "holder_instance_id": "instance-b",
     }
-    second = await _put(b.saver, _config(thread, as_dict, first), {"answer": "from b, step 2"})
+    second = await _put(b.saver, _config(thread, as_dict, first), {"answer": ["from b, step 2"]})
 
     # A wakes and writes as if it still held the lease: a new checkpoint ...
     with pytest.raises(ExecutionFencedError) as refused:
-        await _put(a.saver, _config(thread, lease_a, first), {"answer": "from a, late"})
+        await _put(a.saver, _config(thread, lease_a, first), {"answer": ["from a, late"]})
     assert refused.value.reason == "superseded"
     assert refused.value.token == 1
     assert refused.value.scope_key == scope_key_of(TENANT, execution)
     # ... an overwrite of B's checkpoint (same id) ...
-    stale = _checkpoint({"answer": "from a, overwrite"})
+    stale = _checkpoint({"answer": ["from a, overwrite"]})
     stale["id"] = second
     with pytest.raises(ExecutionFencedError):
         await a.saver.aput(
@@ -113,7 +113,7 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
     latest = await b.saver.aget_tuple({"configurable": {"thread_id": thread}})
     assert latest is not None
     assert latest.config["configurable"]["checkpoint_id"] == second
-    assert latest.checkpoint["channel_values"] == {"answer": "from b, step 2"}
+    assert latest.checkpoint["channel_values"] == {"answer": ["from b, step 2"]}
     assert latest.metadata["step"] == 1
     assert latest.pending_writes == []
     history = [t async for t in a.saver.alist({"configurable": {"thread_id": thread}})]
@@ -358,7 +358,7 @@ async def test_what_a_fenced_write_and_its_refusal_send(
     sent: list[str] = []
     stop = sql.add_statement_listener(lambda text, _params: sent.append(text))
     try:
-        first = await _put(a.saver, _config(thread, lease), {"n": 1})
+        first = await _put(a.saver, _config(thread, lease), {"n": [1]})
         put = list(sent)
         sent.clear()
         await a.saver.aput_writes(_config(thread, lease, first), [("n", 2)], "task-1")

@@ -7,7 +7,11 @@ sharing the database can resume another's thread.
 Storage (`agboss_checkpoints`, `agboss_checkpoint_blobs`, `agboss_checkpoint_writes`):
 a checkpoint row holds the checkpoint without its channel values; each channel value is
 stored once per channel version, written by the `put` that introduced the version and
-shared by every later checkpoint that still reads it. Values, bodies and pending writes
+shared by every later checkpoint that still reads it. Small scalars (None, bools, floats,
+64-bit ints, texts of at most `INLINE_TEXT` characters) are the exception, as in
+LangGraph's own savers: they stay in the body of every checkpoint that reads them, so they
+cost no row and no look-up (a body's `channel_values` names them; rows written before
+they were inlined hold none there, and read the same way). Values, bodies and pending writes
 are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default);
 metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
 (checkpoint, task, index): a retried task does not duplicate it.

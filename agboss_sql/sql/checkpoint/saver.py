@@ -116,6 +116,36 @@ def _channel_hash(channel: str) -> str:
     return identity_hash(channel)
 
 
+INLINE_TEXT = 1024
+"""Characters of the longest text value kept in the checkpoint body rather than a blob row."""
+
+_INT64 = (-(2**63), 2**63)
+
+
+def _inlined(value: Any) -> bool:
+    """Whether a channel value is a small scalar kept in the checkpoint body (as LangGraph's
+    own savers keep them): None, a bool, a float, a 64-bit int, or a text of at most
+    `INLINE_TEXT` characters; exact types only, so a subclass (an enum, say) keeps the type
+    its serde records in a blob."""
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return True
+    if kind is int:
+        return bool(_INT64[0] <= value < _INT64[1])
+    return kind is str and len(value) <= INLINE_TEXT
+
+
+def _blob_versions(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The channel versions of a checkpoint body whose values are in blob rows: those not in
+    its `channel_values` (a body holds the values it inlines; one written before values
+    were inlined holds only unversioned ones, so the same rule reads both)."""
+    inline = body.get("channel_values") or {}
+    versions: Mapping[str, Any] = body["channel_versions"]
+    if not inline:
+        return versions
+    return {ch: v for ch, v in versions.items() if ch not in inline}
+
+
 EXPECTED_NAMESPACES = 4096
 """Thread namespaces whose latest checkpoint's values a saver remembers (see `_expect`)."""
 
@@ -320,12 +350,14 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         values = checkpoint["channel_values"]
         versions = checkpoint["channel_versions"]
         body = dict(checkpoint)
-        # Values of versioned channels live in the blobs, once per version; a value whose
-        # channel has no version (not LangGraph's way) stays in the body.
-        body["channel_values"] = {k: v for k, v in values.items() if k not in versions}
+        # Values of versioned channels live in the blobs, once per version, but for small
+        # scalars (`_inlined`), which stay in the body of every checkpoint that reads them,
+        # as does a value whose channel has no version (not LangGraph's way).
+        inline = {k: v for k, v in values.items() if k not in versions or _inlined(v)}
+        body["channel_values"] = inline
         blob_rows: list[tuple[str, str, str, bytes | None]] = []
         for channel, version in new_versions.items():
-            if channel in values:
+            if channel in values and channel not in inline:
                 kind, data = self._dumps(values[channel])
                 blob_rows.append(
                     (
@@ -374,7 +406,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 await self._write(connection, writes, lease, fence)
         else:
             await self._write(connection, writes, lease, fence)
-        self._expect(thread_hash, ns_hash, versions)
+        self._expect(thread_hash, ns_hash, _blob_versions(body))
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -522,7 +554,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if found is None:
             return None
         if not checkpoint_id:
-            self._expect(params["thread_hash"], params["ns_hash"], found[1]["channel_versions"])
+            self._expect(params["thread_hash"], params["ns_hash"], _blob_versions(found[1]))
         return self._tuple_of(*found)
 
     def _read(
@@ -569,7 +601,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         asked = set(expected)
         keys = [
             (thread_hash, ns_hash, _channel_hash(ch), str(v))
-            for ch, v in body["channel_versions"].items()
+            for ch, v in _blob_versions(body).items()
             if (_channel_hash(ch), str(v)) not in asked
         ]
         if keys:
@@ -599,7 +631,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
         thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
-        for channel, version in body["channel_versions"].items():
+        for channel, version in _blob_versions(body).items():
             stored = blobs.get((thread_hash, ns_hash, _channel_hash(channel), str(version)))
             if stored is not None:
                 values[channel] = self._loads(*stored)
@@ -732,7 +764,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             for key in dict.fromkeys(
                 (row[8], row[2], _channel_hash(channel), str(version))
                 for row, body in zip(rows, bodies, strict=True)
-                for channel, version in body["channel_versions"].items()
+                for channel, version in _blob_versions(body).items()
             )
         ]
         lookups += [
