@@ -608,7 +608,13 @@ async def test_the_finish_race_catches_a_count_outside_the_lock(
 class CountOutsideTheLockWaitQueue(SqlChildExecutionQueueRepository):
     """BROKEN on purpose: counts the child's unfinished children in one statement, then
     moves it to waiting in a second, outside any lock. The last finish in between finds it
-    running and wakes nothing: the child waits for good."""
+    running and wakes nothing: the child waits for good.
+
+    With `finished` set, a count that saw unfinished children waits for that event (set
+    by a racing finish once it committed) before it moves the child: the window made
+    certain, so that the race's bite does not depend on a loaded machine's timing."""
+
+    finished: asyncio.Event | None = None
 
     async def wait_for_children(self, child_execution_id: str, *, attempt: int) -> Any:
         left = await self.connection.execute(
@@ -618,9 +624,11 @@ class CountOutsideTheLockWaitQueue(SqlChildExecutionQueueRepository):
             {"id": child_execution_id},
         )
         remaining = int(left.scalar() or 0)
-        await asyncio.sleep(0)
         if remaining == 0:
             return WaitResult(False, 0)
+        if self.finished is not None:
+            # Nothing is locked here, so the racing finish cannot be blocked by this wait.
+            await asyncio.wait_for(self.finished.wait(), 30)
         moved = await self.connection.execute(
             sa.update(C)
             .where(
@@ -632,6 +640,20 @@ class CountOutsideTheLockWaitQueue(SqlChildExecutionQueueRepository):
             {"id": child_execution_id, "attempt": attempt},
         )
         return WaitResult(True, remaining) if moved.rowcount == 1 else None
+
+
+class SignallingFinishQueue(SqlChildExecutionQueueRepository):
+    """The queue, setting `finished` once a finish has committed."""
+
+    finished: asyncio.Event
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> FinishResult:
+        try:
+            return await super().finish(child_execution_id, outcome, attempt=attempt)
+        finally:
+            self.finished.set()
 
 
 async def wait_race(queues: Sequence[SqlChildExecutionQueueRepository], round_: int) -> bool:
@@ -681,14 +703,17 @@ async def test_a_wait_raced_by_the_last_finish_never_loses_the_wake(
 async def test_the_wait_race_catches_a_count_outside_the_lock(
     sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
 ) -> None:
-    """The broken twin, under the same race: some child waits for a finished child."""
-    broken = [
-        CountOutsideTheLockWaitQueue(sql, clock, ApplicationContext("instance-1")),
-        CountOutsideTheLockWaitQueue(new_connection(), clock, ApplicationContext("instance-2")),
-    ]
+    """The broken twin, under the same race: some child waits for a finished child (the
+    twin's window held open until the racing finish committed)."""
+    finished = asyncio.Event()
+    waiter = CountOutsideTheLockWaitQueue(sql, clock, ApplicationContext("instance-1"))
+    waiter.finished = finished
+    finisher = SignallingFinishQueue(new_connection(), clock, ApplicationContext("instance-2"))
+    finisher.finished = finished
     lost = 0
-    for round_ in range(60):
-        lost += await wait_race(broken, round_)
+    for round_ in range(10):
+        finished.clear()
+        lost += await wait_race([waiter, finisher], round_)
         if lost:
             break
     assert lost > 0, "the race never lost a wake: it does not bite"
