@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -141,7 +142,9 @@ _LOCK = threading.Lock()
 
 
 def _save(kind: str, name: str, verdict: dict[str, object]) -> None:
-    with _LOCK:
+    # Two runs on different databases may share the file: a lock across processes too.
+    with _LOCK, (MUTANTS / "servers.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         results = _load()
         results.setdefault(kind, {})[name] = verdict
         RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True), encoding="utf-8")
