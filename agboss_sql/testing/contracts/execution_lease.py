@@ -381,6 +381,31 @@ async def renewal_never_shortens(ctx: CaseContext) -> None:
     )
 
 
+async def renewal_answers_its_own_lease(ctx: CaseContext) -> None:
+    """A renewal answers the time left of the lease it renewed, whatever other leases exist:
+    the same execution id's lease in another tenant, another execution's lease in the same
+    tenant (each taken earlier, so with less time left)."""
+    w = World(ctx)
+    first, second = w.name(), w.name()
+    start = w.now
+    # The other leases, taken first: (OTHER_TENANT, first) and (TENANT, second).
+    await w.take(first, 1, tenant=OTHER_TENANT)
+    await w.take(second, 1, tenant=TENANT)
+    await w.at(start + 10_000)
+    # The renewed ones, each beside a lease of its execution id and one of its tenant.
+    ours = [await w.take(first, 0, tenant=TENANT), await w.take(second, 0, tenant=OTHER_TENANT)]
+    await w.at(start + 11_000)
+    for lease in ours:
+        remaining = await w.leases(0).renew(lease, 1_000)
+        expect(
+            remaining == LEASE_MS - 1_000,
+            "renewal-never-shortens",
+            f"renewing {lease.tenant_id}/{lease.execution_id} for 1000 ms with "
+            f"{LEASE_MS - 1_000} ms left answered {remaining}: not its own lease's time left "
+            "(its execution id has a lease in another tenant, its tenant another lease)",
+        )
+
+
 async def renewal_extends_from_now(ctx: CaseContext) -> None:
     """A renewal sets `expires_at = max(expires_at, now + lease_ms)`: from now, not from the
     old expiry, and answers exactly the time left."""
@@ -1109,6 +1134,7 @@ def cases() -> list[Case]:
         named.append((f"reclaim {label} expiry {outcome}", _reclaim_at(offset, label)))
     named += [
         ("a renewal never shortens", renewal_never_shortens),
+        ("a renewal answers its own lease's time left", renewal_answers_its_own_lease),
         ("a renewal extends from now, not from the old expiry", renewal_extends_from_now),
         ("epochs grow by one and are never granted twice", epochs_grow_by_one),
         ("a finished lease is never granted again", finished_never_granted_again),
