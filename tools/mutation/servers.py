@@ -43,6 +43,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from queue import Empty, Queue
 
+from run import _chosen as selected_mutants  # the SQLite runner beside this file
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 MUTANTS = ROOT / "mutants"
@@ -279,14 +281,7 @@ def _select(args: argparse.Namespace) -> list[str]:
     for group in args.group:
         chosen += NOT_EXECUTED_ON_SQLITE[group]
     if args.only:
-        every = subprocess.run(
-            [sys.executable, str(HERE / "mutants.py"), "select"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        chosen += [n for n in every if any(fnmatch(n, p) for p in args.only)]
+        chosen += [n for n in selected_mutants() if any(fnmatch(n, p) for p in args.only)]
     return list(dict.fromkeys(chosen))
 
 
