@@ -24,9 +24,9 @@ The audit rules (the fault suite's rules where they apply, read from the same ro
 `agboss_sql.testing.faults.audit`), and:
 
 - `tree-ends`: every tree ended (`succeeded`, `cancelled`, or `failed` with a reason);
-  a succeeded tree charged every order of its leaves and undid nothing; a cancelled tree
-  unwound (`UNWINDING_KEY`), undid its reserve and refunded each order it charged,
-  each once;
+  a succeeded tree decided to close (`END_DECISION_KEY`), charged every order of its
+  leaves and undid nothing; a cancelled tree decided to cancel, unwound
+  (`UNWINDING_KEY`), undid its reserve and refunded each order it charged, each once;
 - `epochs-increase`: per lease, the epochs granted rise strictly in the log's order (a
   holder frozen between its take and its log entry logs an older epoch late: allowed
   only when it logs that epoch `lost` after it), and the lease's current epoch has its
@@ -57,10 +57,12 @@ import sqlalchemy as sa
 
 from agboss_sql.runtime.worker import (
     BUSINESS_EFFECT,
+    END_DECISION_KEY,
     STEP_EFFECT,
     TreeSpec,
     WorkerConfig,
     descendants_of,
+    end_decision,
     leaves_of,
 )
 from agboss_sql.sql.migrate import sync_url
@@ -285,6 +287,17 @@ def _said(instance_id: str, kind: str, tree: str) -> Callable[[Event], bool]:
     return match
 
 
+def _said_any(instance_id: str, kinds: tuple[str, ...], tree: str) -> Callable[[Event], bool]:
+    def match(event: Event) -> bool:
+        return (
+            event.get("pod") == instance_id
+            and event.get("kind") in kinds
+            and event.get("tree") == tree
+        )
+
+    return match
+
+
 def _ready(instance_id: str) -> Callable[[Event], bool]:
     def match(event: Event) -> bool:
         return event.get("pod") == instance_id and event.get("kind") == "ready"
@@ -478,22 +491,43 @@ class _Chaos:
                 )
                 for t in candidates
             }
-        tree = min(candidates, key=lambda t: charged[t]) if candidates else self.trees[0]
-        holder = running.get(tree)
+        # Fewest charged first; a tree that already decided to close refuses the cancel
+        # (`cancel-too-late`), and the next one is tried.
+        order = sorted(candidates, key=lambda t: charged[t]) or [self.trees[0]]
+        for tree in order:
+            holder = running.get(tree)
+            if self._cancel_one(cluster, state, tree, holder) is not False:
+                return  # won, or no worker answered (another tree would fare no better)
+        state.chaos.append(f"cancel: every tree tried ({len(order)}) had decided to close")
+
+    def _cancel_one(
+        self, cluster: Cluster, state: _State, tree: str, holder: str | None
+    ) -> bool | None:
+        """Ask a worker other than the holder to cancel `tree`, until one answers. True
+        when the cancel won, False when it came too late; None when no worker answered."""
         others = [p for p in cluster.pods if p.alive and p.instance_id != holder]
-        # Sent until a worker says it wrote the request (a worker may be busy or die first).
+        # Sent until a worker answers (a worker may be busy or die first).
         for pod in [*reversed(others), *(p for p in cluster.pods if p.alive)]:
             since = cluster.mark()
             cluster.send(pod, {"cmd": "cancel", "tenant": self.tenant, "tree": tree})
             try:
-                cluster.wait_for(
-                    _said(pod.instance_id, "cancel-requested", tree), 10, "cancel", since=since
+                answer = cluster.wait_for(
+                    _said_any(pod.instance_id, ("cancel-requested", "cancel-too-late"), tree),
+                    10,
+                    "cancel",
+                    since=since,
                 )
             except WaitTimeout:
                 continue
-            state.chaos.append(f"cancel {tree} from {pod.instance_id} (last run on {holder})")
-            return
-        state.chaos.append(f"cancel {tree}: no worker wrote the request")
+            won = answer.get("kind") == "cancel-requested"
+            state.chaos.append(
+                f"cancel {tree} from {pod.instance_id} (last run on {holder})"
+                if won
+                else f"cancel {tree} from {pod.instance_id}: too late, it had decided to close"
+            )
+            return won
+        state.chaos.append(f"cancel {tree}: no worker answered")
+        return None
 
 
 def _held_by(engine: sa.Engine, tenant: str, instance_id: str) -> list[tuple[str, str, int]]:
@@ -561,8 +595,14 @@ def audit_cluster(
     rows = set(history.business_rows)
     records = {r["execution_id"]: r for r in history.records}
     keys: dict[str, set[str]] = defaultdict(set)
+    decided: dict[str, str | None] = {}
     for row in history.tree_keys:
         keys[row["root_execution_id"]].add(str(row["key"]))
+        if row["key"] == END_DECISION_KEY:
+            value = row["value"]  # the column's JSON text, as the table stores it
+            decided[row["root_execution_id"]] = end_decision(
+                json.loads(value) if isinstance(value, str) else value
+            )
     statuses: Counter[str] = Counter()
     refunded = 0
     for tree in trees:
@@ -571,6 +611,15 @@ def audit_cluster(
         statuses[status or "missing"] += 1
         spec = spec_of[tree]
         leaves = leaves_of(tree, spec)
+        if status in ("succeeded", "cancelled"):
+            want = "close" if status == "succeeded" else "cancel"
+            if decided.get(tree) != want:
+                violations.append(
+                    Violation(
+                        "tree-ends",
+                        f"{tree} {status}, but its end decision is {decided.get(tree)!r}",
+                    )
+                )
         if status == "succeeded":
             for leaf in leaves:
                 if f"{leaf}|charge" not in rows:

@@ -33,9 +33,12 @@ stored through `FencedEffectRepository.save_result_if_absent` under the step's k
 run resumed elsewhere replays its finished steps (no work is done again) and runs only the
 interrupted one; a zombie's write is refused by the store.
 
-A cancel request (`CANCEL_REQUEST_KEY`, written by any instance) is seen at the holder's
-next renewal; the root waits for its descendants to end, then undoes its effects last
-first (`Unwinder`: durable, each undo once) and ends `cancelled`.
+A cancel (`Worker.cancel`, from any instance) and the root's close race for one tree key,
+`END_DECISION_KEY`: the first to write it wins, so a cancel either ends the tree cancelled
+or is told it came too late. A cancel that won writes the cancel request
+(`CANCEL_REQUEST_KEY`), seen at the holder's next renewal; the root waits for its
+descendants to end, then undoes its effects last first (`Unwinder`: durable, each undo
+once) and ends `cancelled`.
 
 Events (JSON lines on standard output) say what the worker does; the cluster's live view
 reads them. The cluster's audit never trusts them for a verdict it can read from the
@@ -127,6 +130,11 @@ BUSINESS_EFFECT = "charge"
 """The fenced effect name of every step that writes a business row (row `<execution>|<step>`)."""
 STEP_EFFECT = "step"
 """The fenced effect name of a durable step without business rows."""
+END_DECISION_KEY = "@cluster/end"
+"""The tree key that decides between a cancel and the tree's close: whichever writes it
+first wins (`save_if_absent`), so a cancel either ends the tree cancelled or is told it came
+too late; never is a cancel accepted and the tree then succeeds. Its value is
+`{"decision": "cancel" | "close", "by": instance, "at": ms}`."""
 HANDOVER = (ExecutionLeaseLostError, ExecutionFencedError)
 """Errors that mean another instance owns the execution now: stop, undo nothing."""
 
@@ -554,10 +562,21 @@ class Worker:
             # record is running with a free lease, which a sweep runs.
             await self.clock.sleep(self.config.poll_every_ms)
 
-    async def cancel(self, tenant_id: str, tree_id: str) -> None:
-        """Cancel a tree from this instance, wherever it runs: write the cancel request
-        (its holder sees it at the next renewal and unwinds); a paused tree's pause is
-        cancelled and its record set running, so a sweep runs its unwind."""
+    async def cancel(self, tenant_id: str, tree_id: str) -> bool:
+        """Cancel a tree from this instance, wherever it runs. True when the tree will end
+        cancelled (this request or an earlier one won `END_DECISION_KEY`); False when the
+        tree had already decided to close (too late: it ends succeeded, and no cancel
+        request is written).
+
+        After the decision, the cancel request is written (its holder sees it at the next
+        renewal and unwinds); a paused tree's pause is cancelled and its record set
+        running, so a sweep runs its unwind. Calling it again is harmless."""
+        decision = {"decision": "cancel", "by": self.instance_id, "at": self.clock.now()}
+        if not await self.tree.save_if_absent(tenant_id, tree_id, END_DECISION_KEY, decision):
+            found = await self.tree.get(tenant_id, tree_id, END_DECISION_KEY)
+            if end_decision(found) != "cancel":
+                self.emit({"kind": "cancel-too-late", "tree": tree_id})
+                return False
         await self.tree.save_if_absent(
             tenant_id, tree_id, CANCEL_REQUEST_KEY, {"by": self.instance_id, "at": self.clock.now()}
         )
@@ -568,6 +587,7 @@ class Worker:
             await self.records.transition(
                 tenant_id, tree_id, ExecutionRecordStatus.PAUSED, ExecutionRecordStatus.RUNNING
             )
+        return True
 
     # -- running a tree --------------------------------------------------------------------
 
@@ -634,7 +654,7 @@ class Worker:
                 run, children
             ):
                 return  # waiting: whoever finishes the last child wakes the tree
-            if await self._cancel_requested(run):
+            if not await self._decide_close(run):
                 raise ExecutionCancelledError(f"tree {tree_id} was cancelled")
             await self._step(
                 run, "close", StepKind.CLOSE_BRANCH, lambda: self._work({"closed": tree_id})
@@ -839,13 +859,35 @@ class Worker:
     async def _cancel_requested(self, run: _Run) -> bool:
         if isinstance(run.keeper.signal.reason, ExecutionCancelledError):
             return True
+        # The decision, not the request: a canceller that died between writing the two
+        # has still cancelled the tree.
         value = await self._retrying(
             run,
-            "read the cancel request",
-            lambda: self.tree.get(run.tenant_id, run.root, CANCEL_REQUEST_KEY),
+            "read the end decision",
+            lambda: self.tree.get(run.tenant_id, run.root, END_DECISION_KEY),
             guard=False,
         )
-        return value is not None
+        return end_decision(value) == "cancel"
+
+    async def _decide_close(self, run: _Run) -> bool:
+        """Claim the tree's end for its close: True when the close won (now, or in an
+        earlier run of this tree); False when a cancel won first."""
+        if isinstance(run.keeper.signal.reason, ExecutionCancelledError):
+            return False
+        decision = {"decision": "close", "by": self.instance_id, "at": self.clock.now()}
+        if await self._retrying(
+            run,
+            "decide the close",
+            lambda: self.tree.save_if_absent(run.tenant_id, run.root, END_DECISION_KEY, decision),
+        ):
+            return True
+        value = await self._retrying(
+            run,
+            "read the end decision",
+            lambda: self.tree.get(run.tenant_id, run.root, END_DECISION_KEY),
+            guard=False,
+        )
+        return end_decision(value) == "close"
 
     async def _unwind(self, run: _Run) -> None:
         """Undo a cancelled tree: wait for its descendants to end (they see the cancel
@@ -1261,6 +1303,11 @@ def order_key(leaf: str) -> str:
     return f"order:{leaf}"
 
 
+def end_decision(value: JsonValue | None) -> str | None:
+    """The decision stored under `END_DECISION_KEY` (`"cancel"`, `"close"`), or `None`."""
+    return str(value.get("decision")) if isinstance(value, dict) else None
+
+
 async def submit_tree(
     tree: ExecutionTreeRepository,
     records: ExecutionRecordRepository,
@@ -1345,7 +1392,7 @@ async def _commands(worker: Worker, stop: asyncio.Event) -> None:
 
 
 async def _retried(
-    worker: Worker, what: str, call: Callable[[str, str], Awaitable[None]], tenant: str, tree: str
+    worker: Worker, what: str, call: Callable[[str, str], Awaitable[object]], tenant: str, tree: str
 ) -> None:
     """A command's call, tried again after a store outage for up to three leases; a failure
     that persists is reported as a `command-failed` event."""
@@ -1434,6 +1481,7 @@ def config_json(config: WorkerConfig) -> dict[str, Any]:
 __all__ = [
     "BUSINESS_EFFECT",
     "HANDOVER",
+    "END_DECISION_KEY",
     "SPEC_KEY",
     "STEP_EFFECT",
     "StoreGaveUpError",
@@ -1443,6 +1491,7 @@ __all__ = [
     "children_of",
     "config_of",
     "descendants_of",
+    "end_decision",
     "leaves_of",
     "order_key",
     "pause_id_of",

@@ -18,17 +18,19 @@ import sqlalchemy as sa
 from agboss_sql.application import HealthStatus
 from agboss_sql.contracts.errors import ExecutionFencedError, NotPausedError
 from agboss_sql.contracts.keys import fenced_effect_key_of
-from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
+from agboss_sql.contracts.stores import CANCEL_REQUEST_KEY, COMPENSATED_PREFIX, UNWINDING_KEY
 from agboss_sql.contracts.types import ExecutionRecordStatus, PauseStatus
 from agboss_sql.runtime.slots import StepKind
 from agboss_sql.runtime.unwind import Unwinder
 from agboss_sql.runtime.worker import (
+    END_DECISION_KEY,
     STEP_EFFECT,
     TreeSpec,
     Worker,
     WorkerConfig,
     _Run,
     descendants_of,
+    end_decision,
     leaves_of,
     pause_id_of,
     submit_tree,
@@ -296,7 +298,7 @@ async def test_a_cancel_from_another_worker_unwinds_once_last_first(
         return first in await committed_business_rows(sql)
 
     await until(charged, f"{first} charged")
-    await b.cancel(tenant, tree)
+    assert await b.cancel(tenant, tree) is True
     await until(is_status(a, tenant, tree, ExecutionRecordStatus.CANCELLED), f"{tree} cancelled")
     rows = await committed_business_rows(sql)
     undos = [r for r in rows if r.startswith(f"{tree}|undo:")]
@@ -316,6 +318,96 @@ async def test_a_cancel_from_another_worker_unwinds_once_last_first(
     assert record.outcome["reason"] == "cancelled by request"
     # Every child ended (each finished once); none was charged after the undo.
     assert {c.status for c in await a.queue.children(workers.tenant, tree)} == {"finished"}
+
+
+async def cancel_between_the_close_decision_and_the_end(
+    workers: Workers, sql: SqlConnection, tree: str, *, deciding: bool = True
+) -> bool:
+    """Run a tree whose close is interrupted, right after it decided to close, by a cancel
+    from another worker; wait for the tree to end. The cancel's answer. With
+    `deciding=False` the root is BROKEN on purpose: it only reads for a cancel request
+    before its close (a check, then the close: two steps), as the worker once did."""
+    spec = TreeSpec(fan_out=1, depth=1)
+    # Long leases: no renewal (which reads the cancel request) falls inside the few
+    # milliseconds between the cancel and the end, so the broken root's race is certain.
+    a, b, c = [await workers(name, lease_ms=60_000) for name in ("wa", "wb", "wc")]
+    tenant = workers.tenant
+    answers: list[bool] = []
+    for worker in (a, b):
+        decide = worker._decide_close if deciding else worker._cancel_requested
+
+        async def decide_then_cancel(run: _Run, decide: Any = decide) -> bool:
+            went_on = await decide(run) if deciding else not await decide(run)
+            answers.append(await c.cancel(tenant, tree))
+            return bool(went_on)
+
+        worker._decide_close = decide_then_cancel  # type: ignore[method-assign]
+    await run_to_the_wait(workers, a, tree, spec)
+    assert await b.child_worker.run_once()
+
+    async def ended() -> bool:
+        return await status_of(a, tenant, tree) in (
+            ExecutionRecordStatus.SUCCEEDED,
+            ExecutionRecordStatus.CANCELLED,
+        )
+
+    await until(ended, f"{tree} to end")
+    assert len(answers) == 1
+    return answers[0]
+
+
+async def test_a_cancel_after_the_close_decision_is_refused_and_the_tree_succeeds(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    tree = "tree-late-cancel"
+    accepted = await cancel_between_the_close_decision_and_the_end(workers, sql, tree)
+    tenant = workers.tenant
+    assert accepted is False
+    assert await status_of(workers.made[0], tenant, tree) is ExecutionRecordStatus.SUCCEEDED
+    assert len(workers.of("cancel-too-late", tree=tree)) == 1
+    assert not workers.of("cancel-requested", tree=tree)
+    keys = await workers.made[0].tree.list(tenant, tree)
+    assert CANCEL_REQUEST_KEY not in keys
+    assert end_decision(keys[END_DECISION_KEY]) == "close"
+    assert not [r for r in await committed_business_rows(sql) if r.startswith(f"{tree}|undo:")]
+
+
+async def test_the_late_cancel_test_catches_a_close_that_checks_then_ends(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    tree = "tree-late-cancel-broken"
+    accepted = await cancel_between_the_close_decision_and_the_end(
+        workers, sql, tree, deciding=False
+    )
+    # The cancel was accepted, and the tree succeeded all the same: the promise broken.
+    assert accepted is True
+    assert await status_of(workers.made[0], workers.tenant, tree) is ExecutionRecordStatus.SUCCEEDED
+
+
+async def test_a_cancel_whose_request_was_never_written_still_wins_over_the_close(
+    workers: Workers, sql: SqlConnection
+) -> None:
+    # The canceller died between its decision and its request: no holder ever sees the
+    # request, and the root still unwinds when it comes to its close.
+    spec = TreeSpec(fan_out=2, depth=1)
+    a, b = await workers("wa"), await workers("wb")
+    tenant, tree = workers.tenant, "tree-half-cancel"
+    await run_to_the_wait(workers, a, tree, spec)
+    decision = {"decision": "cancel", "by": "dead", "at": a.clock.now()}
+    assert await a.tree.save_if_absent(tenant, tree, END_DECISION_KEY, decision)
+    assert await b.child_worker.run_once()
+    assert await b.child_worker.run_once()
+    await until(is_status(b, tenant, tree, ExecutionRecordStatus.CANCELLED), f"{tree} cancelled")
+    rows = await committed_business_rows(sql)
+    # The children read the decision too (they charge nothing); whatever was charged was
+    # refunded, once.
+    for leaf in leaves_of(tree, spec):
+        assert rows.count(f"{leaf}|charge") == rows.count(f"{tree}|undo:charge:{leaf}") <= 1
+    assert rows.count(f"{tree}|undo:reserve") == 1
+    assert UNWINDING_KEY in await b.tree.list(tenant, tree)
+    # Another cancel of a tree a cancel already won: accepted again, and harmless.
+    assert await b.cancel(tenant, tree) is True
+    assert await status_of(b, tenant, tree) is ExecutionRecordStatus.CANCELLED
 
 
 async def test_a_takeover_replays_finished_steps_and_the_zombies_step_write_is_refused(
@@ -524,7 +616,7 @@ async def unwind_taken_over_mid_undo(
     tenant = workers.tenant
     await run_to_the_wait(workers, a, tree, spec)
     assert await b.child_worker.run_once()  # c0 charges
-    await a.cancel(tenant, tree)
+    assert await a.cancel(tenant, tree) is True
     frozen, thaw = asyncio.Event(), asyncio.Event()
     undo_of = b._undo
 

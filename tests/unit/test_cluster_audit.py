@@ -7,7 +7,7 @@ from typing import Any
 
 from agboss_sql.cluster import ClusterConfig, Report, audit_cluster
 from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
-from agboss_sql.runtime.worker import TreeSpec
+from agboss_sql.runtime.worker import END_DECISION_KEY, TreeSpec
 from agboss_sql.testing.faults.audit import StoreHistory
 
 TENANT = "t"
@@ -69,8 +69,17 @@ def _history(status: str = "succeeded") -> StoreHistory:
             {"child_execution_id": LEAF, "status": "finished", "attempt": 1, "tenant_id": TENANT}
         ],
         records=[{"execution_id": TREE, "status": status, "outcome": None}],
-        tree_keys=[],
+        tree_keys=[_decision("cancel" if status == "cancelled" else "close")],
     )
+
+
+def _decision(decision: str) -> dict[str, Any]:
+    """The tree's end decision, as the table returns it (JSON text)."""
+    return {
+        "root_execution_id": TREE,
+        "key": END_DECISION_KEY,
+        "value": f'{{"decision": "{decision}", "by": "w1", "at": 0}}',
+    }
 
 
 def _audit(
@@ -115,7 +124,7 @@ def test_a_succeeded_tree_missing_a_charge_is_reported() -> None:
 
 def test_a_cancelled_tree_must_refund_what_it_charged_and_undo_its_reserve() -> None:
     history = _history("cancelled")
-    history.tree_keys = [
+    history.tree_keys += [
         {"root_execution_id": TREE, "key": UNWINDING_KEY},
         {"root_execution_id": TREE, "key": f"{COMPENSATED_PREFIX}reserve"},
     ]
@@ -127,6 +136,18 @@ def test_a_cancelled_tree_must_refund_what_it_charged_and_undo_its_reserve() -> 
     history.business_rows.append(f"{TREE}|undo:charge:{LEAF}")
     history.results.append(_result(TREE, f"undo:charge:{LEAF}", "charge"))
     assert _audit(history).ok
+
+
+def test_a_tree_whose_end_disagrees_with_its_decision_is_reported() -> None:
+    # A cancel that won, and the tree succeeded all the same.
+    history = _history()
+    history.tree_keys = [_decision("cancel")]
+    report = _audit(history)
+    assert _rules(report) == ["tree-ends"]
+    assert "end decision is 'cancel'" in report.violations[0]
+    # No decision at all: the close never claimed the end.
+    history.tree_keys = []
+    assert _rules(_audit(history)) == ["tree-ends"]
 
 
 def test_a_tree_that_did_not_end_is_reported() -> None:
