@@ -9,9 +9,11 @@ case, run once on the SQL set (tests/stores/test_conformance_sql.py).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 import pytest
+from support.capabilities import require, update_returning
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -220,6 +222,54 @@ async def test_each_lease_move_sends_its_statements_and_no_more(
     assert renew == (1 if sql.capabilities.update_returning else 2)
     assert counts == {"yield": 1, "reclaim": 1, "release": 1, "finish": 1, "save_execution_id": 1}
     assert not any(s.strip().upper().startswith(("BEGIN", "COMMIT")) for s in sent)
+
+
+async def test_a_renewal_whose_lease_moves_on_between_its_two_statements_answers_its_own_floor(
+    cluster: Instances, sql: SqlConnection, sql_url: str, clock: VirtualClock
+) -> None:
+    # Where an UPDATE returns nothing (the MySQL family) a renewal is two statements, the
+    # update and a read back, with no transaction around them. Between the two, the holder
+    # releases the lease (its own stop racing its keeper) and another instance takes it
+    # for ten times as long: the renewal answers its own floor, `lease_ms`, never the
+    # other holder's time left.
+    require(not update_returning(sql), "renewal in two statements (its UPDATE returns rows)")
+    lease = await _acquire(cluster)
+    taken: list[ExecutionLease | None] = []
+
+    async def release_and_take_elsewhere() -> None:
+        other = SqlConnection(sql_url)
+        try:
+            store_clock = StoreClock(clock)
+            holder = SqlExecutionLeaseRepository(
+                other, store_clock, ApplicationContext("instance-1")
+            )
+            assert await holder.release(lease)
+            thief = SqlExecutionLeaseRepository(
+                other, store_clock, ApplicationContext("instance-2")
+            )
+            taken.append(await thief.acquire(TENANT, lease.execution_id, 10 * LEASE_MS))
+        finally:
+            await other.close()
+
+    seen: list[str] = []
+
+    def between(statement: str, _params: object) -> None:
+        seen.append(statement)
+        if len(seen) == 2:
+            # The read back is about to be sent: the other instances move now, on their own
+            # connection and loop (this listener runs on the renewal's loop, which waits).
+            mover = threading.Thread(target=asyncio.run, args=(release_and_take_elsewhere(),))
+            mover.start()
+            mover.join()
+
+    remove = sql.add_statement_listener(between)
+    try:
+        answered = await cluster.leases(1).renew(lease, LEASE_MS)
+    finally:
+        remove()
+    assert len(seen) == 2 and taken and taken[0] is not None
+    assert taken[0].lease_epoch == lease.lease_epoch + 1
+    assert answered == LEASE_MS
 
 
 # arguments
