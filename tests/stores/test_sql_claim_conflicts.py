@@ -10,6 +10,9 @@ conflict shows it, and the rows are the real rows.
   then oldest): a retried claim is a claim, not a guess past the head. (On a cluster
   that certifies write sets a retry starts a few rows past the head by design, and the
   test holds it to that width.)
+- On a cluster that certifies write sets, a claim goes on through more conflicts than
+  the connection's attempts (claimers on other nodes keep taking the rows it picks), for
+  the whole `Timeouts.retry_ms`.
 - A claim whose every attempt conflicts ends, within `Timeouts.retry_ms` and the
   connection's attempts, in `StoreTimeoutError` (`what == "retry"`), and nothing of it was
   applied: the child is still queued at its attempt.
@@ -28,7 +31,7 @@ import sqlalchemy as sa
 from support.capabilities import require, row_locks
 
 from agboss_sql.contracts import ApplicationContext, QueuedChild, StoreTimeoutError, VirtualClock
-from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlConnection
 from agboss_sql.sql.migrate import sync_url
 from agboss_sql.sql.queue import QUEUED, RUNNING, SqlChildExecutionQueueRepository
 from agboss_sql.sql.schema import child_executions
@@ -115,6 +118,7 @@ class Faults:
     def __init__(self, sql: SqlConnection, sql_url: str) -> None:
         # The DDL differs per server: asked here, in this one place.
         self.sql = _POSTGRESQL if sql.dialect_name == "postgresql" else _MYSQL
+        self.certified = sql.capabilities.certified_writes
         self.engine = sa.create_engine(sync_url(sql_url))
         self._run(self.sql.drop)
         self._run(self.sql.create)
@@ -204,3 +208,24 @@ async def test_a_claim_whose_every_attempt_conflicts_raises_a_typed_timeout_and_
     # The conflicts gone, the same child is claimed at its first attempt.
     claimed = await store.claim("i-1")
     assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("only", 1)
+
+
+async def test_on_a_certifying_cluster_a_claim_outlasts_the_connections_attempts(
+    faults: Faults,
+    sql_url: str,
+) -> None:
+    require(faults.certified, "certified write sets (a Galera cluster)")
+    # A bound long enough for the connection to give up once (its attempts back off to
+    # 0.2 s each) and the claim to go on.
+    connection = SqlConnection(sql_url, timeouts=Timeouts(retry_ms=30_000))
+    try:
+        store = SqlChildExecutionQueueRepository(
+            connection, VirtualClock(1_000_000), ApplicationContext("i-1")
+        )
+        await store.enqueue(QueuedChild(TENANT, "root-1", "parent-1", "only", 1, None))
+        faults.fail_next(MAX_ATTEMPTS + 2)
+        claimed = await asyncio.wait_for(store.claim("i-1"), 30 + BOUND_S)
+        assert faults.calls() == MAX_ATTEMPTS + 3
+        assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("only", 1)
+    finally:
+        await connection.close()
