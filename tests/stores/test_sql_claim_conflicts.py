@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from support.capabilities import require, row_locks
 
 from agboss_sql.contracts import ApplicationContext, QueuedChild, StoreTimeoutError, VirtualClock
+from agboss_sql.sql import queue as queue_module
 from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlConnection
 from agboss_sql.sql.migrate import sync_url
 from agboss_sql.sql.queue import QUEUED, RUNNING, SqlChildExecutionQueueRepository
@@ -229,3 +230,22 @@ async def test_on_a_certifying_cluster_a_claim_outlasts_the_connections_attempts
         assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("only", 1)
     finally:
         await connection.close()
+
+
+async def test_on_a_certifying_cluster_a_retried_claim_starts_at_most_four_rows_a_retry_past_the_head(
+    faults: Faults,
+    queue: tuple[SqlChildExecutionQueueRepository, VirtualClock],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require(faults.certified, "certified write sets (a Galera cluster)")
+    store, clock = queue
+    ids = [f"child-{i:02d}" for i in range(12)]
+    for child_id in ids:
+        await store.enqueue(QueuedChild(TENANT, "root-1", "parent-1", child_id, 1, None))
+        await clock.advance(10)
+    # The widest draw every time: the spread's bound itself, not a sample of it.
+    monkeypatch.setattr(queue_module.random, "randrange", lambda n: n - 1)
+    faults.fail_next(1)
+    claimed = await asyncio.wait_for(store.claim("i-1"), BOUND_S)
+    assert faults.calls() == 2
+    assert claimed is not None and claimed.child_execution_id == ids[4]
