@@ -217,7 +217,7 @@ def run_one(
         "--no-header",
         *tests,
     ]
-    log = log_dir / f"{mutant.rsplit('.', 1)[-1] or 'clean'}{'.confirm' if only else ''}.log"
+    log = _run_log(log_dir, mutant, confirm=bool(only))
     started = time.monotonic()
     with log.open("w", encoding="utf-8") as out:
         process = subprocess.Popen(
@@ -249,6 +249,11 @@ def run_one(
     return {"verdict": f"error (pytest exit {code})", "seconds": seconds, "log": str(log)}
 
 
+def _run_log(log_dir: Path, mutant: str, *, confirm: bool = False) -> Path:
+    """Where a run of `mutant` (`""`: the unmutated code) writes its output."""
+    return log_dir / f"{mutant.rsplit('.', 1)[-1] or 'clean'}{'.confirm' if confirm else ''}.log"
+
+
 def judge(
     mutant: str,
     url: str,
@@ -276,7 +281,11 @@ def judge(
         again = run_one(mutant, url, galera, timeout_s, log_dir, only=[str(verdict["by"])])
         if again["verdict"] == "killed":
             return {**verdict, "confirmed": True}
-        # It passed alone on the mutant: run the set again without it.
+        # It passed alone on the mutant: run the set again without it, and keep the log of
+        # the failure (the next run writes the same file) to read what the load did.
+        kept = _run_log(log_dir, mutant).with_suffix(f".unconfirmed-{len(deselected) + 1}.log")
+        _run_log(log_dir, mutant).replace(kept)
+        verdict["unconfirmed_log"] = str(kept)
         deselected.append(str(verdict["by"]))
     return {**verdict, "verdict": "killed (unconfirmed)"}
 
