@@ -272,10 +272,12 @@ def judge(
         if again["verdict"] == "killed":
             return {**recorded, "confirmed": True}
     deselected: list[str] = []
+    unconfirmed_logs: list[str] = []
     for _ in range(3):
         verdict = run_one(mutant, url, galera, timeout_s, log_dir, deselect=deselected)
         if deselected:
             verdict["deselected"] = list(deselected)
+            verdict["unconfirmed_logs"] = list(unconfirmed_logs)
         if verdict["verdict"] != "killed":
             return verdict
         again = run_one(mutant, url, galera, timeout_s, log_dir, only=[str(verdict["by"])])
@@ -285,7 +287,7 @@ def judge(
         # the failure (the next run writes the same file) to read what the load did.
         kept = _run_log(log_dir, mutant).with_suffix(f".unconfirmed-{len(deselected) + 1}.log")
         _run_log(log_dir, mutant).replace(kept)
-        verdict["unconfirmed_log"] = str(kept)
+        unconfirmed_logs.append(str(kept))
         deselected.append(str(verdict["by"]))
     return {**verdict, "verdict": "killed (unconfirmed)"}
 
