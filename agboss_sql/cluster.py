@@ -135,6 +135,10 @@ class Report:
     steps_stored: int
     wall_s: float
     violations: list[str] = field(default_factory=list)
+    frozen_leases_taken_over: int = 0
+    """Of the leases the frozen worker held at the freeze, how many another instance took
+    over while it was frozen (a freeze that lands as the worker's last steps end leaves
+    nothing to take over, and the zombie then has nothing to lose)."""
     run_dir: str = ""
     """Where the workers' configs, stderr, events and the audited rows were written."""
 
@@ -666,6 +670,7 @@ def audit_cluster(
     frozen_pod, held, thawed_at = frozen
     if frozen_pod is not None:
         violations += _zombie_fenced(history, frozen_pod, held, thawed_at)
+    frozen_taken_over = len(_taken_over(history, held)) if frozen_pod is not None else 0
     for pod in slow_stops:
         violations.append(
             Violation("graceful-stop", f"{pod} did not stop (exit 0) within the shutdown bound")
@@ -699,7 +704,27 @@ def audit_cluster(
         steps_stored=len(latencies),
         wall_s=round(wall_s, 1),
         violations=[str(v) for v in violations],
+        frozen_leases_taken_over=frozen_taken_over,
     )
+
+
+def _taken_over(
+    history: StoreHistory, held: list[tuple[str, str, int]]
+) -> list[tuple[str, int, list[int]]]:
+    """Of `held` (`(instance, execution, epoch)`), the leases granted again at a later
+    epoch: `(execution, epoch, times of the later grants)`."""
+    found = []
+    for _, execution, epoch in held:
+        later = [
+            int(e["at"])
+            for e in history.lease_events
+            if e["execution_id"] == execution
+            and e["kind"] in GRANTS
+            and int(e["lease_epoch"]) > epoch
+        ]
+        if later:
+            found.append((execution, epoch, later))
+    return found
 
 
 def _epochs_increase(history: StoreHistory) -> list[Violation]:
@@ -760,18 +785,8 @@ def _zombie_fenced(
     transaction held the lease row, so no later epoch could be granted before it ended;
     the grant's log entry (written after the move) dates the later epoch."""
     found = []
-    taken_over = []
-    for _, execution, epoch in held:
-        later = [
-            int(e["at"])
-            for e in history.lease_events
-            if e["execution_id"] == execution
-            and e["kind"] in GRANTS
-            and int(e["lease_epoch"]) > epoch
-        ]
-        if not later:
-            continue
-        taken_over.append((execution, epoch))
+    taken_over = _taken_over(history, held)
+    for execution, epoch, later in taken_over:
         for row in history.results:
             if (
                 row["lease_execution_id"] == execution

@@ -32,8 +32,12 @@ def test_a_short_cluster_run_through_chaos_keeps_every_invariant(
     story = " | ".join(report.chaos)
     for what in ("cancel", "SIGKILL", "started", "SIGSTOP", "SIGCONT"):
         assert what in story, story
-    # The killed and the frozen workers' trees and children were taken over.
+    # The killed and the frozen workers' trees and children were taken over, and the
+    # frozen one, back as a zombie, lost what was taken from it (the audit's
+    # `zombie-fenced` rule checks it logged the loss). A freeze that lands as the worker's
+    # last steps end leaves nothing to take over: then it has nothing to lose.
     assert report.takeovers >= 1, render_report(report)
-    assert report.leases_lost >= 1, render_report(report)
+    if report.frozen_leases_taken_over:
+        assert report.leases_lost >= 1, render_report(report)
     # Every order of a succeeded tree charged once; the cancelled tree's charges refunded.
     assert report.orders_charged == 7 * 4 + report.orders_refunded, render_report(report)
