@@ -27,11 +27,18 @@ def test_a_short_cluster_run_through_chaos_keeps_every_invariant(
     )
     report = run_cluster(config)
     assert report.ok, render_report(report)
-    assert report.trees == {"succeeded": 7, "cancelled": 1}, render_report(report)
     # The chaos happened: a cancel, a kill and its replacement, a freeze and a thaw.
     story = " | ".join(report.chaos)
     for what in ("cancel", "SIGKILL", "started", "SIGSTOP", "SIGCONT"):
         assert what in story, story
+    # A cancel either won, and its tree ended cancelled, or was told it came too late (the
+    # trees it tried had decided to close: a chaos loop slowed by a loaded machine may
+    # come to the cancel late), and every tree succeeded.
+    won = [c for c in report.chaos if c.startswith("cancel ") and "(last run on" in c]
+    expected = {"succeeded": 7, "cancelled": 1} if won else {"succeeded": 8}
+    assert report.trees == expected, render_report(report)
+    if not won:
+        assert "too late" in story, story
     # The killed and the frozen workers' trees and children were taken over, and the
     # frozen one, back as a zombie, lost what was taken from it (the audit's
     # `zombie-fenced` rule checks it logged the loss). A freeze that lands as the worker's
@@ -40,4 +47,5 @@ def test_a_short_cluster_run_through_chaos_keeps_every_invariant(
     if report.frozen_leases_taken_over:
         assert report.leases_lost >= 1, render_report(report)
     # Every order of a succeeded tree charged once; the cancelled tree's charges refunded.
-    assert report.orders_charged == 7 * 4 + report.orders_refunded, render_report(report)
+    succeeded = report.trees.get("succeeded", 0)
+    assert report.orders_charged == succeeded * 4 + report.orders_refunded, render_report(report)
