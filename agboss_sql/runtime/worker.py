@@ -861,13 +861,17 @@ class Worker:
             return True
         # The decision, not the request: a canceller that died between writing the two
         # has still cancelled the tree.
+        return await self._end_decision(run) == "cancel"
+
+    async def _end_decision(self, run: _Run) -> str | None:
+        """The tree's end decision (`END_DECISION_KEY`), read without the guard."""
         value = await self._retrying(
             run,
             "read the end decision",
             lambda: self.tree.get(run.tenant_id, run.root, END_DECISION_KEY),
             guard=False,
         )
-        return end_decision(value) == "cancel"
+        return end_decision(value)
 
     async def _decide_close(self, run: _Run) -> bool:
         """Claim the tree's end for its close: True when the close won (now, or in an
@@ -881,13 +885,7 @@ class Worker:
             lambda: self.tree.save_if_absent(run.tenant_id, run.root, END_DECISION_KEY, decision),
         ):
             return True
-        value = await self._retrying(
-            run,
-            "read the end decision",
-            lambda: self.tree.get(run.tenant_id, run.root, END_DECISION_KEY),
-            guard=False,
-        )
-        return end_decision(value) == "close"
+        return await self._end_decision(run) == "close"
 
     async def _unwind(self, run: _Run) -> None:
         """Undo a cancelled tree: wait for its descendants to end (they see the cancel
