@@ -4,6 +4,7 @@ wakes after a takeover cannot overwrite the new holder's checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,8 @@ START = 1_700_000_000_000
 def _checkpoint(values: dict[str, Any]) -> Checkpoint:
     checkpoint = empty_checkpoint()
     checkpoint["channel_values"] = dict(values)
-    checkpoint["channel_versions"] = {name: f"{uuid.uuid4()}" for name in values}
+    # Versions of the form `get_next_version` makes (a counter and a random fraction).
+    checkpoint["channel_versions"] = {name: f"{1:032}.{random.random():016}" for name in values}
     return checkpoint
 
 
@@ -123,6 +125,8 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
     writes = await sql.execute(sa.select(sa.func.count()).select_from(checkpoint_writes))
     assert blobs.scalar() == 2
     assert writes.scalar() == 0
+    # Nor are they kept: A keeps the one value it wrote while it held the lease.
+    assert len(a.saver._values) == 1
 
     # B keeps writing: A's refusals did not touch B's lease. A retried task adds nothing.
     for _ in range(2):
@@ -138,6 +142,7 @@ async def test_a_late_writer_is_refused_after_a_takeover_and_the_new_checkpoint_
     third = await _put(b.saver, _config(thread, lease_b, second), {"answer": "from b, step 3"})
     latest = await a.saver.aget_tuple({"configurable": {"thread_id": thread}})
     assert latest is not None and latest.config["configurable"]["checkpoint_id"] == third
+    assert latest.checkpoint["channel_values"] == {"answer": "from b, step 3"}
 
 
 async def test_the_fence_decides_by_the_store_time_at_the_expiry_boundary(

@@ -361,7 +361,8 @@ async def test_the_remembered_values_are_bounded(
     """A saver remembers the values of at most `EXPECTED_NAMESPACES` thread namespaces (the
     most recently used): memory does not grow with the threads it serves."""
     monkeypatch.setattr(saver_module, "EXPECTED_NAMESPACES", 3)
-    saver = SqlCheckpointSaver(sql)
+    # Without kept values, which would answer the forgotten namespaces' values themselves.
+    saver = SqlCheckpointSaver(sql, value_cache_bytes=0)
     threads = [Thread(saver, _thread()) for _ in range(5)]
     for thread in threads:
         await thread.put({"a": [thread.thread]})
@@ -374,6 +375,95 @@ async def test_the_remembered_values_are_bounded(
         stop()
     assert found is not None and found.checkpoint["channel_values"] == {"a": [threads[0].thread]}
     assert len(sent) == 2, sent
+
+
+async def test_a_read_takes_the_values_its_saver_wrote_or_read_without_fetching_them(
+    sql: SqlConnection,
+) -> None:
+    """The values a saver wrote or read are kept (bytes, by key): reading its latest
+    checkpoint again fetches the checkpoint and its writes alone, and answers the same
+    values as a saver that keeps none. A saver that read a checkpoint keeps its values."""
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    conversation = [HumanMessage(content="hi " * 400, id="1"), AIMessage(content="yo", id="2")]
+    await thread.put({"messages": conversation, "topic": ["billing"]})
+    sent, stop = _statements(sql)
+    try:
+        found = await saver.aget_tuple(_config(thread.thread))
+        ours = list(sent)
+        sent.clear()
+        cold_saver = SqlCheckpointSaver(sql, value_cache_bytes=0)
+        cold = await cold_saver.aget_tuple(_config(thread.thread))
+        cold_sent = list(sent)
+        sent.clear()
+        reader = SqlCheckpointSaver(sql)
+        assert await reader.aget_tuple(_config(thread.thread)) is not None
+        sent.clear()
+        again = await reader.aget_tuple(_config(thread.thread))
+        reader_again = list(sent)
+    finally:
+        stop()
+    expected = {"messages": conversation, "topic": ["billing"]}
+    for answer in (found, cold, again):
+        assert answer is not None and answer.checkpoint["channel_values"] == expected
+    blobs = checkpoint_blobs.name
+    assert len(ours) == 1 and blobs not in ours[0], ours
+    assert len(cold_sent) == 2 and blobs in cold_sent[1], cold_sent
+    assert len(reader_again) == 1 and blobs not in reader_again[0], reader_again
+    assert len(saver._values) == 2 and len(cold_saver._values) == 0
+
+
+async def test_kept_values_are_only_those_no_other_value_can_take_the_key_of(
+    sql: SqlConnection,
+) -> None:
+    """A kept value answers for its key only while no other value can be stored under that
+    key: versions `get_next_version` makes carry a random fraction, so a thread deleted by
+    another instance and begun again has new keys; a version a caller made up ("1") may name
+    another value then, so its value is never kept."""
+    ours, other = SqlCheckpointSaver(sql), SqlCheckpointSaver(sql)
+    for made_up in (True, False):
+        thread = _thread()
+
+        async def put(
+            saver: SqlCheckpointSaver,
+            value: list[str],
+            made_up: bool = made_up,
+            thread: str = thread,
+        ) -> None:
+            checkpoint = empty_checkpoint()
+            version = "1" if made_up else saver.get_next_version(None, None)
+            checkpoint["channel_values"] = {"a": value}
+            checkpoint["channel_versions"] = {"a": version}
+            await saver.aput(_config(thread), checkpoint, {"source": "loop"}, {"a": version})
+
+        await put(ours, ["old"])
+        first = await ours.aget_tuple(_config(thread))
+        assert first is not None and first.checkpoint["channel_values"] == {"a": ["old"]}
+        await other.adelete_thread(thread)
+        await put(other, ["new"])
+        found = await ours.aget_tuple(_config(thread))
+        assert found is not None and found.checkpoint["channel_values"] == {"a": ["new"]}
+        # Made up: nothing kept. Else: what it wrote (now unreachable) and what it read.
+        assert len(ours._values) == (0 if made_up else 2)
+
+
+async def test_the_kept_values_are_bounded_in_bytes(sql: SqlConnection) -> None:
+    """`value_cache_bytes` bounds what a saver keeps (least recently used out first); a value
+    larger than the bound is not kept; reads answer the same either way."""
+    saver = SqlCheckpointSaver(sql, value_cache_bytes=4_000)
+    threads = [Thread(saver, _thread()) for _ in range(6)]
+    for thread in threads:
+        await thread.put({"a": [thread.thread * 20]})
+    assert saver._values.size <= 4_000
+    assert 0 < len(saver._values) < len(threads)
+    big = Thread(saver, _thread())
+    await big.put({"a": ["x" * 5_000]})
+    assert all(key[0] != identity_hash(big.thread) for key in saver._values._entries)
+    for thread in [*threads, big]:
+        found = await saver.aget_tuple(_config(thread.thread))
+        assert found is not None and found.checkpoint["channel_values"] == thread.values
+    with pytest.raises(ValueError, match="value_cache_bytes"):
+        SqlCheckpointSaver(sql, value_cache_bytes=-1)
 
 
 async def _reads_few_rows(sql: SqlConnection, saver: SqlCheckpointSaver, thread: str) -> None:

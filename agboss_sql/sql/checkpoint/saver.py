@@ -66,6 +66,13 @@ from agboss_sql.sql.checkpoint._statements import (
     chunks,
     keyed_params,
 )
+from agboss_sql.sql.checkpoint._values import (
+    DEFAULT_VALUE_CACHE_BYTES,
+    ValueCache,
+    ValueKey,
+    as_entries,
+    fetched_entries,
+)
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.sql.timeouts import Timeouts
@@ -153,6 +160,14 @@ BlobKeys = tuple[tuple[str, str], ...]
 """(channel hash, version) of the values a checkpoint reads."""
 
 
+def _kept(version: str) -> bool:
+    """Whether a value of this version may be kept (`_values`): only versions made by
+    `get_next_version` (or LangGraph's savers, in the same form), whose random fraction no
+    later put of another value repeats, even after its thread was deleted elsewhere and
+    begun again. A version a caller made up (`"1"`) may name another value after that."""
+    return len(version) > 34 and version[32] == "."
+
+
 def _checked_key(what: str, value: str, limit: int) -> str:
     if len(value) > limit:
         raise InvalidIdentifierError(
@@ -197,8 +212,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         fenced: bool = False,
         store_clock: StoreClock | None = None,
         application: ApplicationContext | None = None,
+        value_cache_bytes: int = DEFAULT_VALUE_CACHE_BYTES,
     ) -> None:
         super().__init__(serde=serde)
+        values = ValueCache(value_cache_bytes)
         if store_clock is not None and not isinstance(store_clock, StoreClock):
             raise TypeError(
                 "store_clock decides lease expiry: pass a StoreClock (StoreClock() for database "
@@ -217,6 +234,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # reads whatever else the checkpoint found then names. Only a guess: never trusted.
         self._expected: dict[tuple[str, str], BlobKeys] = {}
         self._expected_guard = threading.Lock()
+        # The serialised values this saver wrote or read, by key (`_values`): a read takes
+        # the values its checkpoint names from here rather than fetch them again.
+        self._values = values
 
     @classmethod
     def from_conn_string(
@@ -229,6 +249,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         application: ApplicationContext | None = None,
         pool_size: int = 8,
         timeouts: Timeouts | None = None,
+        value_cache_bytes: int = DEFAULT_VALUE_CACHE_BYTES,
     ) -> OwnedSaver:
         """A saver on a `SqlConnection` of its own to `conn_string` (a database URL:
         `sqlite:///path`, `postgresql://…`, `mysql://…`, or a bare SQLite file path as
@@ -249,6 +270,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             fenced=fenced,
             store_clock=store_clock,
             application=application,
+            value_cache_bytes=value_cache_bytes,
         )
         saver._owns_connection = True
         saver._sync.owns = True
@@ -407,6 +429,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         else:
             await self._write(connection, writes, lease, fence)
         self._expect(thread_hash, ns_hash, _blob_versions(body))
+        self._values.keep(as_entries(thread_hash, ns_hash, (r for r in blob_rows if _kept(r[1]))))
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -540,21 +563,27 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         }
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
-        # The values this checkpoint is expected to read are named in the first statement.
-        expected = self._expected_of(params["thread_hash"], params["ns_hash"])[:MAX_ROWS]
-        for i, (channel_hash, version) in enumerate(expected):
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
+        # The values this checkpoint is expected to read are named in the first statement,
+        # but those this saver keeps (`_values`): they are taken from there if the checkpoint
+        # read names them.
+        expected = self._expected_of(thread_hash, ns_hash)
+        kept = self._values.found((thread_hash, ns_hash, ch, v) for ch, v in expected)
+        ask = tuple(k for k in expected if (thread_hash, ns_hash, *k) not in kept)[:MAX_ROWS]
+        for i, (channel_hash, version) in enumerate(ask):
             params[f"k{i}_channel_hash"] = channel_hash
             params[f"k{i}_version"] = version
-        statement = sql.read(by_id=bool(checkpoint_id), blobs=len(expected))
+        statement = sql.read(by_id=bool(checkpoint_id), blobs=len(ask))
         # One step: on SQLite run inline without interleaving, on a server on one pooled
         # connection.
         found = await connection.run(
-            lambda: self._read(sql, statement, params, thread_id, ns, expected), transaction=False
+            lambda: self._read(sql, statement, params, thread_id, ns, ask, kept),
+            transaction=False,
         )
         if found is None:
             return None
         if not checkpoint_id:
-            self._expect(params["thread_hash"], params["ns_hash"], _blob_versions(found[1]))
+            self._expect(thread_hash, ns_hash, _blob_versions(found[1]))
         return self._tuple_of(*found)
 
     def _read(
@@ -565,9 +594,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id: str,
         ns: str,
         expected: BlobKeys,
+        kept: Mapping[ValueKey, tuple[str, bytes | None]],
     ) -> Step[Found | None]:
         """Read a checkpoint with its pending writes and the `expected` values, then the values
-        its versions name that were not expected."""
+        its versions name that were neither expected nor `kept` (values this saver keeps,
+        valid for any checkpoint that names them: see `_values`)."""
         result = yield Exec(statement, params)
         found = None
         thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
@@ -604,8 +635,16 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             for ch, v in _blob_versions(body).items()
             if (_channel_hash(ch), str(v)) not in asked
         ]
+        fetched = dict(blobs)
         if keys:
-            blobs.update((yield from self._blobs(sql, keys)))
+            held = {**kept, **self._values.found(k for k in keys if k not in kept)}
+            blobs.update((k, held[k]) for k in keys if k in held)
+            missing = [k for k in keys if k not in held]
+            if missing:
+                more = yield from self._blobs(sql, missing)
+                blobs.update(more)
+                fetched.update(more)
+        self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
         return listed, body, blobs, writes
 
     def _blobs(
@@ -804,6 +843,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         sql = self._statements(connection)
         params = {"thread_hash": identity_hash(_key_text("thread_id", thread_id))}
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
+        self._values.forget_thread(params["thread_hash"])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, pending write and value of one thread to another, atomically

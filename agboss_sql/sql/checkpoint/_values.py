@@ -1,0 +1,108 @@
+"""The values a saver wrote or read, kept by key so a read need not fetch them again.
+
+A channel value is stored once per (thread, namespace, channel, version) and that row
+never changes: a put skips a version already stored, and deletes remove a value only
+with every checkpoint that reads it (a thread, a run, the history `prune` drops). So the
+bytes a saver wrote under a key are the bytes any later read of that key would fetch, for
+as long as a checkpoint that names the key exists, and a read that found the checkpoint in
+the database may take a named value from here instead of from the database. Nothing else
+is taken on trust: which checkpoint is the latest, and which versions it names, always come
+from the database.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+ValueKey = tuple[str, str, str, str]
+"""(thread hash, namespace hash, channel hash, version)."""
+Stored = tuple[str, bytes | None]
+"""(serde type, serialised value), as stored."""
+
+ENTRY_OVERHEAD = 160
+"""Bytes counted per entry beside its value: the key's strings and the dictionary slot."""
+
+DEFAULT_VALUE_CACHE_BYTES = 32 * 1024 * 1024
+"""Default bound of a saver's kept values (`value_cache_bytes`)."""
+
+
+class ValueCache:
+    """Serialised values by key, least recently used first out, bounded by bytes; safe
+    across threads. `limit` 0 keeps nothing."""
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"value_cache_bytes is a number of bytes >= 0, got {limit!r}")
+        self.limit = limit
+        self.size = 0
+        self._entries: OrderedDict[ValueKey, tuple[Stored, int]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keep(self, entries: Iterable[tuple[ValueKey, Stored]]) -> None:
+        """Keep these values (the newest last out)."""
+        if not self.limit:
+            return
+        with self._guard:
+            for key, stored in entries:
+                data = stored[1]
+                cost = ENTRY_OVERHEAD + (len(data) if data is not None else 0)
+                if cost > self.limit:
+                    continue
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self.size -= old[1]
+                self._entries[key] = (stored, cost)
+                self.size += cost
+            while self.size > self.limit:
+                _, (_, cost) = self._entries.popitem(last=False)
+                self.size -= cost
+
+    def found(self, keys: Iterable[ValueKey]) -> dict[ValueKey, Stored]:
+        """The values kept under these keys (absent keys are left out)."""
+        if not self._entries:
+            return {}
+        out: dict[ValueKey, Stored] = {}
+        with self._guard:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+                    out[key] = entry[0]
+        return out
+
+    def forget_thread(self, thread_hash: str) -> None:
+        """Drop every value of a thread (its rows were deleted)."""
+        with self._guard:
+            for key in [k for k in self._entries if k[0] == thread_hash]:
+                self.size -= self._entries.pop(key)[1]
+
+    def clear(self) -> None:
+        with self._guard:
+            self._entries.clear()
+            self.size = 0
+
+
+def as_entries(
+    thread_hash: str, ns_hash: str, rows: Iterable[tuple[str, str, str, bytes | None]]
+) -> list[tuple[ValueKey, Stored]]:
+    """Cache entries of a put's value rows (channel hash, version, type, data)."""
+    return [((thread_hash, ns_hash, ch, v), (kind, data)) for ch, v, kind, data in rows]
+
+
+def fetched_entries(
+    blobs: Mapping[tuple[str, str, str, str], tuple[object, object]],
+) -> list[tuple[ValueKey, Stored]]:
+    """Cache entries of values a read fetched (bytes only: a driver's memoryview copied)."""
+    out: list[tuple[ValueKey, Stored]] = []
+    for key, (kind, data) in blobs.items():
+        if isinstance(data, memoryview):
+            data = bytes(data)
+        if data is not None and not isinstance(data, bytes):
+            continue
+        out.append(((str(key[0]), str(key[1]), str(key[2]), str(key[3])), (str(kind), data)))
+    return out
