@@ -59,6 +59,10 @@ class Capabilities:
       changes no row is invisible to the other nodes, so a decision between instances on
       different nodes must write a row every concurrent decider writes (the loser fails
       certification, a transient conflict, and runs again).
+    - `scripts`: a transaction's statements may be sent as one text (`Script`: `BEGIN`,
+      the statements and `COMMIT`, separated by `;`), one round trip; the server stops at
+      the first statement that fails, leaving the transaction open, so the runner drops
+      the connection (the server then rolls it back).
     """
 
     inline: bool
@@ -72,6 +76,7 @@ class Capabilities:
     insert_if_absent_raises: bool
     batch_migrations: bool
     certified_writes: bool = False
+    scripts: bool = False
 
 
 class Dialect(Protocol):

@@ -43,6 +43,8 @@ CAPABILITIES = Capabilities(
     json_key_exact=False,
     insert_if_absent_raises=True,
     batch_migrations=False,
+    # The pool's connections are opened with `CLIENT.MULTI_STATEMENTS` (`connect`).
+    scripts=True,
 )
 MARIADB_CAPABILITIES = dataclasses.replace(CAPABILITIES, insert_returning=True)
 GALERA_CAPABILITIES = dataclasses.replace(MARIADB_CAPABILITIES, certified_writes=True)
@@ -227,7 +229,9 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
         db=url.database,
         autocommit=autocommit,
         charset="utf8mb4",
-        client_flag=CLIENT.FOUND_ROWS,
+        # The pool's connections (in autocommit) take a transaction as one text (`Script`):
+        # every parameter is still escaped by the driver, as in a single statement.
+        client_flag=CLIENT.FOUND_ROWS | (CLIENT.MULTI_STATEMENTS if autocommit else 0),
         **session_options(timeouts),
     )
     galera = False

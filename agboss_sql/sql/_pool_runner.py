@@ -277,6 +277,10 @@ class PoolRunner:
             raise
         except Exception:
             step.close()
+            if progress.in_script:
+                # The server stopped the script at the failed statement with its transaction
+                # open: the connection goes, and the server rolls the transaction back.
+                self.dialect.abort(raw)
             # A failed COMMIT ended the transaction already.
             if transaction and not progress.committing:
                 if cache.listeners:

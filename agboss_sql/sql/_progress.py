@@ -16,12 +16,13 @@ class Progress:
     """How far one attempt of a step got: statements answered, whether a statement that
     may write was sent, and whether COMMIT was sent."""
 
-    __slots__ = ("applied", "committing", "sent_write")
+    __slots__ = ("applied", "committing", "in_script", "sent_write")
 
     def __init__(self) -> None:
         self.applied = 0
         self.sent_write = False
         self.committing = False
+        self.in_script = False  # a `Script` was sent and has not answered
 
 
 async def feed(
@@ -42,6 +43,8 @@ async def feed(
             cache.notify(compiled.sql, params)
         if not compiled.reads_only:
             progress.sent_write = True
+        progress.in_script = compiled.script
         rows, count = await execute(raw, compiled.sql, params)
+        progress.in_script = False
         progress.applied += 1
         result = Result(list(rows) if rows is not None else None, count)

@@ -28,6 +28,18 @@ class Exec:
     params: Mapping[str, Any]
 
 
+class Script:
+    """Statements sent as one transaction in one text: `BEGIN`, each statement, `COMMIT`
+    (`Capabilities.scripts`). Their parameters share one namespace: a name two of them use
+    must mean one value. Send it alone, outside a transaction (it is one); its `Result` is
+    the first statement's (`BEGIN`), so no statement of it may need its rows or count."""
+
+    __slots__ = ("statements",)
+
+    def __init__(self, *statements: Any) -> None:
+        self.statements = statements
+
+
 class Result:
     """The rows a statement returned (if any) and the rows it changed or matched."""
 
@@ -58,6 +70,7 @@ class Compiled:
     defaults: Mapping[str, Any]
     verbatim: bool = False  # a text statement, sent as written when it has no params
     reads_only: bool = False  # a plain SELECT: sending it again changes nothing
+    script: bool = False  # a `Script`: a failure leaves its transaction open
 
 
 class SqlBuilder:
@@ -106,6 +119,8 @@ class StatementCache:
             return entry[1]
         if isinstance(statement, str):
             compiled = Compiled(statement, {}, verbatim=True, reads_only=_reads_only(statement))
+        elif isinstance(statement, Script):
+            compiled = self._script(statement)
         elif isinstance(statement, Suffixed):
             inner = self.compiled(statement.statement)
             compiled = Compiled(inner.sql + statement.suffix, inner.defaults, inner.verbatim)
@@ -124,6 +139,19 @@ class StatementCache:
         # Keep the statement alive with its compiled form, so its id is never reused.
         self._compiled[id(statement)] = (statement, compiled)
         return compiled
+
+    def _script(self, script: Script) -> Compiled:
+        if not self.dialect.CAPABILITIES.scripts:
+            raise ValueError(f"{self.dialect.NAME} takes no statement scripts")
+        parts = [self.compiled(statement) for statement in script.statements]
+        defaults: dict[str, Any] = {}
+        for part in parts:
+            for name, value in part.defaults.items():
+                if defaults.get(name, value) != value:
+                    raise ValueError(f"two statements of a script give {name!r} two values")
+                defaults[name] = value
+        sql = ";\n".join([self.dialect.BEGIN, *(part.sql for part in parts), "COMMIT"])
+        return Compiled(sql, defaults, script=True)
 
     def params(self, compiled: Compiled, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The params to send; `None` sends a text statement as written. A compiled statement
@@ -158,6 +186,7 @@ __all__ = [
     "Compiled",
     "Exec",
     "Result",
+    "Script",
     "SqlBuilder",
     "StatementCache",
     "StatementListener",

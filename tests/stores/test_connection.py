@@ -24,6 +24,7 @@ from support.capabilities import (
     repeatable_read_raises_serialization_failures,
     require,
     row_locks,
+    scripts,
 )
 
 from agboss_sql.contracts.errors import (
@@ -32,6 +33,7 @@ from agboss_sql.contracts.errors import (
     StoreUnavailableError,
 )
 from agboss_sql.sql.connection import Exec, Result, SqlConnection, Step
+from agboss_sql.sql.statements import Script
 from agboss_sql.sql.timeouts import Timeouts
 from agboss_sql.testing.database import sync_url
 
@@ -891,3 +893,125 @@ async def test_a_transaction_cancelled_mid_statement_never_hands_its_connection_
                 assert (await tx.execute(sa.text("SELECT 1"))).scalar() == 1
     finally:
         await connection.close()
+
+
+# --- scripts: a transaction in one text -----------------------------------------------------
+
+INSERT_OTHER = sa.insert(counters).values(id=sa.bindparam("other"), n=sa.bindparam("other_n"))
+INCREMENT_OTHER = sa.update(counters).where(C.id == sa.bindparam("other")).values(n=C.n + 1)
+
+_SCRIPT_FAULTS = (
+    "CREATE TABLE connection_test_faults (id INT PRIMARY KEY, n INT NOT NULL) ENGINE=MyISAM",
+    "INSERT INTO connection_test_faults VALUES (1, 0)",
+    f"""CREATE TRIGGER connection_test_fault BEFORE INSERT ON {counters.name} FOR EACH ROW
+BEGIN
+  IF NEW.id = 2 AND (SELECT n FROM connection_test_faults WHERE id = 1) > 0 THEN
+    UPDATE connection_test_faults SET n = n - 1 WHERE id = 1;
+    SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, MESSAGE_TEXT = 'forced deadlock';
+  END IF;
+END""",
+)
+"""A trigger that fails the next `n` inserts of row 2 with the server's deadlock error (its
+count in a table the failed transaction's rollback leaves alone)."""
+
+
+async def test_a_script_is_one_text_and_one_transaction(db: SqlConnection) -> None:
+    """`Script`: `BEGIN`, its statements and `COMMIT` in one text, one round trip; every row
+    committed together."""
+    require(scripts(db), "statement scripts")
+    with recording(db) as sent:
+        await db.execute(
+            Script(INSERT, INSERT_OTHER), {"key": 1, "value": 10, "other": 2, "other_n": 20}
+        )
+    assert len(sent) == 1
+    assert sent[0].startswith("BEGIN;") and sent[0].endswith(";\nCOMMIT"), sent
+    assert await _counts(db) == {1: 10, 2: 20}
+    # Parameters share one namespace: one name, one value.
+    one, two = (SET_N.values(n=sa.bindparam("n_default", value=v)) for v in (1, 2))
+    with pytest.raises(ValueError, match="two values"):
+        db.compiled(Script(one, two))
+
+
+async def test_a_script_whose_statement_fails_applies_nothing_and_drops_its_connection(
+    db: SqlConnection, sql_url: str
+) -> None:
+    """The server stops a script at the statement that fails and leaves its transaction open:
+    the connection is dropped (the server rolls the transaction back), never handed out
+    again with the first statement's row uncommitted."""
+    require(scripts(db), "statement scripts")
+    connection = SqlConnection(sql_url, pool_size=1)
+    try:
+        session = await _session_of(connection)
+        counted = Counted(
+            lambda: _one(
+                Script(INSERT, INSERT_OTHER), {"key": 1, "value": 0, "other": 1, "other_n": 0}
+            )
+        )
+        with pytest.raises(Exception) as raised:
+            await connection.run(counted, transaction=False)
+        assert connection.ops.is_unique_violation(raised.value)
+        assert counted.attempts == 1
+        assert await _counts(db) == {}
+        assert await _session_of(connection) != session
+        assert session not in await _sessions_alive(db, {session})
+        await connection.execute(INSERT, {"key": 3, "value": 0})
+        assert await _counts(db) == {3: 0}
+    finally:
+        await connection.close()
+
+
+async def test_a_script_meeting_a_held_lock_ends_in_a_lock_timeout_and_applies_nothing(
+    db: SqlConnection, sql_url: str, new_connection: Callable[[], SqlConnection]
+) -> None:
+    """A script waiting on a row lock past `lock_ms` ends in the typed lock timeout; what it
+    wrote before the wait is rolled back with its dropped connection."""
+    require(scripts(db), "statement scripts")
+    await _seed(db, {2: 0})
+    holder = new_connection()
+    waiter = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
+    locked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_the_row() -> None:
+        async with holder.transaction() as tx:
+            await tx.execute(INCREMENT, {"key": 2})
+            locked.set()
+            await release.wait()
+
+    holding = asyncio.create_task(hold_the_row())
+    try:
+        await locked.wait()
+        with pytest.raises(StoreTimeoutError) as raised:
+            await waiter.execute(
+                Script(INSERT, INCREMENT_OTHER), {"key": 1, "value": 0, "other": 2}
+            )
+        assert raised.value.what == "lock"
+        assert not isinstance(raised.value, CommitOutcomeUnknownError)
+    finally:
+        release.set()
+        await holding
+        await waiter.close()
+    assert await _counts(db) == {2: 1}  # the holder's increment; the script's row is gone
+
+
+async def test_a_script_that_meets_a_deadlock_is_run_again_and_applies_once(
+    db: SqlConnection, sql_url: str
+) -> None:
+    """A deadlock (the server's error 1213, forced by a trigger on the script's second
+    statement) undoes the script; the step runs again and its rows are written once."""
+    require(scripts(db), "statement scripts")
+    for statement in _SCRIPT_FAULTS:
+        await db.execute(statement)
+    try:
+        await db.execute("UPDATE connection_test_faults SET n = 2 WHERE id = 1")
+        counted = Counted(
+            lambda: _one(
+                Script(INSERT, INSERT_OTHER), {"key": 1, "value": 0, "other": 2, "other_n": 0}
+            )
+        )
+        await db.run(counted, transaction=False)
+        assert counted.attempts == 3
+        assert await _counts(db) == {1: 0, 2: 0}
+    finally:
+        await db.execute("DROP TRIGGER IF EXISTS connection_test_fault")
+        await db.execute("DROP TABLE IF EXISTS connection_test_faults")

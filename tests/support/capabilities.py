@@ -27,6 +27,11 @@ def update_returning(connection: SqlConnection) -> bool:
     return connection.capabilities.update_returning
 
 
+def scripts(connection: SqlConnection) -> bool:
+    """Whether a transaction's statements can be sent as one text (`Script`)."""
+    return connection.capabilities.scripts
+
+
 def require(capable: bool, why: str) -> None:
     """Skip the calling test unless `capable`; `why` says what the test needs."""
     if not capable:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from agboss_sql.sql._fence import FenceStatements
 from agboss_sql.sql.connection import SqlBuilder
+from agboss_sql.sql.statements import Script
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.sql.schema import execution_leases as L
 
@@ -89,6 +90,7 @@ class CheckpointStatements:
     def __init__(self, b: SqlBuilder) -> None:
         self.ops = ops = b.ops
         self.fold: bool = b.capabilities.dml_in_with
+        self.scripts: bool = b.capabilities.scripts
         self.json_exact: bool = b.capabilities.json_key_exact
         self._cache: dict[tuple[Any, ...], Any] = {}
 
@@ -350,6 +352,16 @@ class CheckpointStatements:
             blobs = self._blob_insert(blob_count, fenced).cte("agboss_new_blobs")
             statement = statement.add_cte(blobs)
         return statement
+
+    def put_script(self, blob_count: int) -> Script:
+        """Dialects that take scripts: the blobs (1 to `MAX_ROWS`) and the checkpoint, one
+        transaction in one text."""
+        return self.cached(
+            ("put script", blob_count),
+            lambda: Script(
+                self.blob_insert(blob_count, fenced=False), self.checkpoint_upsert(fenced=False)
+            ),
+        )
 
     def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
         """Insert `count` pending writes of one checkpoint and task: skipping keys already

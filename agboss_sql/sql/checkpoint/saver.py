@@ -426,6 +426,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             if lease is not None and not result.rows:
                 # Refused: the fenced transaction below refuses too, naming the reason.
                 await self._write(connection, writes, lease, fence)
+        elif sql.scripts and lease is None and len(blob_execs) == 1:
+            # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text.
+            params = {**row, **blob_execs[0].params}
+            await connection.execute(sql.put_script(len(blob_rows)), params)
         else:
             await self._write(connection, writes, lease, fence)
         self._expect(thread_hash, ns_hash, _blob_versions(body))
