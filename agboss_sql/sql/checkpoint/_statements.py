@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from agboss_sql.sql._fence import FenceStatements
 from agboss_sql.sql.connection import SqlBuilder
-from agboss_sql.sql.statements import Script
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.sql.schema import execution_leases as L
+from agboss_sql.sql.statements import Script
 
 T = TypeVar("T")
 
