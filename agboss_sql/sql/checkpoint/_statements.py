@@ -356,12 +356,13 @@ class CheckpointStatements:
     def put_script(self, blob_count: int) -> Script:
         """Dialects that take scripts: the blobs (1 to `MAX_ROWS`) and the checkpoint, one
         transaction in one text."""
-        return self.cached(
+        script: Script = self.cached(
             ("put script", blob_count),
             lambda: Script(
                 self.blob_insert(blob_count, fenced=False), self.checkpoint_upsert(fenced=False)
             ),
         )
+        return script
 
     def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
         """Insert `count` pending writes of one checkpoint and task: skipping keys already
