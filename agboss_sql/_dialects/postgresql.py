@@ -217,10 +217,19 @@ async def execute(
     cursor = raw.cursor()
     try:
         await cursor.execute(sql, params)
-        rows = await cursor.fetchall() if cursor.description is not None else None
+        # The result's status, not `cursor.description`, which builds a column object per
+        # column on every call.
+        result = cursor.pgresult
+        returned = result is not None and result.status == _TUPLES_OK
+        rows = await cursor.fetchall() if returned else None
         return rows, cursor.rowcount
     finally:
         await cursor.close()
+
+
+_TUPLES_OK = 2
+"""libpq's `PGRES_TUPLES_OK` (`psycopg.pq.ExecStatus.TUPLES_OK`): the statement returned
+rows (possibly none)."""
 
 
 async def run_text(raw: Any, sql: str) -> None:
