@@ -23,6 +23,7 @@ from agboss_sql.contracts.stores import (
     ExecutionTreeRepository,
 )
 from agboss_sql.contracts.types import ClaimedChild, ExecutionLease, JsonValue
+from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.keeper import DEFAULT_LEASE_MS, LeaseKeeper, bind_keeper, unbind_keeper
 
 logger = logging.getLogger("agboss_sql.runtime")
@@ -298,8 +299,7 @@ class ChildWorker:
             # The signal was aborted (lease lost, or the tree cancelled): the run starts
             # nothing more.
             run.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await run
+            await wait_cancelled(run, quiet=True)
         if not run.cancelled() and isinstance(run.exception(), ChildYielded):
             await keeper.stop()  # waiting for its own children: nothing to finish
             return

@@ -10,7 +10,6 @@ by its own time; the holder only ever under-estimates how long it has.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import enum
 import logging
@@ -27,6 +26,7 @@ from agboss_sql.contracts.stores import (
 )
 from agboss_sql.contracts.types import ExecutionLease, LeaseEventKind
 from agboss_sql.runtime._log import log_lease_event, log_take
+from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.signal import AbortSignal
 
 logger = logging.getLogger("agboss_sql.runtime")
@@ -230,8 +230,7 @@ class LeaseKeeper:
         self._started = False
         tasks = self._cancel_tasks()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await wait_cancelled(task)
 
     async def confirm_now(self) -> bool:
         """Renew at once and say whether the lease is still held (call it before every

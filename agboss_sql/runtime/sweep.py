@@ -21,6 +21,7 @@ from agboss_sql.contracts.types import (
     LeaseEventKind,
 )
 from agboss_sql.runtime._log import log_lease_event, log_take
+from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.keeper import DEFAULT_LEASE_MS
 
 logger = logging.getLogger("agboss_sql.runtime")
@@ -176,8 +177,7 @@ class RecoverySweep:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await wait_cancelled(task)
 
     async def _loop(self) -> None:
         while True:

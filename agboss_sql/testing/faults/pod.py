@@ -173,19 +173,50 @@ async def run(config: dict[str, Any]) -> int:
     log.emit({"kind": "stopping"})
     control.release_all()
     status = 0
+    shutdown_s = float(config.get("shutdown_s", 10))
+    # Just before the bound, what every task (this one too) still waits on: a stop that
+    # runs out of time names where it was stuck.
+    late = loop.call_later(
+        shutdown_s * 0.9, lambda: log.emit({"kind": "stop-slow", "waiting": _waiting_tasks()})
+    )
     try:
-        async with asyncio.timeout(float(config.get("shutdown_s", 10))):
+        async with asyncio.timeout(shutdown_s):
             await workload.stop()
             await stores.close()
     except TimeoutError:
         log.emit({"kind": "stop-timeout"})
         status = 3
+    finally:
+        late.cancel()
     for task in helpers:
         task.cancel()
     log.emit(control.stats())
     log.emit({"kind": "stopped", "ms": round((time.monotonic() - began) * 1000, 1)})
     log.close()
     return status
+
+
+def _waiting_tasks() -> list[str]:
+    """Where each task of the pod waits: its innermost frames (called from a timer
+    callback, so no task is running)."""
+    found = []
+    for task in asyncio.all_tasks():
+        # The chain of awaits from the task's coroutine down (`get_stack` shows only the
+        # outermost frame of a suspended coroutine).
+        where: list[str] = []
+        awaited: Any = task.get_coro()
+        depth = 0
+        while awaited is not None and depth < 12:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                where.append(type(awaited).__name__)
+                break
+            code = frame.f_code
+            where.append(f"{code.co_name}@{os.path.basename(code.co_filename)}:{frame.f_lineno}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+            depth += 1
+        found.append(f"{task.get_name()}: {' > '.join(where)}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

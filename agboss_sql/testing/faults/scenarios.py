@@ -152,14 +152,15 @@ def _zombie_child(run: ScenarioRun) -> None:
 
 
 def _sigterm(run: ScenarioRun) -> None:
-    first = run.wait(
-        lambda e: e.get("kind") == "effect" and e.get("pod_index") == 0,
-        "pod-1's first effect",
-    )
-    pod = run.cluster.pods[first["pod_index"]]
+    # Stopped while it surely works: held right after its first step committed, inside the
+    # tree whose lease it holds (an effect event seen late, on a loaded machine, may come
+    # after the tree ended and the pod held nothing left to release).
+    held = run.held("sigterm")
+    pod = run.cluster.pods[held["pod_index"]]
     run.terminated.append(pod.instance_id)
     if not run.cluster.stop(pod, run.shutdown_s):
         run.slow_stops.append(pod.instance_id)
+    run.release_everywhere("sigterm")
 
 
 def _outage(run: ScenarioRun) -> None:
@@ -279,9 +280,11 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="sigterm",
-            doc="SIGTERM a pod while it works: it stops within the shutdown bound, releasing "
-            "its leases, and the others finish its trees",
+            doc="SIGTERM a pod while it works (its first step of a tree just committed): it "
+            "stops within the shutdown bound, releasing its leases, and the others finish its "
+            "trees",
             act=_sigterm,
+            holds=(Hold("sigterm", AFTER_COMMIT, f"{FIRST_TREE}/s1/"),),
         ),
         Scenario(
             name="store-outage",
