@@ -34,7 +34,7 @@ event loop, inside `BEGIN IMMEDIATE` when it writes.
 
 | operation | folding | not folding |
 |---|---|---|
-| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`) | 1 alone, or BEGIN + 2 + COMMIT with new blobs |
+| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip) |
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
 | `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others | 1 or 2 |
@@ -52,6 +52,15 @@ them in the statement that reads the checkpoint. The guess is checked against th
 checkpoint read: values it names that were not guessed (another instance wrote since, or a
 checkpoint is read by id) are read in a second statement; a guessed value not found was
 not there in that statement's snapshot, so nothing stale is ever answered.
+
+Kept values: the saver keeps the serialised values it wrote or read (by key, at most
+`value_cache_bytes`, least recently used out first), and a read takes the values its
+checkpoint names from there instead of fetching them. A value row never changes and is
+deleted only with every checkpoint that reads it, so the kept bytes are what the database
+would answer for any checkpoint the read found; only versions of the form
+`get_next_version` makes are kept (their random fraction is never reused for another value,
+even after another instance deleted the thread and it began again). Which checkpoint is
+the latest, and which values it names, always come from the database.
 
 The latest checkpoint of a thread is read off the primary key (the greatest
 `checkpoint_id` of `(thread_id, ns_hash)`), never by scanning its history.

@@ -195,6 +195,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     async ones), else on an event loop the saver starts on a daemon thread (see `_bridge`).
     Sync and async calls mix freely; `close()` never leaves a sync call waiting.
 
+    `value_cache_bytes`: how many bytes of serialised values the saver keeps to answer later
+    reads without fetching them again (see the package's docstring; 0 keeps none).
+
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held at its epoch by the instance it names (checked
     in the write's transaction, by
