@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -128,6 +128,28 @@ async def _counts(sql: SqlConnection) -> dict[int, int]:
 async def _seed(sql: SqlConnection, values: dict[int, int]) -> None:
     for key, value in values.items():
         await sql.execute(INSERT, {"key": key, "value": value})
+
+
+@asynccontextmanager
+async def _row_held(holder: SqlConnection, key: int) -> AsyncIterator[None]:
+    """Row `key` locked by `holder` (its transaction incremented it) while the block runs;
+    committed after."""
+    locked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_the_row() -> None:
+        async with holder.transaction() as tx:
+            await tx.execute(INCREMENT, {"key": key})
+            locked.set()
+            await release.wait()
+
+    holding = asyncio.create_task(hold_the_row())
+    try:
+        await locked.wait()
+        yield
+    finally:
+        release.set()
+        await holding
 
 
 @contextmanager
@@ -464,27 +486,15 @@ async def test_a_lock_not_granted_within_its_bound_is_a_lock_timeout_never_retri
     await _seed(db, {1: 0})
     holder = new_connection()
     waiter = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
-    locked = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold_the_row() -> None:
-        async with holder.transaction() as tx:
-            await tx.execute(INCREMENT, {"key": 1})
-            locked.set()
-            await release.wait()
-
-    holding = asyncio.create_task(hold_the_row())
     try:
-        await locked.wait()
-        counted = Counted(lambda: _one(INCREMENT, {"key": 1}))
-        with pytest.raises(StoreTimeoutError) as raised:
-            await waiter.run(counted)
-        assert raised.value.what == "lock"
-        assert not isinstance(raised.value, CommitOutcomeUnknownError)
-        assert counted.attempts == 1
+        async with _row_held(holder, 1):
+            counted = Counted(lambda: _one(INCREMENT, {"key": 1}))
+            with pytest.raises(StoreTimeoutError) as raised:
+                await waiter.run(counted)
+            assert raised.value.what == "lock"
+            assert not isinstance(raised.value, CommitOutcomeUnknownError)
+            assert counted.attempts == 1
     finally:
-        release.set()
-        await holding
         await waiter.close()
     assert await _counts(db) == {1: 1}  # the holder's increment only
 
@@ -969,27 +979,15 @@ async def test_a_script_meeting_a_held_lock_ends_in_a_lock_timeout_and_applies_n
     await _seed(db, {2: 0})
     holder = new_connection()
     waiter = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
-    locked = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold_the_row() -> None:
-        async with holder.transaction() as tx:
-            await tx.execute(INCREMENT, {"key": 2})
-            locked.set()
-            await release.wait()
-
-    holding = asyncio.create_task(hold_the_row())
     try:
-        await locked.wait()
-        with pytest.raises(StoreTimeoutError) as raised:
-            await waiter.execute(
-                Script(INSERT, INCREMENT_OTHER), {"key": 1, "value": 0, "other": 2}
-            )
-        assert raised.value.what == "lock"
-        assert not isinstance(raised.value, CommitOutcomeUnknownError)
+        async with _row_held(holder, 2):
+            with pytest.raises(StoreTimeoutError) as raised:
+                await waiter.execute(
+                    Script(INSERT, INCREMENT_OTHER), {"key": 1, "value": 0, "other": 2}
+                )
+            assert raised.value.what == "lock"
+            assert not isinstance(raised.value, CommitOutcomeUnknownError)
     finally:
-        release.set()
-        await holding
         await waiter.close()
     assert await _counts(db) == {2: 1}  # the holder's increment; the script's row is gone
 
