@@ -104,21 +104,14 @@ class CheckpointStatements:
             fence = self.fence.returning(L.c.lease_epoch).cte("agboss_fence")
             self._fenced: Any = sa.exists(sa.select(fence.c.lease_epoch))
 
-        # The checkpoint with its pending writes, in one statement.
+        # The checkpoint with its pending writes, in one statement. The latest is the row off
+        # the key's end (`ORDER BY … DESC LIMIT 1`, not `max()`, which PostgreSQL aggregated
+        # over the thread's whole history when its statistics still counted a few rows for
+        # the thread), probed once, in a `WITH` that the checkpoint row and its writes both
+        # read (a scalar subquery in each probed the key twice more).
+        self.read_latest = self._latest_with_writes()
         thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
-        # The newest id off the key's end: `ORDER BY … DESC LIMIT 1`, not `max()`, which
-        # PostgreSQL aggregated over the thread's whole history (an index-only scan of every
-        # checkpoint) when its statistics still counted a few rows for the thread.
-        latest = (
-            sa.select(checkpoints.c.checkpoint_id)
-            .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
-            .order_by(checkpoints.c.checkpoint_id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        self._latest = latest
-        self.read_latest = self._with_writes(latest)
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
         self.select_blob_keys = sa.select(
@@ -195,6 +188,50 @@ class CheckpointStatements:
         )
         return sa.union_all(checkpoint, writes)
 
+    def _latest_with_writes(self) -> Any:
+        thread = _bind("thread_hash", checkpoints.c.thread_hash)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        latest = (
+            sa.select(
+                checkpoints.c.checkpoint_id,
+                checkpoints.c.parent_checkpoint_id,
+                checkpoints.c.metadata,
+                checkpoints.c.checkpoint_type,
+                checkpoints.c.checkpoint,
+            )
+            .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
+            .order_by(checkpoints.c.checkpoint_id.desc())
+            .limit(1)
+            .cte("agboss_latest")
+        )
+        checkpoint = sa.select(
+            sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
+            latest.c.checkpoint_id.label("a"),
+            latest.c.parent_checkpoint_id.label("b"),
+            latest.c.metadata.label("c"),
+            sa.cast(sa.null(), sa.Integer).label("n"),
+            latest.c.checkpoint_type.label("t"),
+            latest.c.checkpoint.label("data"),
+        )
+        w = checkpoint_writes
+        writes = sa.select(
+            sa.literal_column(str(WRITE_ROW), sa.Integer),
+            w.c.task_id,
+            w.c.channel,
+            w.c.task_path,
+            w.c.idx,
+            w.c.value_type,
+            w.c.value,
+        ).where(
+            w.c.thread_hash == _bind("thread_hash", w.c.thread_hash),
+            w.c.ns_hash == _bind("ns_hash", w.c.ns_hash),
+            # A scalar from the `WITH`, not a join: the whole key is then one index probe,
+            # where a join was planned, on stale statistics, as a scan of every write the
+            # thread's history holds.
+            w.c.checkpoint_id == sa.select(latest.c.checkpoint_id).scalar_subquery(),
+        )
+        return sa.union_all(checkpoint, writes)
+
     def read(self, *, by_id: bool, blobs: int) -> Any:
         """The checkpoint (`checkpoint_id`, or the namespace's latest) with its pending writes
         and the values of `blobs` (channel hash, version) keys (`k<i>_channel_hash`,
@@ -205,9 +242,6 @@ class CheckpointStatements:
         return self.cached(("read", by_id, blobs), lambda: self._read(by_id, blobs))
 
     def _read(self, by_id: bool, count: int) -> Any:
-        checkpoint_id = (
-            _bind("checkpoint_id", checkpoints.c.checkpoint_id) if by_id else self._latest
-        )
         b = checkpoint_blobs
         thread = _bind("thread_hash", b.c.thread_hash)
         ns_hash = _bind("ns_hash", b.c.ns_hash)
@@ -228,7 +262,12 @@ class CheckpointStatements:
             )
             for i in range(count)
         ]
-        return sa.union_all(*self._with_writes(checkpoint_id).selects, *lookups)
+        read = (
+            self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
+            if by_id
+            else self._latest_with_writes()
+        )
+        return sa.union_all(*read.selects, *lookups)
 
     def values_and_writes(self, blobs: int, writes: int) -> Any:
         """The values of `blobs` keys (`b<i>_<column>` of `BLOB_KEY`) and the pending writes
