@@ -13,6 +13,7 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from migration_support import (
     connected,
+    drop_every_table,
     schema_difference,
     table_names,
     upgrade_in_process,
@@ -44,6 +45,59 @@ def test_upgrade_downgrade_upgrade_round_trips(empty_url: str) -> None:
     assert migrate.upgrade(empty_url) == migrate.Migration(None, head)
     assert table_names(empty_url) == OUR_TABLES | {migrate.VERSION_TABLE}
     assert schema_difference(empty_url) == []
+
+
+LZ4_COLUMNS = {
+    ("agboss_checkpoint_blobs", "value"),
+    ("agboss_checkpoint_writes", "value"),
+    ("agboss_checkpoints", "checkpoint"),
+}
+
+
+def _compression(url: str) -> dict[tuple[str, str], str]:
+    """PostgreSQL: the compression method of each of the saver's value columns ('' default,
+    'l' lz4, 'p' pglz)."""
+    with connected(url) as connection:
+        rows = connection.execute(
+            sa.text(
+                "SELECT c.relname, a.attname, a.attcompression FROM pg_attribute a"
+                " JOIN pg_class c ON c.oid = a.attrelid"
+                " WHERE c.relname IN ('agboss_checkpoint_blobs', 'agboss_checkpoint_writes',"
+                " 'agboss_checkpoints') AND a.attname IN ('value', 'checkpoint')"
+            )
+        ).all()
+    return {(table, column): str(method) for table, column, method in rows}
+
+
+def test_the_saver_values_are_compressed_with_lz4_on_postgresql(empty_url: str) -> None:
+    """PostgreSQL with lz4: the migrations and `metadata.create_all` set the saver's value
+    columns to lz4, and the downgrade sets them back; elsewhere nothing is asked."""
+    if not empty_url.startswith("postgresql"):
+        pytest.skip("column compression is PostgreSQL's")
+    with connected(empty_url) as connection:
+        has_lz4 = connection.execute(
+            sa.text(
+                "SELECT 'lz4' = ANY(enumvals) FROM pg_settings"
+                " WHERE name = 'default_toast_compression'"
+            )
+        ).scalar()
+    if not has_lz4:
+        pytest.skip("this server has no lz4")
+
+    migrate.upgrade(empty_url, "0007_mesh_tenant_keys")
+    assert set(_compression(empty_url).values()) == {""}
+    migrate.upgrade(empty_url)
+    assert _compression(empty_url) == dict.fromkeys(LZ4_COLUMNS, "l")
+    migrate.downgrade(empty_url, "0007_mesh_tenant_keys")
+    assert _compression(empty_url) == dict.fromkeys(LZ4_COLUMNS, "p")
+
+    drop_every_table(empty_url)
+    engine = sa.create_engine(migrate.sync_url(empty_url))
+    try:
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    assert _compression(empty_url) == dict.fromkeys(LZ4_COLUMNS, "l")
 
 
 def test_upgrade_at_head_does_nothing(empty_url: str) -> None:
