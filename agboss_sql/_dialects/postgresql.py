@@ -243,13 +243,16 @@ async def close(raw: Any) -> None:
 def is_usable(raw: Any) -> bool:
     """`raw` is open, outside any transaction, and the server sent nothing since its last
     answer (a terminated session leaves its notice and EOF unread): no round trip."""
-    import psycopg
-
     if raw.closed or getattr(raw, "broken", False):
         return False
-    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+    # The libpq connection's own status: `raw.info` would build an object on every call.
+    if raw.pgconn.transaction_status != _IDLE:
         return False
     return not _readable(raw.fileno())
+
+
+_IDLE = 0
+"""libpq's `PQTRANS_IDLE` (`psycopg.pq.TransactionStatus.IDLE`)."""
 
 
 def _readable(fd: int) -> bool:

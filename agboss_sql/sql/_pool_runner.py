@@ -49,6 +49,7 @@ class _Lane:
         self.size = size
         self.idle: list[Any] = []
         self.open = 0
+        self.waiting = 0  # checkouts waiting on `available`
         self.available: asyncio.Condition | None = None
 
     def condition(self) -> asyncio.Condition:
@@ -89,8 +90,8 @@ class PoolRunner:
 
     @contextlib.asynccontextmanager
     async def connection(self, priority: bool = False) -> AsyncIterator[Any]:
-        """A pooled connection for one step; returned when the step ends, dropped when the
-        step failed with the connection in doubt."""
+        """A pooled connection held for the block (as `run` holds one for a step), returned
+        after it, dropped when the block failed with the connection in doubt."""
         if self.closed:
             raise StoreUnavailableError("the connection is closed")
         lane = self._lanes[priority]
@@ -100,16 +101,19 @@ class PoolRunner:
             yield raw
             reusable = True
         except Exception as exc:
-            # A failed step's connection is kept when alive and idle (its ROLLBACK done).
-            reusable = (
-                not isinstance(exc, DeadlinePassed)
-                and not self.dialect.is_disconnect(exc)
-                and self._usable(raw)
-            )
+            reusable = self._reusable_after(exc, raw)
             raise
         finally:
-            # Cancelled mid-statement, the protocol state is unknown: the connection goes.
             await self._checkin(lane, raw, reusable)
+
+    def _reusable_after(self, exc: Exception, raw: Any) -> bool:
+        """Whether a connection whose step failed with `exc` may serve another: kept when
+        alive and idle (its ROLLBACK done)."""
+        return (
+            not isinstance(exc, DeadlinePassed)
+            and not self.dialect.is_disconnect(exc)
+            and self._usable(raw)
+        )
 
     def _usable(self, raw: Any) -> bool:
         try:
@@ -120,6 +124,13 @@ class PoolRunner:
     async def _checkout(self, lane: _Lane) -> Any:
         """An idle connection still usable, else a new one while fewer than the lane's size
         are open, else the next one returned, waiting at most `pool_ms`."""
+        # Fast path: an idle connection and no checkout waiting for one (which it would
+        # overtake). No await until it is checked, so nothing else takes it meanwhile.
+        while lane.idle and not lane.waiting and not self.closed:
+            raw = lane.idle.pop()
+            if self._usable(raw):
+                return raw
+            await self._discard(lane, raw)
         available = lane.condition()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.pool_ms / 1000
@@ -138,9 +149,13 @@ class PoolRunner:
                             )
                         # `asyncio.timeout`, not `wait_for`: a cancellation that meets the
                         # wake-up must stay a cancellation.
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(remaining):
-                                await available.wait()
+                        lane.waiting += 1
+                        try:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(remaining):
+                                    await available.wait()
+                        finally:
+                            lane.waiting -= 1
                 except BaseException:
                     # Woken and then cancelled (or timed out), this waiter would swallow the
                     # wake-up meant for the connection just returned: pass it on.
@@ -199,10 +214,11 @@ class PoolRunner:
 
     async def _checkin(self, lane: _Lane, raw: Any, reusable: bool) -> None:
         if reusable and not self.closed:
-            available = lane.condition()
-            async with available:
-                lane.idle.append(raw)
-                available.notify()
+            lane.idle.append(raw)
+            if lane.waiting:
+                available = lane.condition()
+                async with available:
+                    available.notify()
         else:
             await self._discard(lane, raw)
 
@@ -251,8 +267,23 @@ class PoolRunner:
             timer.cancel()
 
     async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
-        async with self.connection(priority) as raw:
-            return await self.drive(raw, step, transaction, progress)
+        """Run `step` on a pooled connection, returned when the step ends, dropped when the
+        step failed with the connection in doubt."""
+        if self.closed:
+            raise StoreUnavailableError("the connection is closed")
+        lane = self._lanes[priority]
+        raw = await self._checkout(lane)
+        reusable = False
+        try:
+            answer = await self.drive(raw, step, transaction, progress)
+            reusable = True
+            return answer
+        except Exception as exc:
+            reusable = self._reusable_after(exc, raw)
+            raise
+        finally:
+            # Cancelled mid-statement, the protocol state is unknown: the connection goes.
+            await self._checkin(lane, raw, reusable)
 
     async def drive(self, raw: Any, step: Step[T], transaction: bool, progress: Progress) -> T:
         """Run `step` on `raw` (in a transaction of its own when `transaction`, rolled back

@@ -123,6 +123,13 @@ def _channel_hash(channel: str) -> str:
     return identity_hash(channel)
 
 
+@functools.lru_cache(maxsize=8192)
+def _key_hash(text: str) -> str:
+    """A thread id's, namespace's or run id's key column: every step of a thread hashes the
+    same few, so each is hashed once while it is in use."""
+    return identity_hash(text)
+
+
 INLINE_TEXT = 1024
 """Characters of the longest text value kept in the checkpoint body rather than a blob row."""
 
@@ -363,9 +370,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         sql = self._statements(connection)
         thread_id = self._thread_of(config)
-        thread_hash = identity_hash(thread_id)
+        thread_hash = _key_hash(thread_id)
         ns = self._ns_of(config)
-        ns_hash = identity_hash(ns)
+        ns_hash = _key_hash(ns)
         checkpoint_id = _checked_key("checkpoint id", _text(checkpoint["id"]), MAX_CHECKPOINT_ID)
         parent_id = get_checkpoint_id(config)
         if parent_id:
@@ -402,7 +409,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             "checkpoint_id": checkpoint_id,
             "checkpoint_ns": ns,
             "parent_checkpoint_id": parent_id or None,
-            "run_hash": identity_hash(str(run_id)) if run_id is not None else None,
+            "run_hash": _key_hash(str(run_id)) if run_id is not None else None,
             "checkpoint_type": body_kind,
             "checkpoint": body_data,
             "metadata": _metadata_json(stored_metadata),
@@ -517,8 +524,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         lease = lease_of(config) if self.fenced else None
         task = _key_text("task_id", task_id)
         shared: dict[str, Any] = {
-            "p_thread_hash": identity_hash(thread_id),
-            "p_ns_hash": identity_hash(self._ns_of(config)),
+            "p_thread_hash": _key_hash(thread_id),
+            "p_ns_hash": _key_hash(self._ns_of(config)),
             "p_checkpoint_id": _checked_key(
                 "checkpoint id", _text(checkpoint_id), MAX_CHECKPOINT_ID
             ),
@@ -565,8 +572,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         ns = self._ns_of(config)
         checkpoint_id = get_checkpoint_id(config)
         params: dict[str, Any] = {
-            "thread_hash": identity_hash(thread_id),
-            "ns_hash": identity_hash(ns),
+            "thread_hash": _key_hash(thread_id),
+            "ns_hash": _key_hash(ns),
         }
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
@@ -742,10 +749,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         namespace = thread and configurable.get("checkpoint_ns") is not None
         if thread:
             assert config is not None
-            params["thread_hash"] = identity_hash(self._thread_of(config))
+            params["thread_hash"] = _key_hash(self._thread_of(config))
         if namespace:
             assert config is not None
-            params["ns_hash"] = identity_hash(self._ns_of(config))
+            params["ns_hash"] = _key_hash(self._ns_of(config))
         checkpoint_id = get_checkpoint_id(config) if thread and config is not None else None
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
