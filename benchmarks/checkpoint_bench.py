@@ -42,7 +42,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
@@ -57,6 +57,8 @@ from agboss_sql.sql.checkpoint import SqlCheckpointSaver
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 from agboss_sql.testing.database import sync_url
+
+T = TypeVar("T")
 
 SCENARIOS = (("1 thread", 1), ("100 threads", 100), ("chat", 10))
 """(name, threads): "chat" is a chat graph's path: each turn adds two messages to a
@@ -331,6 +333,12 @@ def slices(total: int, rounds: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(max(1, rounds)) if base or i < extra]
 
 
+def rotated(items: list[T], turn: int) -> list[T]:
+    """`items` starting at `turn` (modulo their number)."""
+    start = turn % len(items) if items else 0
+    return items[start:] + items[:start]
+
+
 async def benchmark(
     url: str, ops: int, warmup: int, rounds: int, floor: bool = False
 ) -> list[Measurement]:
@@ -370,9 +378,10 @@ async def benchmark(
                 for load in loads:
                     await load.run(warmup, timed=False)
                 # The savers take turns, slice by slice: a change in the machine's load
-                # falls on both, and their ratio stays fair.
-                for slice_ops in slices(ops, rounds):
-                    for load in loads:
+                # falls on both, and their ratio stays fair. Who goes first rotates, so
+                # none always follows the same one (and the work it left the server).
+                for turn, slice_ops in enumerate(slices(ops, rounds)):
+                    for load in rotated(loads, turn):
                         await load.run(slice_ops)
                 measurements += [load.measurement(database, scenario) for load in loads]
             measurements += await history(savers, database, run_id, ops, rounds, written)
@@ -409,8 +418,8 @@ async def history(
         loads.append(load)
     cursors: dict[str, str | None] = {load.name: None for load in loads}
     seconds = dict.fromkeys(cursors, 0.0)
-    for slice_ops in slices(ops, rounds):
-        for load in loads:
+    for turn, slice_ops in enumerate(slices(ops, rounds)):
+        for load in rotated(loads, turn):
             config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
             started = time.perf_counter()
             for _ in range(slice_ops):

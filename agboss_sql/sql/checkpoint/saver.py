@@ -88,12 +88,16 @@ Found = tuple[
 """A checkpoint as read: its row, decoded body, the values it reads, its pending writes."""
 
 
+# Values that are not JSON (a UUID run id, say) are kept as their text, as the serializable
+# metadata of LangGraph's own savers would show them. One encoder for every put:
+# `json.dumps` with options builds a new one per call.
+_METADATA_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
+)
+
+
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
-    # Values that are not JSON (a UUID run id, say) are kept as their text, as the
-    # serializable metadata of LangGraph's own savers would show them.
-    return json.dumps(
-        metadata, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
-    )
+    return _METADATA_ENCODER.encode(metadata)
 
 
 def _json_value(value: Any) -> Any:
