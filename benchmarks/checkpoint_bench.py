@@ -22,7 +22,7 @@ measurement and per comparison.
 savers: what no saver can avoid per operation. Its put serialises the checkpoint's new
 values and body with LangGraph's serde and commits one small row in autocommit (one round
 trip, one durable commit); its get is one round trip (`SELECT 1`) and deserialises what
-the put serialised. Its row's ratio column shows the ceiling of ours/theirs in that run
+the put serialised into the checkpoint it answers. Its row's ratio column shows the ceiling of ours/theirs in that run
 (floor ops/s over theirs): what our saver would reach if it cost only the floor.
 
 Our tables are created if absent (`metadata.create_all`; deployments run the
@@ -254,13 +254,13 @@ class FloorSaver(BaseCheckpointSaver[str]):
         self.connection = connection
         self.insert = sa.insert(floor_rows).values(value=sa.bindparam("value", type_=sa.String))
         self.ping = sa.select(sa.literal(1))
-        self.latest: dict[str, tuple[Any, list[tuple[str, bytes]], tuple[str, bytes]]] = {}
+        self.latest: dict[str, tuple[Any, dict[str, tuple[str, bytes]], tuple[str, bytes]]] = {}
 
     async def aput(
         self, config: Any, checkpoint: Checkpoint, metadata: Any, new_versions: Any
     ) -> Any:
         values = checkpoint["channel_values"]
-        dumped = [self.serde.dumps_typed(values[k]) for k in new_versions if k in values]
+        dumped = {k: self.serde.dumps_typed(values[k]) for k in new_versions if k in values}
         body = self.serde.dumps_typed({**checkpoint, "channel_values": {}})
         await self.connection.execute(self.insert, {"value": checkpoint["id"]})
         thread_id = config["configurable"]["thread_id"]
@@ -274,8 +274,9 @@ class FloorSaver(BaseCheckpointSaver[str]):
             return None
         _, dumped, body = found
         checkpoint = self.serde.loads_typed(body)
-        for value in dumped:
-            self.serde.loads_typed(value)
+        # The values go back in the checkpoint, as a saver's do: the caller holds them (and
+        # the garbage collector walks them) until it lets the tuple go.
+        checkpoint["channel_values"] = {k: self.serde.loads_typed(v) for k, v in dumped.items()}
         return CheckpointTuple(config, checkpoint, {}, None, [])
 
     async def adelete_thread(self, thread_id: str) -> None:
