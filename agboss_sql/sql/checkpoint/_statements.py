@@ -170,22 +170,27 @@ class CheckpointStatements:
 
     # --- statement builders ------------------------------------------------------------
 
-    def _with_writes(self, checkpoint_id: Any) -> Any:
+    def _with_writes(self, checkpoint_id: Any, latest: Any = None) -> Any:
+        """The checkpoint `checkpoint_id` names and its pending writes; with `latest` (a
+        `WITH` of the latest checkpoint row), that row and the writes of its id."""
         thread = _bind("thread_hash", checkpoints.c.thread_hash)
         ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        source = checkpoints if latest is None else latest
         checkpoint = sa.select(
             sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
-            checkpoints.c.checkpoint_id.label("a"),
-            checkpoints.c.parent_checkpoint_id.label("b"),
-            checkpoints.c.metadata.label("c"),
+            source.c.checkpoint_id.label("a"),
+            source.c.parent_checkpoint_id.label("b"),
+            source.c.metadata.label("c"),
             sa.cast(sa.null(), sa.Integer).label("n"),
-            checkpoints.c.checkpoint_type.label("t"),
-            checkpoints.c.checkpoint.label("data"),
-        ).where(
-            checkpoints.c.thread_hash == thread,
-            checkpoints.c.ns_hash == ns_hash,
-            checkpoints.c.checkpoint_id == checkpoint_id,
+            source.c.checkpoint_type.label("t"),
+            source.c.checkpoint.label("data"),
         )
+        if latest is None:
+            checkpoint = checkpoint.where(
+                checkpoints.c.thread_hash == thread,
+                checkpoints.c.ns_hash == ns_hash,
+                checkpoints.c.checkpoint_id == checkpoint_id,
+            )
         writes = sa.select(
             sa.literal_column(str(WRITE_ROW), sa.Integer),
             checkpoint_writes.c.task_id,
@@ -204,8 +209,6 @@ class CheckpointStatements:
     def _latest_with_writes(self) -> Any:
         if not self._with_cte:
             return self._with_writes(self._latest)
-        thread = _bind("thread_hash", checkpoints.c.thread_hash)
-        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
         latest = (
             sa.select(
                 checkpoints.c.checkpoint_id,
@@ -214,38 +217,18 @@ class CheckpointStatements:
                 checkpoints.c.checkpoint_type,
                 checkpoints.c.checkpoint,
             )
-            .where(checkpoints.c.thread_hash == thread, checkpoints.c.ns_hash == ns_hash)
+            .where(
+                checkpoints.c.thread_hash == _bind("thread_hash", checkpoints.c.thread_hash),
+                checkpoints.c.ns_hash == _bind("ns_hash", checkpoints.c.ns_hash),
+            )
             .order_by(checkpoints.c.checkpoint_id.desc())
             .limit(1)
             .cte("agboss_latest")
         )
-        checkpoint = sa.select(
-            sa.literal_column(str(CHECKPOINT_ROW), sa.Integer).label("kind"),
-            latest.c.checkpoint_id.label("a"),
-            latest.c.parent_checkpoint_id.label("b"),
-            latest.c.metadata.label("c"),
-            sa.cast(sa.null(), sa.Integer).label("n"),
-            latest.c.checkpoint_type.label("t"),
-            latest.c.checkpoint.label("data"),
-        )
-        w = checkpoint_writes
-        writes = sa.select(
-            sa.literal_column(str(WRITE_ROW), sa.Integer),
-            w.c.task_id,
-            w.c.channel,
-            w.c.task_path,
-            w.c.idx,
-            w.c.value_type,
-            w.c.value,
-        ).where(
-            w.c.thread_hash == _bind("thread_hash", w.c.thread_hash),
-            w.c.ns_hash == _bind("ns_hash", w.c.ns_hash),
-            # A scalar from the `WITH`, not a join: the whole key is then one index probe,
-            # where a join was planned, on stale statistics, as a scan of every write the
-            # thread's history holds.
-            w.c.checkpoint_id == sa.select(latest.c.checkpoint_id).scalar_subquery(),
-        )
-        return sa.union_all(checkpoint, writes)
+        # The writes take the id as a scalar from the `WITH`, not a join: the whole key is
+        # then one index probe, where a join was planned, on stale statistics, as a scan of
+        # every write the thread's history holds.
+        return self._with_writes(sa.select(latest.c.checkpoint_id).scalar_subquery(), latest)
 
     def read(self, *, by_id: bool, blobs: int) -> Any:
         """The checkpoint (`checkpoint_id`, or the namespace's latest) with its pending writes
