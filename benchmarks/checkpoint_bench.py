@@ -341,7 +341,12 @@ def rotated(items: list[T], turn: int) -> list[T]:
 
 
 async def benchmark(
-    url: str, ops: int, warmup: int, rounds: int, floor: bool = False
+    url: str,
+    ops: int,
+    warmup: int,
+    rounds: int,
+    floor: bool = False,
+    only: frozenset[str] | None = None,
 ) -> list[Measurement]:
     ensure_our_tables(url)
     if floor:
@@ -370,6 +375,8 @@ async def benchmark(
                 savers.append((their_name, theirs))
             contestants = [*savers, (FLOOR, FloorSaver(connection))] if floor else savers
             for scenario, threads in SCENARIOS:
+                if only is not None and scenario not in only:
+                    continue
                 tag = scenario.replace(" ", "")
                 loads = [
                     Workload(saver, name, threads, run_id, f"{i}{tag}", chat=scenario == "chat")
@@ -385,7 +392,8 @@ async def benchmark(
                     for load in rotated(loads, turn):
                         await load.run(slice_ops)
                 measurements += [load.measurement(database, scenario) for load in loads]
-            measurements += await history(savers, database, run_id, ops, rounds, written)
+            if only is None or "history" in only:
+                measurements += await history(savers, database, run_id, ops, rounds, written)
             for saver, thread_ids in written:
                 for thread_id in thread_ids:
                     await saver.adelete_thread(thread_id)
@@ -587,12 +595,19 @@ def main() -> None:
         metavar="N",
         help="instead: the latest-checkpoint read of a thread of 10 and of one of N checkpoints",
     )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[*(name for name, _ in SCENARIOS), "history"],
+        help="run only this scenario (repeatable; default: all)",
+    )
     args = parser.parse_args()
     if args.flat:
         ensure_our_tables(args.url)
         asyncio.run(flatness(args.url, args.flat))
         return
-    report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds, args.floor)))
+    only = frozenset(args.scenario) if args.scenario else None
+    report(asyncio.run(benchmark(args.url, args.ops, args.warmup, args.rounds, args.floor, only)))
 
 
 if __name__ == "__main__":
