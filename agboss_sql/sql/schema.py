@@ -357,6 +357,9 @@ checkpoint_blobs = sa.Table(
     sa.Column("version", Ident(128), primary_key=True),
     sa.Column("value_type", sa.String(64), nullable=False),
     sa.Column("value", Blob(), nullable=True),
+    # Set: `value` holds only the elements appended to the list stored whole under this
+    # version of the same channel (see `agboss_sql.sql.checkpoint._appends`).
+    sa.Column("base_version", Ident(128), nullable=True),
 )
 
 checkpoint_writes = sa.Table(

@@ -16,6 +16,17 @@ are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default
 metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
 (checkpoint, task, index): a retried task does not duplicate it.
 
+Appends (`_appends`): a list that only grows (a chat's `messages` under `add_messages`) is
+not written whole at every version. When a new value's bytes begin with every element of
+the channel's latest value this saver stored whole (its base), the row holds the base's
+version (`base_version`) and the elements after them; a read joins the two into the very
+bytes the serde wrote. An append names a base stored whole, never another append, and a
+value is stored whole again once what it adds passes a quarter of its base: a 105-turn chat
+stored 6.0 MB where whole values took 35 MB. The put writes only if every base it names is
+still stored (checked in its own statement or transaction; the base rows are locked with
+a shared lock where writes do not fold), else it writes every value whole; deletes keep
+the base of every append a kept checkpoint reads.
+
 Keys: thread ids, namespaces, task ids and channel names are any text LangGraph accepts
 (empty, longer than a key column, ending in spaces, which MySQL's collations would compare
 equal to the text without them): each is keyed by its SHA-256 (`thread_hash`, `ns_hash`,
@@ -34,7 +45,7 @@ event loop, inside `BEGIN IMMEDIATE` when it writes.
 
 | operation | folding | not folding |
 |---|---|---|
-| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip) |
+| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`; with appends, their bases' check too) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip); with appends BEGIN + 3 + COMMIT (their bases locked first) |
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
 | `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others | 1 or 2 |
@@ -53,10 +64,11 @@ checkpoint read: values it names that were not guessed (another instance wrote s
 checkpoint is read by id) are read in a second statement; a guessed value not found was
 not there in that statement's snapshot, so nothing stale is ever answered.
 
-Kept values: the saver keeps the serialised values it wrote or read (by key, at most
-`value_cache_bytes`, least recently used out first), and a read takes the values its
-checkpoint names from there instead of fetching them. A value row never changes and is
-deleted only with every checkpoint that reads it, so the kept bytes are what the database
+Kept values: the saver keeps the serialised values it wrote or read (by key, whole as the
+serde wrote them, at most `value_cache_bytes`, least recently used out first), and a read
+takes the values its checkpoint names from there instead of fetching them. A value row
+never changes and is deleted only with every checkpoint that reads it (an append's base
+with every checkpoint that reads the append), so the kept bytes are what the database
 would answer for any checkpoint the read found; only versions of the form
 `get_next_version` makes are kept (their random fraction is never reused for another value,
 even after another instance deleted the thread and it began again). Which checkpoint is
@@ -75,8 +87,9 @@ store's time (a lease that names no holder is a `ValueError` before any statemen
 `ExecutionFencedError` is raised, so an instance that wakes after a takeover cannot
 overwrite the new holder's checkpoint.
 
-Modules: `saver` (the saver), `_statements` (its statements), `_lease` (the writer's lease
-in a config), `_bridge` (the event loop the synchronous methods run on).
+Modules: `saver` (the saver), `_statements` (its statements), `_appends` (values stored as
+appends), `_values` (kept values), `_lease` (the writer's lease in a config), `_bridge`
+(the event loop the synchronous methods run on).
 """
 
 from __future__ import annotations

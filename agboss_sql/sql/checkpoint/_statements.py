@@ -35,7 +35,7 @@ MAX_VERSION = 128
 CHECKPOINT_KEY = ("thread_hash", "ns_hash", "checkpoint_id")
 BLOB_KEY = ("thread_hash", "ns_hash", "channel_hash", "version")
 WRITE_KEY = ("thread_hash", "ns_hash", "checkpoint_id", "task_hash", "idx")
-BLOB_VALUES = ("channel_hash", "version", "value_type", "value")
+BLOB_VALUES = ("channel_hash", "version", "value_type", "value", "base_version")
 CHECKPOINT_VALUES = (
     "thread_id",
     "checkpoint_ns",
@@ -128,7 +128,10 @@ class CheckpointStatements:
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
         self.select_blob_keys = sa.select(
-            checkpoint_blobs.c.ns_hash, checkpoint_blobs.c.channel_hash, checkpoint_blobs.c.version
+            checkpoint_blobs.c.ns_hash,
+            checkpoint_blobs.c.channel_hash,
+            checkpoint_blobs.c.version,
+            checkpoint_blobs.c.base_version,
         ).where(
             checkpoint_blobs.c.thread_hash == _bind("thread_hash", checkpoint_blobs.c.thread_hash)
         )
@@ -248,7 +251,7 @@ class CheckpointStatements:
                 sa.literal_column(str(BLOB_ROW), sa.Integer),
                 b.c.channel_hash,
                 b.c.version,
-                sa.cast(sa.null(), sa.Text),
+                sa.type_coerce(b.c.base_version, sa.Text),
                 sa.cast(sa.null(), sa.Integer),
                 b.c.value_type,
                 b.c.value,
@@ -285,7 +288,7 @@ class CheckpointStatements:
                 b.c.ns_hash,
                 b.c.channel_hash,
                 b.c.version,
-                text_null,
+                sa.type_coerce(b.c.base_version, sa.Text),
                 text_null,
                 sa.cast(sa.null(), sa.Integer),
                 b.c.value_type,
@@ -336,57 +339,107 @@ class CheckpointStatements:
             found = self._cache[key] = build()
         return found
 
-    def blob_insert(self, count: int, *, fenced: bool) -> Any:
-        """Insert `count` blobs of one thread namespace, skipping versions already stored;
-        `fenced` (folding dialects only): a `WITH` part written only when the fence held."""
-        return self.cached(("blobs", count, fenced), lambda: self._blob_insert(count, fenced))
+    def _bases(self, count: int, lock: bool = True) -> Any:
+        """The rows of `count` base values (`a<i>_channel_hash`, `a<i>_version`) of the put's
+        thread namespace, with a shared lock: a delete of one waits for the put's commit."""
+        b = checkpoint_blobs
+        locking = self.ops.for_share if lock else (lambda select: select)
+        return locking(
+            sa.select(b.c.version).where(
+                b.c.thread_hash == _bind("p_thread_hash", b.c.thread_hash),
+                b.c.ns_hash == _bind("p_ns_hash", b.c.ns_hash),
+                sa.or_(
+                    *(
+                        sa.and_(
+                            b.c.channel_hash == _bind(f"a{i}_channel_hash", b.c.channel_hash),
+                            b.c.version == _bind(f"a{i}_version", b.c.version),
+                        )
+                        for i in range(count)
+                    )
+                ),
+            )
+        )
 
-    def _blob_insert(self, count: int, fenced: bool) -> Any:
+    def lock_bases(self, count: int) -> Any:
+        """Lock the rows of `count` base values a put's appends name (see `_bases`): the
+        put writes only if every one is there."""
+        return self.cached(("lock bases", count), lambda: self._bases(count))
+
+    def _guard(self, fenced: bool, bases: int) -> Any:
+        """Folding dialects: the condition a guarded put writes under, one object per kind
+        so the blobs and the checkpoint share its `WITH` parts: the fence held (`fenced`),
+        and every one of `bases` base values there (and locked until the commit)."""
+
+        def build() -> Any:
+            conditions = [self._fenced] if fenced else []
+            if bases:
+                held = self._bases(bases, lock=False).cte("agboss_bases")
+                count = sa.select(sa.func.count()).select_from(held).scalar_subquery()
+                conditions.append(count == bases)
+            return sa.and_(*conditions)
+
+        return self.cached(("guard", fenced, bases), build)
+
+    def blob_insert(self, count: int, *, fenced: bool, bases: int = 0) -> Any:
+        """Insert `count` blobs of one thread namespace, skipping versions already stored;
+        `fenced`, `bases` (folding dialects only): a `WITH` part written only under the
+        guard (`_guard`)."""
+        return self.cached(
+            ("blobs", count, fenced, bases), lambda: self._blob_insert(count, fenced, bases)
+        )
+
+    def _blob_insert(self, count: int, fenced: bool, bases: int = 0) -> Any:
         shared = _bound(checkpoint_blobs, ("thread_hash", "ns_hash"), "p_")
         rows = [{**shared, **_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_")} for i in range(count)]
         statement = self.ops.insert(checkpoint_blobs)
-        if fenced:
+        if fenced or bases:
             table = sa.values(
                 *(sa.column(c, checkpoint_blobs.c[c].type) for c in BLOB_VALUES), name="rows"
             )
             table = table.data([tuple(row[c] for c in BLOB_VALUES) for row in rows])
             selected = sa.select(
                 shared["thread_hash"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
-            ).where(self._fenced)
+            ).where(self._guard(fenced, bases))
             statement = statement.from_select(["thread_hash", "ns_hash", *BLOB_VALUES], selected)
         else:
             statement = statement.values(rows)
         return self.ops.skip_duplicates(statement, BLOB_KEY)
 
-    def checkpoint_upsert(self, *, fenced: bool) -> Any:
+    def checkpoint_upsert(self, *, fenced: bool, bases: int = 0) -> Any:
         """Insert a checkpoint or replace its body and metadata (LangGraph may save one id
-        again); `fenced` (folding dialects only): written only when the fence held, and
-        returning the key then."""
-        return self.cached(("checkpoint", fenced), lambda: self._checkpoint_upsert(fenced))
+        again); `fenced`, `bases` (folding dialects only): written only under the guard
+        (`_guard`), and returning the key then."""
+        return self.cached(
+            ("checkpoint", fenced, bases), lambda: self._checkpoint_upsert(fenced, bases)
+        )
 
-    def _checkpoint_upsert(self, fenced: bool) -> Any:
+    def _checkpoint_upsert(self, fenced: bool, bases: int = 0) -> Any:
         row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
         statement = self.ops.insert(checkpoints)
-        if fenced:
+        guarded = fenced or bool(bases)
+        if guarded:
             statement = statement.from_select(
-                list(row), sa.select(*row.values()).where(self._fenced)
+                list(row), sa.select(*row.values()).where(self._guard(fenced, bases))
             )
         else:
             statement = statement.values(row)
         statement = self.ops.replace_duplicates(
             statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
         )
-        return statement.returning(checkpoints.c.checkpoint_id) if fenced else statement
+        return statement.returning(checkpoints.c.checkpoint_id) if guarded else statement
 
-    def put(self, blob_count: int, *, fenced: bool) -> Any:
+    def put(self, blob_count: int, *, fenced: bool, bases: int = 0) -> Any:
         """Folding dialects: the blobs (at most `MAX_ROWS`) and the checkpoint in one statement,
-        fenced or not."""
-        return self.cached(("put", blob_count, fenced), lambda: self._put(blob_count, fenced))
+        fenced or not, naming `bases` base values or none; a guarded put (fenced, or with
+        bases) returns the checkpoint's key if it wrote."""
+        return self.cached(
+            ("put", blob_count, fenced, bases), lambda: self._put(blob_count, fenced, bases)
+        )
 
-    def _put(self, blob_count: int, fenced: bool) -> Any:
-        statement = self.checkpoint_upsert(fenced=fenced)
+    def _put(self, blob_count: int, fenced: bool, bases: int) -> Any:
+        statement = self.checkpoint_upsert(fenced=fenced, bases=bases)
         if blob_count:
-            blobs = self._blob_insert(blob_count, fenced).cte("agboss_new_blobs")
+            blobs = self._blob_insert(blob_count, fenced, bases).cte("agboss_new_blobs")
             statement = statement.add_cte(blobs)
         return statement
 
@@ -534,7 +587,11 @@ class CheckpointStatements:
         """The blob versions stored for one thread namespace."""
         return self.cached(
             ("blob-keys",),
-            lambda: sa.select(checkpoint_blobs.c.channel_hash, checkpoint_blobs.c.version).where(
+            lambda: sa.select(
+                checkpoint_blobs.c.channel_hash,
+                checkpoint_blobs.c.version,
+                checkpoint_blobs.c.base_version,
+            ).where(
                 checkpoint_blobs.c.thread_hash
                 == _bind("thread_hash", checkpoint_blobs.c.thread_hash),
                 checkpoint_blobs.c.ns_hash == _bind("ns_hash", checkpoint_blobs.c.ns_hash),

@@ -2,10 +2,12 @@
 
 A channel value is stored once per (thread, namespace, channel, version) and that row
 never changes: a put skips a version already stored, and deletes remove a value only
-with every checkpoint that reads it (a thread, a run, the history `prune` drops). So the
-bytes a saver wrote under a key are the bytes any later read of that key would fetch, for
-as long as a checkpoint that names the key exists, and a read that found the checkpoint in
-the database may take a named value from here instead of from the database. Nothing else
+with every checkpoint that reads it (a thread, a run, the history `prune` drops; the base
+of an append only with every checkpoint that reads the append). So the bytes the serde
+wrote for a key are the bytes any later read of that key would give back (joined to its
+base, for an append: `_appends`), for as long as a checkpoint that names the key exists,
+and a read that found the checkpoint in the database may take a named value from here
+instead of from the database. Entries hold whole values, never appends. Nothing else
 is taken on trust: which checkpoint is the latest, and which versions it names, always come
 from the database.
 """
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Mapping
 ValueKey = tuple[str, str, str, str]
 """(thread hash, namespace hash, channel hash, version)."""
 Stored = tuple[str, bytes | None]
-"""(serde type, serialised value), as stored."""
+"""(serde type, serialised value), whole as the serde wrote it."""
 
 ENTRY_OVERHEAD = 160
 """Bytes counted per entry beside its value: the key's strings and the dictionary slot."""
@@ -85,13 +87,6 @@ class ValueCache:
         with self._guard:
             self._entries.clear()
             self.size = 0
-
-
-def as_entries(
-    thread_hash: str, ns_hash: str, rows: Iterable[tuple[str, str, str, bytes | None]]
-) -> list[tuple[ValueKey, Stored]]:
-    """Cache entries of a put's value rows (channel hash, version, type, data)."""
-    return [((thread_hash, ns_hash, ch, v), (kind, data)) for ch, v, kind, data in rows]
 
 
 def fetched_entries(

@@ -18,6 +18,7 @@ from collections.abc import (
     Callable,
     Coroutine,
     Generator,
+    Iterable,
     Iterator,
     Mapping,
     Sequence,
@@ -47,6 +48,13 @@ from agboss_sql.contracts.keys import unstorable_text_rule_of
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
+from agboss_sql.sql.checkpoint._appends import (
+    MIN_BASE,
+    MSGPACK,
+    appended,
+    array_header,
+    joined,
+)
 from agboss_sql.sql.checkpoint._bridge import Pin, SyncBridge
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import (
@@ -68,9 +76,9 @@ from agboss_sql.sql.checkpoint._statements import (
 )
 from agboss_sql.sql.checkpoint._values import (
     DEFAULT_VALUE_CACHE_BYTES,
+    Stored,
     ValueCache,
     ValueKey,
-    as_entries,
     fetched_entries,
 )
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
@@ -170,6 +178,17 @@ EXPECTED_NAMESPACES = 4096
 BlobKeys = tuple[tuple[str, str], ...]
 """(channel hash, version) of the values a checkpoint reads."""
 
+BASES = 16384
+"""Channels whose latest value stored whole a saver remembers, as the base of appends."""
+
+Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
+"""Value rows as read, by key: (value type, value, base version)."""
+
+
+class _BaseGone(Exception):
+    """A put's append names a base value no longer stored (deleted by another saver since
+    this one wrote it): the put is made again with every value whole."""
+
 
 def _kept(version: str) -> bool:
     """Whether a value of this version may be kept (`_values`): only versions made by
@@ -177,6 +196,18 @@ def _kept(version: str) -> bool:
     later put of another value repeats, even after its thread was deleted elsewhere and
     begun again. A version a caller made up (`"1"`) may name another value after that."""
     return len(version) > 34 and version[32] == "."
+
+
+def _base_worthy(version: str, kind: str, data: bytes | None) -> bool:
+    """Whether a value stored whole may be the base of later appends: a list the serde wrote
+    (`_appends`) big enough to pay, of a version whose bytes `_values` may keep."""
+    return (
+        kind == MSGPACK
+        and data is not None
+        and len(data) > MIN_BASE
+        and array_header(data) is not None
+        and _kept(version)
+    )
 
 
 def _checked_key(what: str, value: str, limit: int) -> str:
@@ -248,6 +279,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # reads whatever else the checkpoint found then names. Only a guess: never trusted.
         self._expected: dict[tuple[str, str], BlobKeys] = {}
         self._expected_guard = threading.Lock()
+        # The version of each channel's latest value this saver stored whole, by (thread,
+        # namespace, channel) hashes: the base a later value of the channel may be stored
+        # as an append to (`_appends`), if its bytes are still in `_values`. Guarded by
+        # `_expected_guard`.
+        self._bases: dict[tuple[str, str, str], str] = {}
         # The serialised values this saver wrote or read, by key (`_values`): a read takes
         # the values its checkpoint names from here rather than fetch them again.
         self._values = values
@@ -371,6 +407,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        appends: bool = True,
     ) -> RunnableConfig:
         sql = self._statements(connection)
         thread_id = self._thread_of(config)
@@ -391,18 +428,27 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # as does a value whose channel has no version (not LangGraph's way).
         inline = {k: v for k, v in values.items() if k not in versions or _inlined(v)}
         body["channel_values"] = inline
-        blob_rows: list[tuple[str, str, str, bytes | None]] = []
+        blob_rows: list[tuple[str, str, str, bytes | None, str | None]] = []
+        # The values as the serde wrote them, to keep (`_values`), and the bases the
+        # appends among them name.
+        whole: list[tuple[ValueKey, Stored]] = []
+        bases: dict[str, str] = {}
         for channel, version in new_versions.items():
             if channel in values and channel not in inline:
                 kind, data = self._dumps(values[channel])
-                blob_rows.append(
-                    (
-                        _channel_hash(_key_text("channel", channel)),
-                        _checked_key("channel version", str(version), MAX_VERSION),
-                        kind,
-                        data,
-                    )
+                key: ValueKey = (
+                    thread_hash,
+                    ns_hash,
+                    _channel_hash(_key_text("channel", channel)),
+                    _checked_key("channel version", str(version), MAX_VERSION),
                 )
+                whole.append((key, (kind, data)))
+                append = self._as_append(key, kind, data) if appends else None
+                if append is None:
+                    blob_rows.append((key[2], key[3], kind, data, None))
+                else:
+                    blob_rows.append((key[2], key[3], kind, append[0], append[1]))
+                    bases[key[2]] = append[1]
         body_kind, body_data = self._dumps(body)
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         run_id = stored_metadata.get("run_id")
@@ -430,24 +476,42 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
         writes = [*blob_execs, Exec(sql.checkpoint_upsert(fenced=False), row)]
         fence = fence_params(lease, self.store_clock) if lease is not None else {}
-        if sql.fold and len(blob_execs) <= 1:
-            # One statement: the blobs, the checkpoint and (fenced) the fence, folded.
-            params = {**row, **fence}
-            if blob_execs:
-                params.update(blob_execs[0].params)
-            statement = sql.put(len(blob_rows), fenced=lease is not None)
-            result = await connection.execute(statement, params)
-            if lease is not None and not result.rows:
-                # Refused: the fenced transaction below refuses too, naming the reason.
-                await self._write(connection, writes, lease, fence)
-        elif sql.scripts and lease is None and len(blob_execs) == 1:
-            # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text.
-            params = {**row, **blob_execs[0].params}
-            await connection.execute(sql.put_script(len(blob_rows)), params)
-        else:
-            await self._write(connection, writes, lease, fence)
+        # The appends' bases: the put writes only if every one is still stored.
+        held = {**shared}
+        for i, (channel_hash, base_version) in enumerate(bases.items()):
+            held[f"a{i}_channel_hash"] = channel_hash
+            held[f"a{i}_version"] = base_version
+        try:
+            if sql.fold and len(blob_execs) <= 1:
+                # One statement: the blobs, the checkpoint and (fenced) the fence, folded.
+                params = {**row, **fence, **held}
+                if blob_execs:
+                    params.update(blob_execs[0].params)
+                statement = sql.put(len(blob_rows), fenced=lease is not None, bases=len(bases))
+                result = await connection.execute(statement, params)
+                if bases and not result.rows:
+                    raise _BaseGone
+                if lease is not None and not result.rows:
+                    # Refused: the fenced transaction below refuses too, naming the reason.
+                    await self._write(connection, writes, lease, fence)
+            elif sql.scripts and lease is None and len(blob_execs) == 1 and not bases:
+                # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text.
+                params = {**row, **blob_execs[0].params}
+                await connection.execute(sql.put_script(len(blob_rows)), params)
+            else:
+                await self._write(connection, writes, lease, fence, held if bases else None)
+        except _BaseGone:
+            self._forget_bases(thread_hash, ns_hash, bases)
+            return await self._put(
+                connection, config, checkpoint, metadata, new_versions, appends=False
+            )
         self._expect(thread_hash, ns_hash, _blob_versions(body))
-        self._values.keep(as_entries(thread_hash, ns_hash, (r for r in blob_rows if _kept(r[1]))))
+        self._values.keep(entry for entry in whole if _kept(entry[0][3]))
+        self._remember_bases(
+            (thread_hash, ns_hash, r[0], r[1])
+            for r in blob_rows
+            if r[4] is None and _base_worthy(r[1], r[2], r[3])
+        )
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -455,6 +519,39 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint_id,
             }
         }
+
+    def _as_append(self, key: ValueKey, kind: str, data: bytes | None) -> tuple[bytes, str] | None:
+        """`data` as an append (and the base version it names) to the channel's latest value
+        this saver stored whole, if it begins with every element of that value (`_appends`)."""
+        if kind != MSGPACK or not data:
+            return None
+        thread_hash, ns_hash, channel_hash, version = key
+        with self._expected_guard:
+            base_version = self._bases.get((thread_hash, ns_hash, channel_hash))
+        if base_version is None or base_version == version:
+            return None
+        base = self._values.found(((thread_hash, ns_hash, channel_hash, base_version),))
+        stored = next(iter(base.values()), None)
+        if stored is None or stored[0] != MSGPACK or not stored[1]:
+            return None
+        append = appended(stored[1], data)
+        return None if append is None else (append, base_version)
+
+    def _remember_bases(self, rows: Iterable[ValueKey]) -> None:
+        """Remember (thread hash, namespace hash, channel hash, version) values stored whole
+        as their channels' bases."""
+        with self._expected_guard:
+            bases = self._bases
+            for thread_hash, ns_hash, channel_hash, version in rows:
+                bases.pop((thread_hash, ns_hash, channel_hash), None)
+                bases[(thread_hash, ns_hash, channel_hash)] = version
+            while len(bases) > BASES:
+                del bases[next(iter(bases))]
+
+    def _forget_bases(self, thread_hash: str, ns_hash: str, channels: Iterable[str]) -> None:
+        with self._expected_guard:
+            for channel_hash in channels:
+                self._bases.pop((thread_hash, ns_hash, channel_hash), None)
 
     def _expect(self, thread_hash: str, ns_hash: str, versions: Mapping[str, Any]) -> None:
         """Remember the values a thread namespace's latest checkpoint reads (its versions)."""
@@ -476,13 +573,16 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         writes: list[Exec],
         lease: CheckpointLease | None = None,
         fence: Mapping[str, Any] | None = None,
+        bases: Mapping[str, Any] | None = None,
     ) -> None:
         """Run `writes` atomically: one statement alone, several in one transaction. Fenced
         (`lease`; `fence`: its fence parameters, if already read): in one transaction whose
         first statement is the fenced-effect store's fence (`_fence.fenced`), which takes the
         lease row and raises the mark, or refuses with `ExecutionFencedError` naming the
-        reason, and nothing is written."""
-        if lease is None and len(writes) == 1:
+        reason, and nothing is written. `bases` (the parameters of `lock_bases`): the base
+        values a put's appends name are locked next, and if one is gone nothing is written
+        (`_BaseGone`)."""
+        if lease is None and bases is None and len(writes) == 1:
             await connection.execute(writes[0].statement, writes[0].params)
             return
         sql = self._statements(connection)
@@ -493,6 +593,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         def step() -> Step[None]:
             if lease is not None:
                 yield from fenced(sql.fences, lease, params)
+            if bases is not None:
+                count = sum(1 for name in bases if name.endswith("_version"))
+                found = (yield Exec(sql.lock_bases(count), dict(bases))).rows
+                if len(found) < count:
+                    raise _BaseGone
             for write in writes:
                 _ = yield write
 
@@ -621,13 +726,13 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         found = None
         thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
         writes: list[Sequence[Any]] = []
-        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        rows: Rows = {}
         for kind_of_row, *row in result.rows:
             if kind_of_row == CHECKPOINT_ROW:
                 found = row
             elif kind_of_row == BLOB_ROW:
-                channel_hash, version, _, _, value_type, value = row
-                blobs[(thread_hash, ns_hash, channel_hash, version)] = (value_type, value)
+                channel_hash, version, base, _, value_type, value = row
+                rows[(thread_hash, ns_hash, channel_hash, version)] = (value_type, value, base)
             else:
                 # (task_id, channel, task_path, idx, value_type, value)
                 writes.append(row)
@@ -653,30 +758,68 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             for ch, v in _blob_versions(body).items()
             if (_channel_hash(ch), str(v)) not in asked
         ]
-        fetched = dict(blobs)
+        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         if keys:
             held = {**kept, **self._values.found(k for k in keys if k not in kept)}
             blobs.update((k, held[k]) for k in keys if k in held)
             missing = [k for k in keys if k not in held]
             if missing:
-                more = yield from self._blobs(sql, missing)
-                blobs.update(more)
-                fetched.update(more)
+                rows.update((yield from self._blobs(sql, missing)))
+        fetched = yield from self._whole(sql, rows)
+        blobs.update(fetched)
         self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
         return listed, body, blobs, writes
 
     def _blobs(
-        self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, str, str]]
-    ) -> Step[dict[tuple[Any, Any, Any, Any], tuple[Any, Any]]]:
-        """The stored values of these (thread, namespace, channel hashes, version) keys."""
-        found: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
-        columns = (*BLOB_KEY, "value_type", "value")
+        self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, Any, Any]]
+    ) -> Step[Rows]:
+        """The stored rows of these (thread, namespace, channel hashes, version) keys."""
+        found: Rows = {}
+        columns = (*BLOB_KEY, "value_type", "value", "base_version")
         for chunk in chunks(list(dict.fromkeys(keys))):
             statement = sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(chunk))
             result = yield Exec(statement, keyed_params(chunk, BLOB_KEY))
-            for thread_hash, ns_hash, channel_hash, version, kind, value in result.rows:
-                found[(thread_hash, ns_hash, channel_hash, version)] = (kind, value)
+            for thread_hash, ns_hash, channel_hash, version, kind, value, base in result.rows:
+                found[(thread_hash, ns_hash, channel_hash, version)] = (kind, value, base)
         return found
+
+    def _whole(
+        self, sql: CheckpointStatements, rows: Rows
+    ) -> Step[dict[tuple[Any, Any, Any, Any], tuple[Any, Any]]]:
+        """The whole values of these rows: an append (`_appends`) joined to its base, taken
+        from the rows, from `_values`, or read. An append whose base is not stored is left
+        out, as a value whose row is not."""
+        whole: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        appends: dict[tuple[Any, Any, Any, Any], tuple[Any, bytes, tuple[Any, Any, Any, Any]]] = {}
+        for key, (kind, value, base) in rows.items():
+            if isinstance(value, memoryview):
+                value = bytes(value)
+            if base is None or value is None:
+                whole[key] = (kind, value)
+            else:
+                appends[key] = (kind, value, (key[0], key[1], key[2], _text(base)))
+        if not appends:
+            return whole
+        bases: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        wanted = {base for _, _, base in appends.values()}
+        for base in wanted:
+            if base in whole:
+                bases[base] = whole[base]
+        bases.update(self._values.found(b for b in wanted if b not in bases))
+        missing = [b for b in wanted if b not in bases]
+        if missing:
+            more = yield from self._blobs(sql, missing)
+            # A base is stored whole (never an append).
+            bases.update(
+                (k, (kind, bytes(value) if isinstance(value, memoryview) else value))
+                for k, (kind, value, base) in more.items()
+                if base is None and value is not None
+            )
+        for key, (kind, value, base) in appends.items():
+            stored = bases.get(base)
+            if stored is not None and stored[1] is not None:
+                whole[key] = (kind, joined(stored[1], value))
+        return whole
 
     def _tuple_of(
         self,
@@ -827,7 +970,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         lookups += [
             (WRITE_ROW, key) for key in dict.fromkeys((row[8], row[2], row[3]) for row in rows)
         ]
-        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        rows_read: Rows = {}
         writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
         for chunk in chunks(lookups, MAX_LOOKUPS):
             blob_keys = [key for kind, key in chunk if kind == BLOB_ROW]
@@ -841,11 +984,12 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 yield Exec(statement, params)
             ).rows:
                 if kind_of_row == BLOB_ROW:
-                    version, _, _, _, value_type, value = rest
-                    blobs[(thread_hash, ns_hash, key, version)] = (value_type, value)
+                    version, base, _, _, value_type, value = rest
+                    rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
                 else:
                     # (task_id, channel, task_path, idx, value_type, value)
                     writes.setdefault((thread_hash, ns_hash, key), []).append(rest)
+        blobs = yield from self._whole(sql, rows_read)
         return len(rows), [
             (row, body, blobs, writes.get((row[8], row[2], row[3]), []))
             for row, body in zip(rows, bodies, strict=True)
@@ -918,9 +1062,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             versions = self._loads(kind, data)["channel_versions"]
             read.update((identity_hash(ch), str(version)) for ch, version in versions.items())
         stored = (yield Exec(sql.namespace_blob_keys(), params)).rows
+        # An append read keeps its base.
+        read.update(
+            (channel, _text(base))
+            for channel, version, base in stored
+            if base is not None and (channel, version) in read
+        )
         garbage = [
             (thread_hash, ns_hash, channel, version)
-            for channel, version in stored
+            for channel, version, _ in stored
             if (channel, version) not in read
         ]
         for chunk in chunks(garbage):
@@ -991,9 +1141,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             yield Exec(sql.prune_writes, params)
             yield Exec(sql.orphan_head, params)
         stored = (yield Exec(sql.select_blob_keys, {"thread_hash": thread_hash})).rows
+        # An append read keeps its base.
+        read.update(
+            (ns_hash, channel, _text(base))
+            for ns_hash, channel, version, base in stored
+            if base is not None and (ns_hash, channel, version) in read
+        )
         garbage: list[tuple[str, Any, Any, Any]] = [
             (thread_hash, ns_hash, channel, version)
-            for ns_hash, channel, version in stored
+            for ns_hash, channel, version, _ in stored
             if (ns_hash, channel, version) not in read
         ]
         for chunk in chunks(garbage):

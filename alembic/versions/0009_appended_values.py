@@ -1,0 +1,63 @@
+"""checkpoint values stored as an append to an earlier value of their channel
+
+A channel whose value is a list that only grows (a chat's messages under `add_messages`)
+was stored whole at every version: a 100-turn conversation wrote its first message 100
+times. A value row may now name, in `base_version`, an earlier full value of the same
+channel of its thread namespace whose list it extends, and hold only the elements added
+since. Rows written before keep `base_version` NULL and read as before; nothing is
+rewritten.
+
+Revision ID: 0009_appended_values
+Revises: 0008_lz4_values
+Create Date: 2026-12-03 14:00:00.000000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import context, op
+from sqlalchemy.dialects import mysql
+
+revision: str = "0009_appended_values"
+down_revision: str | Sequence[str] | None = "0008_lz4_values"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _ident(length: int) -> sa.types.TypeEngine[str]:
+    return (
+        sa.String(length=length)
+        .with_variant(
+            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mariadb"
+        )
+        .with_variant(
+            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mysql"
+        )
+    )
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("agboss_checkpoint_blobs") as batch:
+        batch.add_column(sa.Column("base_version", _ident(128), nullable=True))
+
+
+def downgrade() -> None:
+    # An appended value cannot be read without its column: refuse rather than lose it (an
+    # offline script cannot ask, and says so).
+    if context.is_offline_mode():
+        op.execute("-- 0009 downgrade: first make sure no row has base_version set")
+    elif (
+        op.get_bind()
+        .execute(
+            sa.text("SELECT 1 FROM agboss_checkpoint_blobs WHERE base_version IS NOT NULL LIMIT 1")
+        )
+        .first()
+    ):
+        raise RuntimeError(
+            "agboss_checkpoint_blobs holds appended values (base_version set): downgrading "
+            "below 0009 would lose them; delete or rewrite those threads first"
+        )
+    with op.batch_alter_table("agboss_checkpoint_blobs") as batch:
+        batch.drop_column("base_version")
