@@ -401,3 +401,40 @@ async def test_what_a_fenced_write_and_its_refusal_send(
         assert put_writes_again == put_writes
     in_transaction(refusal, "ROLLBACK")
     assert refusal[2:] == [diagnose_sql, "ROLLBACK"], refusal
+
+
+async def test_a_growing_list_is_stored_as_appends_only_while_the_lease_is_held(
+    sql: SqlConnection, new_connection: Callable[[], SqlConnection], clock: VirtualClock
+) -> None:
+    """Appends ride the fenced put: held, they are written under the fence; after a
+    takeover, the put that would append is refused like any other, and writes nothing."""
+    execution = f"run-{uuid.uuid4()}"
+    thread = f"thread-{uuid.uuid4()}"
+    a = Instance(sql, clock, "instance-a")
+    b = Instance(new_connection(), clock, "instance-b")
+    lease_a = await a.leases.acquire(TENANT, execution, LEASE_MS)
+    assert lease_a is not None
+
+    conversation: list[str] = []
+    parent: str | None = None
+    for turn in range(12):
+        conversation = [*conversation, f"turn {turn}: " + "words " * 60]
+        parent = await _put(a.saver, _config(thread, lease_a, parent), {"messages": conversation})
+    rows = (await sql.execute(sa.select(checkpoint_blobs.c.base_version))).rows
+    assert any(base is not None for (base,) in rows), rows
+    stored = len(rows)
+
+    await clock.advance(LEASE_MS + 1)
+    lease_b = await b.leases.acquire(TENANT, execution, LEASE_MS)
+    assert lease_b is not None
+    late = [*conversation, "turn 12: from a, late"]
+    with pytest.raises(ExecutionFencedError) as refused:
+        await _put(a.saver, _config(thread, lease_a, parent), {"messages": late})
+    assert refused.value.reason == "superseded"
+    assert len((await sql.execute(sa.select(checkpoint_blobs.c.version))).rows) == stored
+
+    grown = [*conversation, "turn 12: from b"]
+    await _put(b.saver, _config(thread, lease_b, parent), {"messages": grown})
+    fresh = SqlCheckpointSaver(sql, value_cache_bytes=0)
+    latest = await fresh.aget_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+    assert latest is not None and latest.checkpoint["channel_values"]["messages"] == grown
