@@ -302,6 +302,11 @@ async def execute(
     try:
         count = await cursor.execute(sql, params)
         rows = list(await cursor.fetchall()) if cursor.description is not None else None
+        # A script (several statements in one text) answers a result per statement: the
+        # rows are those of the last one that returns rows, the count the first one's.
+        while await cursor.nextset():
+            if cursor.description is not None:
+                rows = list(await cursor.fetchall())
         return rows, count
     finally:
         await cursor.close()

@@ -31,8 +31,9 @@ class Exec:
 class Script:
     """Statements sent as one transaction in one text: `BEGIN`, each statement, `COMMIT`
     (`Capabilities.scripts`). Their parameters share one namespace: a name two of them use
-    must mean one value. Send it alone, outside a transaction (it is one); its `Result` is
-    the first statement's (`BEGIN`), so no statement of it may need its rows or count."""
+    must mean one value. Send it alone, outside a transaction (it is one). Its `Result`'s
+    rows are those of the last statement that returns rows (none if none does), its count
+    the first statement's (`BEGIN`): no statement's count can be read."""
 
     __slots__ = ("statements",)
 

@@ -443,16 +443,56 @@ class CheckpointStatements:
             statement = statement.add_cte(blobs)
         return statement
 
-    def put_script(self, blob_count: int) -> Script:
+    def put_script(self, blob_count: int, bases: int = 0) -> Script:
         """Dialects that take scripts: the blobs (1 to `MAX_ROWS`) and the checkpoint, one
-        transaction in one text."""
+        transaction in one text. With `bases` (the base values the appends among the blobs
+        name): both are written only if every base is there, each locked (shared) by the
+        first statement that reads it until the commit, and the script's rows are one, the
+        number of bases there: fewer than `bases` means nothing was written."""
         script: Script = self.cached(
-            ("put script", blob_count),
-            lambda: Script(
-                self.blob_insert(blob_count, fenced=False), self.checkpoint_upsert(fenced=False)
+            ("put script", blob_count, bases),
+            lambda: (
+                Script(
+                    self._script_blob_insert(blob_count, bases),
+                    self._script_checkpoint_upsert(bases),
+                    sa.select(sa.func.count()).select_from(self._bases(bases).subquery("held")),
+                )
+                if bases
+                else Script(
+                    self.blob_insert(blob_count, fenced=False),
+                    self.checkpoint_upsert(fenced=False),
+                )
             ),
         )
         return script
+
+    def _bases_there(self, bases: int) -> Any:
+        """Scripts: every one of `bases` base values there, locked (shared) as read."""
+        held = self._bases(bases).subquery("held")
+        return sa.select(sa.func.count()).select_from(held).scalar_subquery() == bases
+
+    def _script_blob_insert(self, count: int, bases: int) -> Any:
+        shared = _bound(checkpoint_blobs, ("thread_hash", "ns_hash"), "p_")
+        rows = [_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_") for i in range(count)]
+        # The rows as a derived table of labelled selects (MariaDB's VALUES names no columns).
+        selects = [sa.select(*(row[c].label(c) for c in BLOB_VALUES)) for row in rows]
+        table = (selects[0] if count == 1 else sa.union_all(*selects)).subquery("new_rows")
+        selected = sa.select(
+            shared["thread_hash"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
+        ).where(self._bases_there(bases))
+        statement = self.ops.insert(checkpoint_blobs).from_select(
+            ["thread_hash", "ns_hash", *BLOB_VALUES], selected
+        )
+        return self.ops.skip_duplicates(statement, BLOB_KEY)
+
+    def _script_checkpoint_upsert(self, bases: int) -> Any:
+        row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
+        statement = self.ops.insert(checkpoints).from_select(
+            list(row), sa.select(*row.values()).where(self._bases_there(bases))
+        )
+        return self.ops.replace_duplicates(
+            statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
+        )
 
     def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
         """Insert `count` pending writes of one checkpoint and task: skipping keys already

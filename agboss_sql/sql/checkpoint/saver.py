@@ -494,10 +494,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 if lease is not None and not result.rows:
                     # Refused: the fenced transaction below refuses too, naming the reason.
                     await self._write(connection, writes, lease, fence)
-            elif sql.scripts and lease is None and len(blob_execs) == 1 and not bases:
-                # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text.
-                params = {**row, **blob_execs[0].params}
-                await connection.execute(sql.put_script(len(blob_rows)), params)
+            elif sql.scripts and lease is None and len(blob_execs) == 1:
+                # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text
+                # (with appends, both under their bases' check, and the count of bases there).
+                params = {**row, **blob_execs[0].params, **held}
+                result = await connection.execute(
+                    sql.put_script(len(blob_rows), len(bases)), params
+                )
+                if bases and (result.scalar() or 0) < len(bases):
+                    raise _BaseGone
             else:
                 await self._write(connection, writes, lease, fence, held if bases else None)
         except _BaseGone:
