@@ -257,3 +257,35 @@ async def test_copies_and_forks_of_a_conversation_read_back_whole(sql: SqlConnec
     await saver.acopy_thread(thread_id, target)
     assert len(await _rows(sql, target)) == len(await _rows(sql, thread_id))
     await _read_back(sql, target, ids + forked_ids, states + forked_states)
+
+
+@pytest.mark.database
+async def test_two_growing_channels_of_one_put_are_appends_to_their_own_bases(
+    sql: SqlConnection,
+) -> None:
+    saver = SqlCheckpointSaver(sql)
+    thread_id = _thread()
+    thread = Thread(saver, thread_id)
+    conversation: list[BaseMessage] = []
+    log: list[str] = []
+    ids, states = [], []
+    for turn in range(16):
+        conversation = [*conversation, *_turn(turn)]
+        log = [*log, f"step {turn}: " + "tool output " * 40]
+        ids.append(await thread.put({"messages": conversation, "log": log}))
+        states.append((conversation, log))
+    b = checkpoint_blobs
+    appends_by_channel = (
+        await sql.execute(
+            sa.select(b.c.channel_hash, sa.func.count())
+            .where(b.c.thread_hash == identity_hash(thread_id), b.c.base_version.is_not(None))
+            .group_by(b.c.channel_hash)
+        )
+    ).rows
+    assert len(appends_by_channel) == 2, appends_by_channel
+    assert all(count >= 5 for _, count in appends_by_channel), appends_by_channel
+    fresh = SqlCheckpointSaver(sql, value_cache_bytes=0)
+    for checkpoint_id, (messages, lines) in zip(ids, states, strict=True):
+        found = await fresh.aget_tuple(_config(thread_id, checkpoint_id=checkpoint_id))
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"messages": messages, "log": lines}

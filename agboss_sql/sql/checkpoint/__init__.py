@@ -23,8 +23,8 @@ version (`base_version`) and the elements after them; a read joins the two into 
 bytes the serde wrote. An append names a base stored whole, never another append, and a
 value is stored whole again once what it adds passes a quarter of its base: a 105-turn chat
 stored 6.0 MB where whole values took 35 MB. The put writes only if every base it names is
-still stored (checked in its own statement or transaction; the base rows are locked with
-a shared lock where writes do not fold), else it writes every value whole; deletes keep
+still stored (checked in its own statement, script or transaction; on MySQL/MariaDB the base
+rows are read with a shared lock held to the commit), else it writes every value whole; deletes keep
 the base of every append a kept checkpoint reads.
 
 Keys: thread ids, namespaces, task ids and channel names are any text LangGraph accepts
@@ -45,7 +45,7 @@ event loop, inside `BEGIN IMMEDIATE` when it writes.
 
 | operation | folding | not folding |
 |---|---|---|
-| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`; with appends, their bases' check too) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip); with appends BEGIN + 3 + COMMIT (their bases locked first) |
+| `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`; with appends, their bases' check too) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip; with appends, under their bases' check, ending with the count of bases there); with appends on SQLite BEGIN + 3 + COMMIT (their bases read first) |
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
 | `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others | 1 or 2 |
