@@ -289,3 +289,33 @@ async def test_two_growing_channels_of_one_put_are_appends_to_their_own_bases(
         found = await fresh.aget_tuple(_config(thread_id, checkpoint_id=checkpoint_id))
         assert found is not None
         assert found.checkpoint["channel_values"] == {"messages": messages, "log": lines}
+
+
+@pytest.mark.database
+async def test_a_version_another_saver_stored_as_an_append_is_never_a_base(
+    sql: SqlConnection,
+) -> None:
+    """Saver B puts again a checkpoint saver A stored (a retry on another instance): its
+    value row is kept as A wrote it, an append, though B serialised it whole. B's next put
+    must not name it as a base (an append of an append would not read back)."""
+    a = SqlCheckpointSaver(sql)
+    thread_id = _thread()
+    thread, ids, states = await _chat(a, thread_id, 12)
+    rows = {version: base for version, base, _ in await _rows(sql, thread_id)}
+    version = thread.versions["messages"]
+    assert rows[version] is not None, "the last put was to be an append"
+
+    b = SqlCheckpointSaver(sql)
+    latest = await a.aget_tuple(_config(thread_id))
+    assert latest is not None and latest.parent_config is not None
+    again = await b.aput(
+        latest.parent_config, latest.checkpoint, latest.metadata, {"messages": version}
+    )
+    assert again["configurable"]["checkpoint_id"] == ids[-1]
+
+    thread_b = Thread(b, thread_id)
+    thread_b.versions, thread_b.last = dict(thread.versions), ids[-1]
+    grown = [*states[-1], *_turn(12)]
+    ids.append(await thread_b.put({"messages": grown}))
+    states.append(grown)
+    await _read_back(sql, thread_id, ids, states)

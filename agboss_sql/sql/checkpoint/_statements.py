@@ -341,13 +341,16 @@ class CheckpointStatements:
 
     def _bases(self, count: int, lock: bool = True) -> Any:
         """The rows of `count` base values (`a<i>_channel_hash`, `a<i>_version`) of the put's
-        thread namespace, with a shared lock: a delete of one waits for the put's commit."""
+        thread namespace that are stored whole (an append is no base: one stored under a
+        version this saver wrote whole, by another saver first, must not become one), with
+        a shared lock (`lock`): a delete of one waits for the put's commit."""
         b = checkpoint_blobs
         locking = self.ops.for_share if lock else (lambda select: select)
         return locking(
             sa.select(b.c.version).where(
                 b.c.thread_hash == _bind("p_thread_hash", b.c.thread_hash),
                 b.c.ns_hash == _bind("p_ns_hash", b.c.ns_hash),
+                b.c.base_version.is_(None),
                 sa.or_(
                     *(
                         sa.and_(
