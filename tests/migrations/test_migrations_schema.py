@@ -100,6 +100,43 @@ def test_the_saver_values_are_compressed_with_lz4_on_postgresql(empty_url: str) 
     assert _compression(empty_url) == dict.fromkeys(LZ4_COLUMNS, "l")
 
 
+def test_the_appended_values_column_is_not_dropped_while_an_append_is_stored(
+    empty_url: str,
+) -> None:
+    """0009's downgrade would lose the values stored as appends: it refuses while one is
+    stored, and drops the column once none is."""
+    migrate.upgrade(empty_url)
+    row = {
+        "thread_hash": "t" * 64,
+        "ns_hash": "n" * 64,
+        "channel_hash": "c" * 64,
+        "version": "2",
+        "value_type": "msgpack",
+        "value": b"\x91\x01",
+        "base_version": "1",
+    }
+    insert = sa.text(
+        "INSERT INTO agboss_checkpoint_blobs (thread_hash, ns_hash, channel_hash, version,"
+        " value_type, value, base_version) VALUES (:thread_hash, :ns_hash, :channel_hash,"
+        " :version, :value_type, :value, :base_version)"
+    )
+    with connected(empty_url) as connection:
+        connection.execute(insert, row)
+        connection.commit()
+    with pytest.raises(RuntimeError, match="holds appended values"):
+        migrate.downgrade(empty_url, "0008_lz4_values")
+    assert migrate.current(empty_url) == migrate.head()
+
+    with connected(empty_url) as connection:
+        connection.execute(sa.text("DELETE FROM agboss_checkpoint_blobs"))
+        connection.commit()
+    migrate.downgrade(empty_url, "0008_lz4_values")
+    with connected(empty_url) as connection:
+        columns = sa.inspect(connection).get_columns("agboss_checkpoint_blobs")
+    assert "base_version" not in {column["name"] for column in columns}
+    migrate.upgrade(empty_url)
+
+
 def test_upgrade_at_head_does_nothing(empty_url: str) -> None:
     migrate.upgrade(empty_url)
 
