@@ -53,6 +53,7 @@ from langgraph.checkpoint.base import (
     empty_checkpoint,
 )
 
+from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
@@ -329,6 +330,35 @@ def ensure_our_tables(url: str) -> None:
         engine.dispose()
 
 
+STORED_VALUES = {
+    "SqlCheckpointSaver": (
+        "SELECT sum(length(value)) FROM agboss_checkpoint_blobs WHERE thread_hash IN :threads"
+    ),
+    "AsyncPostgresSaver": (
+        "SELECT sum(length(blob)) FROM checkpoint_blobs WHERE thread_id IN :threads"
+    ),
+    "AIOMySQLSaver": "SELECT sum(length(`blob`)) FROM checkpoint_blobs WHERE thread_id IN :threads",
+    # Its checkpoints hold their channel values.
+    "AsyncSqliteSaver": "SELECT sum(length(checkpoint)) FROM checkpoints WHERE thread_id IN :threads",
+}
+"""Per saver, the bytes of serialised channel values its threads hold."""
+
+
+def stored_bytes(url: str, saver: str, thread_ids: list[str]) -> int | None:
+    """The bytes of channel values `saver` stored for `thread_ids` (None: not a saver)."""
+    query = STORED_VALUES.get(saver)
+    if query is None:
+        return None
+    keys = [identity_hash(t) for t in thread_ids] if saver == "SqlCheckpointSaver" else thread_ids
+    statement = sa.text(query).bindparams(sa.bindparam("threads", expanding=True))
+    engine = sa.create_engine(sync_url(url))
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(statement, {"threads": keys}).scalar() or 0)
+    finally:
+        engine.dispose()
+
+
 def slices(total: int, rounds: int) -> list[int]:
     base, extra = divmod(total, max(1, rounds))
     return [base + (1 if i < extra else 0) for i in range(max(1, rounds)) if base or i < extra]
@@ -392,6 +422,23 @@ async def benchmark(
                     for load in rotated(loads, turn):
                         await load.run(slice_ops)
                 measurements += [load.measurement(database, scenario) for load in loads]
+                if scenario == "chat":
+                    for load in loads:
+                        stored = stored_bytes(url, load.name, load.thread_ids)
+                        if stored is not None:
+                            print(
+                                json.dumps(
+                                    {
+                                        "kind": "stored",
+                                        "database": database,
+                                        "scenario": scenario,
+                                        "saver": load.name,
+                                        "threads": len(load.thread_ids),
+                                        "checkpoints": load.step,
+                                        "value_bytes": stored,
+                                    }
+                                )
+                            )
             if only is None or "history" in only:
                 measurements += await history(savers, database, run_id, ops, rounds, written)
             for saver, thread_ids in written:
