@@ -48,8 +48,8 @@ event loop, inside `BEGIN IMMEDIATE` when it writes.
 | `aput` | 1 (blobs folded into the checkpoint upsert with `WITH`; with appends, their bases' check too) | 1 alone; with new blobs BEGIN + 2 + COMMIT, sent as one text on MySQL/MariaDB (`Capabilities.scripts`: one round trip; with appends, under their bases' check, ending with the count of bases there); with appends on SQLite BEGIN + 3 + COMMIT (their bases read first) |
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
-| `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others | 1 or 2 |
-| `alist`, per page | 2: checkpoints, then their values and writes (by key, `MAX_LOOKUPS` per statement) | 2 |
+| `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others, 3 when an append's base is neither read nor kept | 1 to 3 |
+| `alist`, per page | 2: checkpoints, then their values and writes (by key, `MAX_LOOKUPS` per statement); 3 when an append's base is read by no checkpoint of the page | 2 or 3 |
 | `adelete_thread`, `acopy_thread` | 1 | BEGIN + 3 + COMMIT |
 
 A refused fenced write reads why in its transaction (the fence's diagnosis) and rolls
