@@ -125,16 +125,30 @@ async def _rows(sql: SqlConnection, thread: str) -> list[tuple[str, str | None, 
     ]
 
 
+async def _grow(
+    thread: Thread,
+    conversation: list[BaseMessage],
+    turns: range,
+    *,
+    tag: str = "",
+    run_of: Any = None,
+) -> tuple[list[str], list[list[BaseMessage]]]:
+    """Put a checkpoint per turn, each with `conversation` grown by that turn's messages
+    (`run_of(turn)`: the run id its metadata names)."""
+    ids, states = [], []
+    for turn in turns:
+        conversation = [*conversation, *_turn(turn, tag)]
+        metadata = None if run_of is None else {"run_id": run_of(turn), "step": turn}
+        ids.append(await thread.put({"messages": conversation}, metadata=metadata))
+        states.append(conversation)
+    return ids, states
+
+
 async def _chat(
-    saver: SqlCheckpointSaver, thread_id: str, turns: int, **kw: Any
+    saver: SqlCheckpointSaver, thread_id: str, turns: int
 ) -> tuple[Thread, list[str], list[list[BaseMessage]]]:
     thread = Thread(saver, thread_id)
-    conversation: list[BaseMessage] = []
-    ids, states = [], []
-    for turn in range(turns):
-        conversation = [*conversation, *_turn(turn)]
-        ids.append(await thread.put({"messages": conversation}, **kw))
-        states.append(conversation)
+    ids, states = await _grow(thread, [], range(turns))
     return thread, ids, states
 
 
@@ -194,12 +208,9 @@ async def test_an_append_is_never_stored_against_a_base_another_saver_deleted(
 
     # Begun again where it was: the first value extends the base this saver remembers.
     thread = Thread(saver, thread_id)
-    conversation = before[-1]
-    ids, states = [await thread.put({"messages": conversation})], [conversation]
-    for turn in range(12, 15):
-        conversation = [*conversation, *_turn(turn)]
-        ids.append(await thread.put({"messages": conversation}))
-        states.append(conversation)
+    ids, states = [await thread.put({"messages": before[-1]})], [before[-1]]
+    more_ids, more_states = await _grow(thread, before[-1], range(12, 15))
+    ids, states = ids + more_ids, states + more_states
     rows = await _rows(sql, thread_id)
     versions = {version for version, _, _ in rows}
     assert all(base in versions for _, base, _ in rows if base is not None), rows
@@ -213,15 +224,9 @@ async def test_pruning_and_deleting_runs_keep_the_base_of_every_append_still_rea
     saver = SqlCheckpointSaver(sql)
     thread_id = _thread()
     thread = Thread(saver, thread_id)
-    conversation: list[BaseMessage] = []
-    ids, states = [], []
-    for turn in range(20):
-        conversation = [*conversation, *_turn(turn)]
-        run = "run-1" if turn < 12 else "run-2"
-        ids.append(
-            await thread.put({"messages": conversation}, metadata={"run_id": run, "step": turn})
-        )
-        states.append(conversation)
+    ids, states = await _grow(
+        thread, [], range(20), run_of=lambda turn: "run-1" if turn < 12 else "run-2"
+    )
     latest_rows = await _rows(sql, thread_id)
     assert any(base is not None for _, base, _ in latest_rows)
 
@@ -245,12 +250,7 @@ async def test_copies_and_forks_of_a_conversation_read_back_whole(sql: SqlConnec
 
     # A fork off the 10th checkpoint (time travel): another continuation of that list.
     thread.last = ids[9]
-    forked_ids, forked_states = [], []
-    conversation = states[9]
-    for turn in range(4):
-        conversation = [*conversation, *_turn(turn, tag="fork-")]
-        forked_ids.append(await thread.put({"messages": conversation}))
-        forked_states.append(conversation)
+    forked_ids, forked_states = await _grow(thread, states[9], range(4), tag="fork-")
     await _read_back(sql, thread_id, ids + forked_ids, states + forked_states)
 
     target = _thread()

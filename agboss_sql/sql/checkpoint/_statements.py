@@ -416,14 +416,14 @@ class CheckpointStatements:
             ("checkpoint", fenced, bases), lambda: self._checkpoint_upsert(fenced, bases)
         )
 
-    def _checkpoint_upsert(self, fenced: bool, bases: int = 0) -> Any:
+    def _checkpoint_upsert(self, fenced: bool, bases: int = 0, script: bool = False) -> Any:
+        """`script`: guarded by `_bases_there` (a script's check), and returning nothing."""
         row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
         statement = self.ops.insert(checkpoints)
-        guarded = fenced or bool(bases)
-        if guarded:
-            statement = statement.from_select(
-                list(row), sa.select(*row.values()).where(self._guard(fenced, bases))
-            )
+        guarded = (fenced or bool(bases)) and not script
+        if guarded or script:
+            condition = self._bases_there(bases) if script else self._guard(fenced, bases)
+            statement = statement.from_select(list(row), sa.select(*row.values()).where(condition))
         else:
             statement = statement.values(row)
         statement = self.ops.replace_duplicates(
@@ -457,7 +457,7 @@ class CheckpointStatements:
             lambda: (
                 Script(
                     self._script_blob_insert(blob_count, bases),
-                    self._script_checkpoint_upsert(bases),
+                    self._checkpoint_upsert(False, bases, script=True),
                     sa.select(sa.func.count()).select_from(self._bases(bases).subquery("held")),
                 )
                 if bases
@@ -487,15 +487,6 @@ class CheckpointStatements:
             ["thread_hash", "ns_hash", *BLOB_VALUES], selected
         )
         return self.ops.skip_duplicates(statement, BLOB_KEY)
-
-    def _script_checkpoint_upsert(self, bases: int) -> Any:
-        row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
-        statement = self.ops.insert(checkpoints).from_select(
-            list(row), sa.select(*row.values()).where(self._bases_there(bases))
-        )
-        return self.ops.replace_duplicates(
-            statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
-        )
 
     def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
         """Insert `count` pending writes of one checkpoint and task: skipping keys already

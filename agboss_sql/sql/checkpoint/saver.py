@@ -504,7 +504,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                 if bases and (result.scalar() or 0) < len(bases):
                     raise _BaseGone
             else:
-                await self._write(connection, writes, lease, fence, held if bases else None)
+                await self._write(
+                    connection, writes, lease, fence, (len(bases), held) if bases else None
+                )
         except _BaseGone:
             self._forget_bases(thread_hash, ns_hash, bases)
             return await self._put(
@@ -578,13 +580,13 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         writes: list[Exec],
         lease: CheckpointLease | None = None,
         fence: Mapping[str, Any] | None = None,
-        bases: Mapping[str, Any] | None = None,
+        bases: tuple[int, Mapping[str, Any]] | None = None,
     ) -> None:
         """Run `writes` atomically: one statement alone, several in one transaction. Fenced
         (`lease`; `fence`: its fence parameters, if already read): in one transaction whose
         first statement is the fenced-effect store's fence (`_fence.fenced`), which takes the
         lease row and raises the mark, or refuses with `ExecutionFencedError` naming the
-        reason, and nothing is written. `bases` (the parameters of `lock_bases`): the base
+        reason, and nothing is written. `bases` (their count, the parameters of `lock_bases`): the base
         values a put's appends name are locked next, and if one is gone nothing is written
         (`_BaseGone`)."""
         if lease is None and bases is None and len(writes) == 1:
@@ -599,8 +601,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             if lease is not None:
                 yield from fenced(sql.fences, lease, params)
             if bases is not None:
-                count = sum(1 for name in bases if name.endswith("_version"))
-                found = (yield Exec(sql.lock_bases(count), dict(bases))).rows
+                count, held = bases
+                found = (yield Exec(sql.lock_bases(count), dict(held))).rows
                 if len(found) < count:
                     raise _BaseGone
             for write in writes:
