@@ -45,13 +45,19 @@ WAIT_S = 30.0
 the bound is for a loaded CI runner)."""
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll `check` until it is true; fail naming `what` past the bound."""
+async def until(
+    check: Callable[[], Awaitable[bool]],
+    what: str | Callable[[], str],
+    timeout_s: float = WAIT_S,
+) -> None:
+    """Poll `check` until it is true; fail naming `what` (a callable: built at the
+    failure, to show the state then) past the bound."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not await check():
         if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout_s:.0f} s for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"waited {timeout_s:.0f} s for {said}")
         await asyncio.sleep(0.02)
 
 
@@ -139,6 +145,13 @@ async def run_to_the_wait(workers: Workers, a: Worker, tree: str, spec: TreeSpec
         return bool(workers.of("yielded", tree=tree))
 
     await until(waiting, f"{tree} waiting for its children (its lease yielded)")
+
+    async def run_ended() -> bool:
+        # After its yield the run still reads the record and the children (a wake seen
+        # there is reclaimed by `a`): the wait is reached when that run has ended.
+        return tree not in a._roots
+
+    await until(run_ended, f"{tree}'s run on {a.instance_id} ending at its wait")
     assert await status_of(a, workers.tenant, tree) is ExecutionRecordStatus.QUEUED
 
 
@@ -610,9 +623,11 @@ async def unwind_taken_over_mid_undo(
     undo of a leaf that never charged), in order: `(worker, step, replayed)`."""
     spec = TreeSpec(fan_out=2, depth=1)
     c0, c1 = leaves_of(tree, spec)
-    a = await workers("wa", lease_ms=1_000)
-    b = await workers("wb", lease_ms=1_000)
-    c = await workers("wc", lease_ms=1_000)
+    # Leases of 2 s: short for the takeover, long enough that wb's unwind keeps its lease
+    # up to the freeze on a loaded machine.
+    a = await workers("wa", lease_ms=2_000)
+    b = await workers("wb", lease_ms=2_000)
+    c = await workers("wc", lease_ms=2_000)
     tenant = workers.tenant
     await run_to_the_wait(workers, a, tree, spec)
     assert await b.child_worker.run_once()  # c0 charges
@@ -638,7 +653,13 @@ async def unwind_taken_over_mid_undo(
     # c1 sees the cancel (it charges nothing) and finishes last: wb wakes the tree, which
     # unwinds there.
     assert await b.child_worker.run_once()
-    await asyncio.wait_for(frozen.wait(), WAIT_S)
+
+    async def is_frozen() -> bool:
+        return frozen.is_set()
+
+    await until(
+        is_frozen, lambda: f"wb frozen before its last compensation; events: {workers.events}"
+    )
 
     async def taken_over() -> bool:
         return any(lease.execution_id == tree for lease in await c.sweep.run_once())
