@@ -185,6 +185,12 @@ Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
 """Value rows as read, by key: (value type, value, base version)."""
 
 
+_BLOB_PARAMS = tuple(tuple(f"b{i}_{column}" for column in BLOB_VALUES) for i in range(MAX_ROWS))
+"""The parameter names of the `i`th blob row of a multi-row insert, in `BLOB_VALUES` order."""
+_BASE_PARAMS = tuple((f"a{i}_channel_hash", f"a{i}_version") for i in range(MAX_ROWS))
+"""The parameter names of the `i`th base value a put's appends name."""
+
+
 class _BaseGone(Exception):
     """A put's append names a base value no longer stored (deleted by another saver since
     this one wrote it): the put is made again with every value whole."""
@@ -452,61 +458,75 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         body_kind, body_data = self._dumps(body)
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         run_id = stored_metadata.get("run_id")
+        # The checkpoint row, named as the statements bind it (`p_<column>`).
         row: dict[str, Any] = {
-            "thread_hash": thread_hash,
-            "ns_hash": ns_hash,
-            "thread_id": thread_id,
-            "checkpoint_id": checkpoint_id,
-            "checkpoint_ns": ns,
-            "parent_checkpoint_id": parent_id or None,
-            "run_hash": _key_hash(str(run_id)) if run_id is not None else None,
-            "checkpoint_type": body_kind,
-            "checkpoint": body_data,
-            "metadata": _metadata_json(stored_metadata),
+            "p_thread_hash": thread_hash,
+            "p_ns_hash": ns_hash,
+            "p_thread_id": thread_id,
+            "p_checkpoint_id": checkpoint_id,
+            "p_checkpoint_ns": ns,
+            "p_parent_checkpoint_id": parent_id or None,
+            "p_run_hash": _key_hash(str(run_id)) if run_id is not None else None,
+            "p_checkpoint_type": body_kind,
+            "p_checkpoint": body_data,
+            "p_metadata": _metadata_json(stored_metadata),
         }
-        row = {f"p_{column}": value for column, value in row.items()}
-        shared: dict[str, Any] = {"p_thread_hash": thread_hash, "p_ns_hash": ns_hash}
-        blob_execs: list[Exec] = []
-        for chunk in chunks(blob_rows):
-            params = dict(shared)
-            for i, values_of_row in enumerate(chunk):
-                for column, value in zip(BLOB_VALUES, values_of_row, strict=True):
-                    params[f"b{i}_{column}"] = value
-            blob_execs.append(Exec(sql.blob_insert(len(chunk), fenced=False), params))
-
-        writes = [*blob_execs, Exec(sql.checkpoint_upsert(fenced=False), row)]
-        fence = fence_params(lease, self.store_clock) if lease is not None else {}
-        # The appends' bases: the put writes only if every one is still stored.
-        held = {**shared}
+        # The appends' bases (`a<i>_…`): the put writes only if every one is still stored.
+        held: dict[str, Any] = {}
         for i, (channel_hash, base_version) in enumerate(bases.items()):
-            held[f"a{i}_channel_hash"] = channel_hash
-            held[f"a{i}_version"] = base_version
+            names = _BASE_PARAMS[i] if i < MAX_ROWS else (f"a{i}_channel_hash", f"a{i}_version")
+            held[names[0]] = channel_hash
+            held[names[1]] = base_version
+
+        def blob_params(chunk: Sequence[tuple[Any, ...]], params: dict[str, Any]) -> None:
+            # A chunk is at most `MAX_ROWS` rows (one multi-row insert).
+            for names, values_of_row in zip(_BLOB_PARAMS[: len(chunk)], chunk, strict=True):
+                params.update(zip(names, values_of_row, strict=True))
+
+        def writes() -> list[Exec]:
+            """The put as separate statements: the blobs a chunk each, then the checkpoint."""
+            out = []
+            for chunk in chunks(blob_rows):
+                params = {"p_thread_hash": thread_hash, "p_ns_hash": ns_hash}
+                blob_params(chunk, params)
+                out.append(Exec(sql.blob_insert(len(chunk), fenced=False), params))
+            out.append(Exec(sql.checkpoint_upsert(fenced=False), row))
+            return out
+
+        one = len(blob_rows) <= MAX_ROWS
         try:
-            if sql.fold and len(blob_execs) <= 1:
+            if sql.fold and one:
                 # One statement: the blobs, the checkpoint and (fenced) the fence, folded.
-                params = {**row, **fence, **held}
-                if blob_execs:
-                    params.update(blob_execs[0].params)
+                fence = fence_params(lease, self.store_clock) if lease is not None else None
+                params = dict(row)
+                blob_params(blob_rows, params)
+                params.update(held)
+                if fence is not None:
+                    params.update(fence)
                 statement = sql.put(len(blob_rows), fenced=lease is not None, bases=len(bases))
                 result = await connection.execute(statement, params)
                 if bases and not result.rows:
                     raise _BaseGone
                 if lease is not None and not result.rows:
                     # Refused: the fenced transaction below refuses too, naming the reason.
-                    await self._write(connection, writes, lease, fence)
-            elif sql.scripts and lease is None and len(blob_execs) == 1:
+                    await self._write(connection, writes(), lease, fence)
+            elif sql.scripts and lease is None and one and blob_rows:
                 # One round trip: BEGIN, the blobs, the checkpoint and COMMIT in one text
                 # (with appends, both under their bases' check, and the count of bases there).
-                params = {**row, **blob_execs[0].params, **held}
+                params = dict(row)
+                blob_params(blob_rows, params)
+                params.update(held)
                 result = await connection.execute(
                     sql.put_script(len(blob_rows), len(bases)), params
                 )
                 if bases and (result.scalar() or 0) < len(bases):
                     raise _BaseGone
             else:
-                await self._write(
-                    connection, writes, lease, fence, (len(bases), held) if bases else None
+                base_check = (
+                    len(bases),
+                    {"p_thread_hash": thread_hash, "p_ns_hash": ns_hash, **held},
                 )
+                await self._write(connection, writes(), lease, None, base_check if bases else None)
         except _BaseGone:
             self._forget_bases(thread_hash, ns_hash, bases)
             return await self._put(
@@ -563,10 +583,11 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     def _expect(self, thread_hash: str, ns_hash: str, versions: Mapping[str, Any]) -> None:
         """Remember the values a thread namespace's latest checkpoint reads (its versions)."""
         keys = tuple((_channel_hash(str(ch)), str(v)) for ch, v in versions.items())
+        namespace = (thread_hash, ns_hash)
         with self._expected_guard:
             expected = self._expected
-            expected.pop((thread_hash, ns_hash), None)
-            expected[(thread_hash, ns_hash)] = keys
+            expected.pop(namespace, None)
+            expected[namespace] = keys
             if len(expected) > EXPECTED_NAMESPACES:
                 del expected[next(iter(expected))]
 
@@ -772,9 +793,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             missing = [k for k in keys if k not in held]
             if missing:
                 rows.update((yield from self._blobs(sql, missing)))
-        fetched = yield from self._whole(sql, rows)
-        blobs.update(fetched)
-        self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
+        if rows:
+            fetched = yield from self._whole(sql, rows)
+            blobs.update(fetched)
+            self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
         return listed, body, blobs, writes
 
     def _blobs(
