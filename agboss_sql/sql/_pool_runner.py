@@ -30,7 +30,7 @@ from agboss_sql._dialects import Capabilities, ServerDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._progress import Progress, feed
-from agboss_sql.sql.statements import StatementCache, Step
+from agboss_sql.sql.statements import Result, StatementCache, Step
 
 T = TypeVar("T")
 
@@ -283,6 +283,44 @@ class PoolRunner:
             raise
         finally:
             # Cancelled mid-statement, the protocol state is unknown: the connection goes.
+            await self._checkin(lane, raw, reusable)
+
+    async def run_one(
+        self, statement: Any, params: Mapping[str, Any], progress: Progress, priority: bool
+    ) -> Result:
+        """One statement alone, in autocommit: `run` of a one-statement step without the
+        step (the hot path of single-statement operations), with the same bounds, the same
+        `progress` and the same fate for the connection."""
+        if self.closed:
+            raise StoreUnavailableError("the connection is closed")
+        cache = self.cache
+        compiled = cache.compiled(statement)
+        sent = cache.params(compiled, params)
+        lane = self._lanes[priority]
+        raw = await self._checkout(lane)
+        reusable = False
+        try:
+            if cache.listeners:
+                cache.notify(compiled.sql, sent)
+            if not compiled.reads_only:
+                progress.sent_write = True
+            progress.in_script = compiled.script
+            try:
+                rows, count = await self.bounded_execute(raw, compiled.sql, sent)
+            except Exception:
+                if progress.in_script:
+                    # The server stopped the script at the failed statement with its
+                    # transaction open: the connection goes (see `drive`).
+                    self.dialect.abort(raw)
+                raise
+            progress.in_script = False
+            progress.applied += 1
+            reusable = True
+            return Result(list(rows) if rows is not None else None, count)
+        except Exception as exc:
+            reusable = self._reusable_after(exc, raw)
+            raise
+        finally:
             await self._checkin(lane, raw, reusable)
 
     async def drive(self, raw: Any, step: Step[T], transaction: bool, progress: Progress) -> T:

@@ -209,7 +209,11 @@ class SqlConnection:
                 return await runner.run_one(statement, params or {})
             except Exception as exc:
                 raise self.translate(exc, False, Progress()) from exc
-        return await self.run(single(statement, params or {}), transaction=False, priority=priority)
+        return await self._attempts(
+            lambda progress: runner.run_one(statement, params or {}, progress, priority),
+            transaction=False,
+            retryable=True,
+        )
 
     async def insert_if_absent(self, statement: Any, params: Mapping[str, Any]) -> bool:
         """Send an `insert_if_absent` statement; True when it inserted the row."""
@@ -233,25 +237,48 @@ class SqlConnection:
         server connection from the lane kept for lease operations."""
         factory = step if callable(step) else None
         runner = self._runner
+        if isinstance(runner, InlineRunner):
+            inline = runner
+
+            def once(progress: Progress) -> Awaitable[T]:
+                current = factory() if factory is not None else step
+                return inline.run(current, transaction, progress)  # type: ignore[arg-type]
+
+        else:
+            pool = runner
+
+            def once(progress: Progress) -> Awaitable[T]:
+                current = factory() if factory is not None else step
+                return pool.run(current, transaction, progress, priority)  # type: ignore[arg-type]
+
+        return await self._attempts(once, transaction=transaction, retryable=factory is not None)
+
+    async def _attempts(
+        self,
+        once: Callable[[Progress], Awaitable[T]],
+        *,
+        transaction: bool,
+        retryable: bool,
+    ) -> T:
+        """`once(progress)` until it answers; when `retryable`, again after a transient
+        conflict that applied nothing (`_may_retry`), at most `MAX_ATTEMPTS` times within
+        `Timeouts.retry_ms`; its errors translated (`translate`)."""
         attempt = 0
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.timeouts.retry_ms / 1000
         while True:
             attempt += 1
-            current = factory() if factory is not None else step
             progress = Progress()
             try:
-                if isinstance(runner, InlineRunner):
-                    return await runner.run(current, transaction, progress)  # type: ignore[arg-type]
-                return await runner.run(current, transaction, progress, priority)  # type: ignore[arg-type]
+                return await once(progress)
             except Exception as exc:
                 if (
-                    factory is None
+                    not retryable
                     or attempt >= MAX_ATTEMPTS
                     or loop.time() >= give_up_at
                     or not self._may_retry(exc, transaction, progress)
                 ):
-                    if factory is not None and self._may_retry(exc, transaction, progress):
+                    if retryable and self._may_retry(exc, transaction, progress):
                         raise self.conflicts_persisted(exc, attempt) from exc
                     raise self.translate(exc, transaction, progress) from exc
             await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
