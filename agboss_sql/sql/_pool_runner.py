@@ -29,7 +29,7 @@ from sqlalchemy.engine import URL
 from agboss_sql._dialects import Capabilities, ServerDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
-from agboss_sql.sql._progress import Progress, feed
+from agboss_sql.sql._progress import Progress, feed, send
 from agboss_sql.sql.statements import Result, StatementCache, Step
 
 T = TypeVar("T")
@@ -293,30 +293,22 @@ class PoolRunner:
         `progress` and the same fate for the connection."""
         if self.closed:
             raise StoreUnavailableError("the connection is closed")
-        cache = self.cache
-        compiled = cache.compiled(statement)
-        sent = cache.params(compiled, params)
         lane = self._lanes[priority]
         raw = await self._checkout(lane)
         reusable = False
         try:
-            if cache.listeners:
-                cache.notify(compiled.sql, sent)
-            if not compiled.reads_only:
-                progress.sent_write = True
-            progress.in_script = compiled.script
             try:
-                rows, count = await self.bounded_execute(raw, compiled.sql, sent)
+                result = await send(
+                    self.cache, statement, params, raw, self.bounded_execute, progress
+                )
             except Exception:
                 if progress.in_script:
                     # The server stopped the script at the failed statement with its
                     # transaction open: the connection goes (see `drive`).
                     self.dialect.abort(raw)
                 raise
-            progress.in_script = False
-            progress.applied += 1
             reusable = True
-            return Result(list(rows) if rows is not None else None, count)
+            return result
         except Exception as exc:
             reusable = self._reusable_after(exc, raw)
             raise

@@ -30,21 +30,32 @@ async def feed(
 ) -> T:
     """Drive `step`: send each statement it yields through `execute` on `raw`, and feed its
     result back, until the step returns its answer."""
-    listeners = cache.listeners
     result: Result | None = None
     while True:
         try:
             request = step.send(result) if result is not None else next(step)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-        compiled = cache.compiled(request.statement)
-        params = cache.params(compiled, request.params)
-        if listeners:
-            cache.notify(compiled.sql, params)
-        if not compiled.reads_only:
-            progress.sent_write = True
-        progress.in_script = compiled.script
-        rows, count = await execute(raw, compiled.sql, params)
-        progress.in_script = False
-        progress.applied += 1
-        result = Result(list(rows) if rows is not None else None, count)
+        result = await send(cache, request.statement, request.params, raw, execute, progress)
+
+
+async def send(
+    cache: StatementCache,
+    statement: Any,
+    params: Mapping[str, Any],
+    raw: Any,
+    execute: Execute,
+    progress: Progress,
+) -> Result:
+    """Send one statement through `execute` on `raw`, counting it in `progress`."""
+    compiled = cache.compiled(statement)
+    sent = cache.params(compiled, params)
+    if cache.listeners:
+        cache.notify(compiled.sql, sent)
+    if not compiled.reads_only:
+        progress.sent_write = True
+    progress.in_script = compiled.script
+    rows, count = await execute(raw, compiled.sql, sent)
+    progress.in_script = False
+    progress.applied += 1
+    return Result(list(rows) if rows is not None else None, count)

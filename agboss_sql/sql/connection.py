@@ -237,19 +237,12 @@ class SqlConnection:
         server connection from the lane kept for lease operations."""
         factory = step if callable(step) else None
         runner = self._runner
-        if isinstance(runner, InlineRunner):
-            inline = runner
 
-            def once(progress: Progress) -> Awaitable[T]:
-                current = factory() if factory is not None else step
-                return inline.run(current, transaction, progress)  # type: ignore[arg-type]
-
-        else:
-            pool = runner
-
-            def once(progress: Progress) -> Awaitable[T]:
-                current = factory() if factory is not None else step
-                return pool.run(current, transaction, progress, priority)  # type: ignore[arg-type]
+        def once(progress: Progress) -> Awaitable[T]:
+            current = factory() if factory is not None else step
+            if isinstance(runner, InlineRunner):
+                return runner.run(current, transaction, progress)  # type: ignore[arg-type]
+            return runner.run(current, transaction, progress, priority)  # type: ignore[arg-type]
 
         return await self._attempts(once, transaction=transaction, retryable=factory is not None)
 

@@ -421,7 +421,7 @@ class CheckpointStatements:
         row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
         statement = self.ops.insert(checkpoints)
         guarded = (fenced or bool(bases)) and not script
-        if guarded or script:
+        if fenced or bases or script:
             condition = self._bases_there(bases) if script else self._guard(fenced, bases)
             statement = statement.from_select(list(row), sa.select(*row.values()).where(condition))
         else:

@@ -187,8 +187,6 @@ Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
 
 _BLOB_PARAMS = tuple(tuple(f"b{i}_{column}" for column in BLOB_VALUES) for i in range(MAX_ROWS))
 """The parameter names of the `i`th blob row of a multi-row insert, in `BLOB_VALUES` order."""
-_BASE_PARAMS = tuple((f"a{i}_channel_hash", f"a{i}_version") for i in range(MAX_ROWS))
-"""The parameter names of the `i`th base value a put's appends name."""
 
 
 class _BaseGone(Exception):
@@ -474,9 +472,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # The appends' bases (`a<i>_…`): the put writes only if every one is still stored.
         held: dict[str, Any] = {}
         for i, (channel_hash, base_version) in enumerate(bases.items()):
-            names = _BASE_PARAMS[i] if i < MAX_ROWS else (f"a{i}_channel_hash", f"a{i}_version")
-            held[names[0]] = channel_hash
-            held[names[1]] = base_version
+            held[f"a{i}_channel_hash"] = channel_hash
+            held[f"a{i}_version"] = base_version
 
         def blob_params(chunk: Sequence[tuple[Any, ...]], params: dict[str, Any]) -> None:
             # A chunk is at most `MAX_ROWS` rows (one multi-row insert).
