@@ -74,6 +74,14 @@ would answer for any checkpoint the read found; only versions of the form
 even after another instance deleted the thread and it began again). Which checkpoint is
 the latest, and which values it names, always come from the database.
 
+Decoded lists: decoding is most of what reading a long conversation costs (LangGraph's
+serde validates every message again). Per channel, the saver keeps the list it decoded last
+as a pickle of the objects (bounded by `value_cache_bytes` too), and a value whose bytes
+begin with every element of that list is decoded as a load of the pickle (new objects,
+equal in type and value to what the serde makes) followed by the serde's decoding of the
+elements after them. Only for LangGraph's default serde, and only lists of builtin values
+and pydantic models of them (`_decoded`); anything else the serde decodes every time.
+
 The latest checkpoint of a thread is read off the primary key (the greatest
 `checkpoint_id` of `(thread_id, ns_hash)`), never by scanning its history.
 
@@ -88,8 +96,8 @@ store's time (a lease that names no holder is a `ValueError` before any statemen
 overwrite the new holder's checkpoint.
 
 Modules: `saver` (the saver), `_statements` (its statements), `_appends` (values stored as
-appends), `_values` (kept values), `_lease` (the writer's lease in a config), `_bridge`
-(the event loop the synchronous methods run on).
+appends), `_values` (kept values), `_decoded` (decoded lists), `_lease` (the writer's lease
+in a config), `_bridge` (the event loop the synchronous methods run on).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from agboss_sql.sql.checkpoint._appends import (
     joined,
 )
 from agboss_sql.sql.checkpoint._bridge import Pin, SyncBridge
+from agboss_sql.sql.checkpoint._decoded import DecodedLists
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import (
     BLOB_KEY,
@@ -242,7 +243,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
     Sync and async calls mix freely; `close()` never leaves a sync call waiting.
 
     `value_cache_bytes`: how many bytes of serialised values the saver keeps to answer later
-    reads without fetching them again (see the package's docstring; 0 keeps none).
+    reads without fetching them again, and at most as many again of decoded lists kept to
+    decode a growing list's next value from (see the package's docstring; 0 keeps none).
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held at its epoch by the instance it names (checked
@@ -291,6 +293,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # The serialised values this saver wrote or read, by key (`_values`): a read takes
         # the values its checkpoint names from here rather than fetch them again.
         self._values = values
+        # Per channel, the list this saver decoded last, kept to decode the channel's next
+        # value from (`_decoded`): a growing conversation decodes only what it added.
+        self._decoded = DecodedLists(value_cache_bytes)
 
     @classmethod
     def from_conn_string(
@@ -858,9 +863,13 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
         for channel, version in _blob_versions(body).items():
-            stored = blobs.get((thread_hash, ns_hash, _channel_hash(channel), str(version)))
+            channel_hash = _channel_hash(channel)
+            stored = blobs.get((thread_hash, ns_hash, channel_hash, str(version)))
             if stored is not None:
-                values[channel] = self._loads(*stored)
+                kind, data = stored
+                values[channel] = self._decoded.decode(
+                    self.serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
+                )
         body["channel_values"] = values
         pending: list[PendingWrite] = [
             (_text(task_id), _text(channel), self._loads(kind, value))
@@ -1032,6 +1041,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         params = {"thread_hash": identity_hash(_key_text("thread_id", thread_id))}
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
         self._values.forget_thread(params["thread_hash"])
+        self._decoded.forget_thread(params["thread_hash"])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, pending write and value of one thread to another, atomically
