@@ -19,11 +19,13 @@ change in the machine's load falls on both. Prints a table, then one JSON line p
 measurement and per comparison.
 
 `--floor` adds a third contestant to the put/get scenarios, taking its turns with the
-savers: what no saver can avoid per operation. Its put serialises the checkpoint's new
-values and body with LangGraph's serde and commits one small row in autocommit (one round
-trip, one durable commit); its get is one round trip (`SELECT 1`) and deserialises what
-the put serialised into the checkpoint it answers. Its row's ratio column shows the ceiling of ours/theirs in that run
-(floor ops/s over theirs): what our saver would reach if it cost only the floor.
+savers: what a saver that stores and decodes every value whole cannot avoid per
+operation. Its put serialises the checkpoint's new values and body with LangGraph's serde
+and commits one small row in autocommit (one round trip, one durable commit); its get is
+one round trip (`SELECT 1`) and deserialises what the put serialised into the checkpoint
+it answers. Its row's ratio column shows floor ops/s over theirs in that run: what our
+saver would reach if it cost only the floor (on the chat path ours decodes less than the
+floor, and may pass it).
 
 Our tables are created if absent (`metadata.create_all`; deployments run the
 migrations); the official saver's `setup()` creates its own. Every thread the run wrote
@@ -246,9 +248,9 @@ floor_rows = sa.Table(
 
 
 class FloorSaver(BaseCheckpointSaver[str]):
-    """What any saver pays per operation: LangGraph's serde both ways, one durable
-    single-row commit on put, one round trip on get (see `--floor`). Not a saver: it keeps
-    the serialised checkpoint in memory to hand it back."""
+    """What a saver storing and decoding values whole pays per operation: LangGraph's serde
+    both ways, one durable single-row commit on put, one round trip on get (see `--floor`).
+    Not a saver: it keeps the serialised checkpoint in memory to hand it back."""
 
     def __init__(self, connection: SqlConnection) -> None:
         super().__init__()
