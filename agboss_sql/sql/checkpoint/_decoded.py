@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import copyreg
 import pickle
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import BaseModel
 
 from agboss_sql.sql.checkpoint._appends import APPEND_SHARE, MIN_BASE, MSGPACK, array_header, header
+from agboss_sql.sql.checkpoint._values import BoundedCache
 
 ChannelKey = tuple[str, str, str]
 """(thread hash, namespace hash, channel hash)."""
@@ -93,7 +92,7 @@ class _Kept:
     channel was seen to grow, a pickle of the objects they decode to (`refused`: they do
     not copy exactly, and the values that begin with them are not tried again)."""
 
-    __slots__ = ("cost", "count", "data", "pickled", "refused", "serde", "start")
+    __slots__ = ("count", "data", "pickled", "refused", "serde", "start")
 
     def __init__(
         self,
@@ -110,7 +109,6 @@ class _Kept:
         self.count = count
         self.pickled = pickled
         self.refused = refused
-        self.cost = ENTRY_OVERHEAD + len(data) + (len(pickled) if pickled is not None else 0)
 
     def prefix_of(self, serde: object, data: bytes, start: int, count: int) -> bool:
         """Whether `data` (elements from `start`) begins with every element of this list,
@@ -124,19 +122,10 @@ class _Kept:
         )
 
 
-class DecodedLists:
+class DecodedLists(BoundedCache[ChannelKey, _Kept]):
     """Per channel, the list the saver decoded last, kept to decode the next value of the
     channel from; least recently used first out, bounded by bytes (the bytes kept and the
     pickles); safe across threads. `limit` 0 keeps nothing."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self._entries: OrderedDict[ChannelKey, _Kept] = OrderedDict()
-        self._guard = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def decode(self, serde: Any, channel: ChannelKey, kind: str, data: Any) -> Any:
         """What `serde.loads_typed((kind, data))` answers: the value of `channel`."""
@@ -154,10 +143,7 @@ class DecodedLists:
         if of_data is None:
             return serde.loads_typed((kind, data))
         count, start = of_data
-        with self._guard:
-            kept = self._entries.get(channel)
-            if kept is not None:
-                self._entries.move_to_end(channel)
+        kept = self.found((channel,)).get(channel)
         if kept is None or not kept.prefix_of(serde, data, start, count):
             value = serde.loads_typed((kind, data))
             self._keep(channel, serde, data, start, count, None)
@@ -197,25 +183,5 @@ class DecodedLists:
                 # A model class pickle cannot find by name (defined in a function, say).
                 pickled = None
         entry = _Kept(serde, data, start, count, pickled, value is not None and pickled is None)
-        if entry.cost > self.limit:
-            return
-        with self._guard:
-            old = self._entries.pop(channel, None)
-            if old is not None:
-                self.size -= old.cost
-            self._entries[channel] = entry
-            self.size += entry.cost
-            while self.size > self.limit:
-                _, evicted = self._entries.popitem(last=False)
-                self.size -= evicted.cost
-
-    def forget_thread(self, thread_hash: str) -> None:
-        """Drop every list of a thread."""
-        with self._guard:
-            for key in [k for k in self._entries if k[0] == thread_hash]:
-                self.size -= self._entries.pop(key).cost
-
-    def clear(self) -> None:
-        with self._guard:
-            self._entries.clear()
-            self.size = 0
+        cost = ENTRY_OVERHEAD + len(data) + (len(pickled) if pickled is not None else 0)
+        self.put(((channel, entry, cost),))

@@ -17,11 +17,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from typing import Any, Generic, TypeVar
 
 ValueKey = tuple[str, str, str, str]
 """(thread hash, namespace hash, channel hash, version)."""
 Stored = tuple[str, bytes | None]
 """(serde type, serialised value), whole as the serde wrote it."""
+
+K = TypeVar("K", bound=tuple[Any, ...])
+V = TypeVar("V")
 
 ENTRY_OVERHEAD = 160
 """Bytes counted per entry beside its value: the key's strings and the dictionary slot."""
@@ -30,45 +34,43 @@ DEFAULT_VALUE_CACHE_BYTES = 32 * 1024 * 1024
 """Default bound of a saver's kept values (`value_cache_bytes`)."""
 
 
-class ValueCache:
-    """Serialised values by key, least recently used first out, bounded by bytes; safe
-    across threads. `limit` 0 keeps nothing."""
+class BoundedCache(Generic[K, V]):
+    """Entries by key, each counted at a cost in bytes, least recently used first out,
+    bounded by `limit` bytes; safe across threads. `limit` 0 keeps nothing. Keys begin with
+    a thread hash (`forget_thread`)."""
 
     def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"value_cache_bytes is a number of bytes >= 0, got {limit!r}")
         self.limit = limit
         self.size = 0
-        self._entries: OrderedDict[ValueKey, tuple[Stored, int]] = OrderedDict()
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._guard = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keep(self, entries: Iterable[tuple[ValueKey, Stored]]) -> None:
-        """Keep these values (the newest last out)."""
+    def put(self, entries: Iterable[tuple[K, V, int]]) -> None:
+        """Keep these (key, value, cost) entries (the newest last out); an entry costing
+        more than the bound is not kept."""
         if not self.limit:
             return
         with self._guard:
-            for key, stored in entries:
-                data = stored[1]
-                cost = ENTRY_OVERHEAD + (len(data) if data is not None else 0)
+            for key, value, cost in entries:
                 if cost > self.limit:
                     continue
                 old = self._entries.pop(key, None)
                 if old is not None:
                     self.size -= old[1]
-                self._entries[key] = (stored, cost)
+                self._entries[key] = (value, cost)
                 self.size += cost
             while self.size > self.limit:
                 _, (_, cost) = self._entries.popitem(last=False)
                 self.size -= cost
 
-    def found(self, keys: Iterable[ValueKey]) -> dict[ValueKey, Stored]:
+    def found(self, keys: Iterable[K]) -> dict[K, V]:
         """The values kept under these keys (absent keys are left out)."""
         if not self._entries:
             return {}
-        out: dict[ValueKey, Stored] = {}
+        out: dict[K, V] = {}
         with self._guard:
             for key in keys:
                 entry = self._entries.get(key)
@@ -78,15 +80,28 @@ class ValueCache:
         return out
 
     def forget_thread(self, thread_hash: str) -> None:
-        """Drop every value of a thread (its rows were deleted)."""
+        """Drop every entry of a thread (its rows were deleted)."""
         with self._guard:
             for key in [k for k in self._entries if k[0] == thread_hash]:
                 self.size -= self._entries.pop(key)[1]
 
-    def clear(self) -> None:
-        with self._guard:
-            self._entries.clear()
-            self.size = 0
+
+class ValueCache(BoundedCache[ValueKey, Stored]):
+    """Serialised values by key, least recently used first out, bounded by bytes; safe
+    across threads. `limit` 0 keeps nothing."""
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"value_cache_bytes is a number of bytes >= 0, got {limit!r}")
+        super().__init__(limit)
+
+    def keep(self, entries: Iterable[tuple[ValueKey, Stored]]) -> None:
+        """Keep these values (the newest last out)."""
+        if self.limit:
+            self.put(
+                (key, stored, ENTRY_OVERHEAD + (len(stored[1]) if stored[1] is not None else 0))
+                for key, stored in entries
+            )
 
 
 def fetched_entries(
