@@ -16,7 +16,9 @@ round robin over 10 threads), and history paging (pages of 10 checkpoints newest
 `alist(limit=10, before=…)`, as `aget_state_history` reads, over a thread of 200).
 One client, operations in sequence; the savers take turns in slices (`--rounds`) so a
 change in the machine's load falls on both. Prints a table, then one JSON line per
-measurement and per comparison.
+measurement and per comparison; a measurement's line holds its time per operation in each
+slice (`slice_ms`), where a burst of load on the machine that fell on one saver's slice
+shows.
 
 `--floor` adds a third contestant to the put/get scenarios, taking its turns with the
 savers: what a saver that stores and decodes every value whole cannot avoid per
@@ -156,6 +158,8 @@ class Measurement:
     ops_per_s: float
     put_ms: float
     get_ms: float
+    slice_ms: list[float]
+    """ms per operation in each slice, in the order the slices ran (`--rounds`)."""
 
 
 class Workload:
@@ -179,6 +183,7 @@ class Workload:
         self.step = 0
         self.ops = 0
         self.seconds = self.put_s = self.get_s = 0.0
+        self.slice_ms: list[float] = []
 
     async def run(self, ops: int, *, timed: bool = True) -> None:
         saver = self.saver
@@ -217,7 +222,9 @@ class Workload:
                 )
             self.parents[thread_id] = stored["configurable"]["checkpoint_id"]
         if timed:
-            self.seconds += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.seconds += spent
+            self.slice_ms.append(round(spent * 1000 / ops, 4))
             self.put_s += put_s
             self.get_s += get_s
             self.ops += ops
@@ -232,6 +239,7 @@ class Workload:
             ops_per_s=round(self.ops / self.seconds, 1),
             put_ms=round(self.put_s * 1000 / self.ops, 3),
             get_ms=round(self.get_s * 1000 / self.ops, 3),
+            slice_ms=self.slice_ms,
         )
 
 
@@ -476,13 +484,14 @@ async def history(
         loads.append(load)
     cursors: dict[str, str | None] = {load.name: None for load in loads}
     seconds = dict.fromkeys(cursors, 0.0)
+    sliced: dict[str, list[float]] = {name: [] for name in cursors}
     for turn, slice_ops in enumerate(slices(ops, rounds)):
         for load in rotated(loads, turn):
-            config = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
+            config: Any = {"configurable": {"thread_id": load.thread_ids[0], "checkpoint_ns": ""}}
             started = time.perf_counter()
             for _ in range(slice_ops):
                 cursor = cursors[load.name]
-                before = (
+                before: Any = (
                     None
                     if cursor is None
                     else {"configurable": {**config["configurable"], "checkpoint_id": cursor}}
@@ -495,7 +504,9 @@ async def history(
                     page = [t async for t in load.saver.alist(config, limit=HISTORY_PAGE)]
                 last = page[-1].config["configurable"]["checkpoint_id"]
                 cursors[load.name] = last if len(page) == HISTORY_PAGE else None
-            seconds[load.name] += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            seconds[load.name] += spent
+            sliced[load.name].append(round(spent * 1000 / slice_ops, 4))
     return [
         Measurement(
             database=database,
@@ -506,6 +517,7 @@ async def history(
             ops_per_s=round(ops / spent, 1),
             put_ms=0.0,
             get_ms=round(spent * 1000 / ops, 3),
+            slice_ms=sliced[name],
         )
         for name, spent in seconds.items()
     ]
@@ -578,7 +590,7 @@ async def flatness(url: str, checkpoints: int) -> None:
     try:
         ours = SqlCheckpointSaver(connection)
         async with official_saver(parsed) as (their_name, theirs, _):
-            savers = [("SqlCheckpointSaver", ours)]
+            savers: list[tuple[str, BaseCheckpointSaver[Any]]] = [("SqlCheckpointSaver", ours)]
             if theirs is not None:
                 savers.append((their_name, theirs))
             run_id = uuid.uuid4().hex[:8]

@@ -88,13 +88,18 @@ from agboss_sql.sql.timeouts import Timeouts
 
 T = TypeVar("T")
 
+ValueKeys = list[tuple[str, str, str]]
+"""(channel, channel hash, version) of each value a checkpoint body reads from a blob row."""
+
 Found = tuple[
     Sequence[Any],
     dict[str, Any],
     Mapping[tuple[Any, Any, Any, Any], tuple[Any, Any]],
     Sequence[Sequence[Any]],
+    ValueKeys,
 ]
-"""A checkpoint as read: its row, decoded body, the values it reads, its pending writes."""
+"""A checkpoint as read: its row, decoded body, the values it reads, its pending writes, and
+the keys of those values (`_value_keys` of the body as read)."""
 
 
 # Values that are not JSON (a UUID run id, say) are kept as their text, as the serializable
@@ -114,6 +119,8 @@ def _json_value(value: Any) -> Any:
 
 
 def _text(value: Any) -> str:
+    if type(value) is str:
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode()
     return str(value)
@@ -134,6 +141,13 @@ def _key_text(what: str, value: Any) -> str:
 def _channel_hash(channel: str) -> str:
     """A channel's key column: graphs reuse a few names, so each is hashed once."""
     return identity_hash(channel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _written_channel_hash(channel: str) -> str:
+    """The key column of a channel a put writes: its name checked as `_key_text` checks it
+    (a refusal raises, and is not cached), then hashed; once per name."""
+    return _channel_hash(_key_text("channel", channel))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -171,6 +185,12 @@ def _blob_versions(body: Mapping[str, Any]) -> Mapping[str, Any]:
     if not inline:
         return versions
     return {ch: v for ch, v in versions.items() if ch not in inline}
+
+
+def _value_keys(body: Mapping[str, Any]) -> ValueKeys:
+    """(channel, channel hash, version) of each value `body` reads from a blob row
+    (`_blob_versions`)."""
+    return [(ch, _channel_hash(ch), str(v)) for ch, v in _blob_versions(body).items()]
 
 
 EXPECTED_NAMESPACES = 4096
@@ -442,13 +462,14 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # appends among them name.
         whole: list[tuple[ValueKey, Stored]] = []
         bases: dict[str, str] = {}
+        dumps = self.serde.dumps_typed
         for channel, version in new_versions.items():
             if channel in values and channel not in inline:
-                kind, data = self._dumps(values[channel])
+                kind, data = dumps(values[channel])
                 key: ValueKey = (
                     thread_hash,
                     ns_hash,
-                    _channel_hash(_key_text("channel", channel)),
+                    _written_channel_hash(channel),
                     _checked_key("channel version", str(version), MAX_VERSION),
                 )
                 whole.append((key, (kind, data)))
@@ -584,7 +605,15 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _expect(self, thread_hash: str, ns_hash: str, versions: Mapping[str, Any]) -> None:
         """Remember the values a thread namespace's latest checkpoint reads (its versions)."""
-        keys = tuple((_channel_hash(str(ch)), str(v)) for ch, v in versions.items())
+        self._expect_keys(
+            thread_hash,
+            ns_hash,
+            tuple((_channel_hash(str(ch)), str(v)) for ch, v in versions.items()),
+        )
+
+    def _expect_keys(self, thread_hash: str, ns_hash: str, keys: BlobKeys) -> None:
+        """Remember the values a thread namespace's latest checkpoint reads (their (channel
+        hash, version) keys)."""
         namespace = (thread_hash, ns_hash)
         with self._expected_guard:
             expected = self._expected
@@ -736,7 +765,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if found is None:
             return None
         if not checkpoint_id:
-            self._expect(thread_hash, ns_hash, _blob_versions(found[1]))
+            self._expect_keys(thread_hash, ns_hash, tuple((h, v) for _, h, v in found[4]))
         return self._tuple_of(*found)
 
     def _read(
@@ -781,13 +810,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             thread_hash,
         )
         body = self._loads(kind, data)
+        value_keys = _value_keys(body)
         # A value expected but not found is not stored (one statement, one snapshot).
         asked = set(expected)
-        keys = [
-            (thread_hash, ns_hash, _channel_hash(ch), str(v))
-            for ch, v in _blob_versions(body).items()
-            if (_channel_hash(ch), str(v)) not in asked
-        ]
+        keys = [(thread_hash, ns_hash, h, v) for _, h, v in value_keys if (h, v) not in asked]
         blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
         if keys:
             held = {**kept, **self._values.found(k for k in keys if k not in kept)}
@@ -799,7 +825,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             fetched = yield from self._whole(sql, rows)
             blobs.update(fetched)
             self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
-        return listed, body, blobs, writes
+        return listed, body, blobs, writes, value_keys
 
     def _blobs(
         self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, Any, Any]]
@@ -858,17 +884,18 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         body: dict[str, Any],
         blobs: Mapping[tuple[str, str, str, str], tuple[Any, Any]],
         writes: Sequence[Sequence[Any]],
+        value_keys: ValueKeys,
     ) -> CheckpointTuple:
         thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
         thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
-        for channel, version in _blob_versions(body).items():
-            channel_hash = _channel_hash(channel)
-            stored = blobs.get((thread_hash, ns_hash, channel_hash, str(version)))
+        decode, serde = self._decoded.decode, self.serde
+        for channel, channel_hash, version in value_keys:
+            stored = blobs.get((thread_hash, ns_hash, channel_hash, version))
             if stored is not None:
                 kind, data = stored
-                values[channel] = self._decoded.decode(
-                    self.serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
+                values[channel] = decode(
+                    serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
                 )
         body["channel_values"] = values
         pending: list[PendingWrite] = [
@@ -993,13 +1020,14 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if not rows:
             return 0, []
         bodies = [self._loads(row[5], row[6]) for row in rows]
+        value_keys = [_value_keys(body) for body in bodies]
         # The page's values and pending writes, by key, in as few statements as fit.
         lookups: list[tuple[int, tuple[Any, ...]]] = [
             (BLOB_ROW, key)
             for key in dict.fromkeys(
-                (row[8], row[2], _channel_hash(channel), str(version))
-                for row, body in zip(rows, bodies, strict=True)
-                for channel, version in _blob_versions(body).items()
+                (row[8], row[2], channel_hash, version)
+                for row, keys in zip(rows, value_keys, strict=True)
+                for _, channel_hash, version in keys
             )
         ]
         lookups += [
@@ -1026,8 +1054,8 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
                     writes.setdefault((thread_hash, ns_hash, key), []).append(rest)
         blobs = yield from self._whole(sql, rows_read)
         return len(rows), [
-            (row, body, blobs, writes.get((row[8], row[2], row[3]), []))
-            for row, body in zip(rows, bodies, strict=True)
+            (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys)
+            for row, body, keys in zip(rows, bodies, value_keys, strict=True)
         ]
 
     # --- deleting, copying, pruning ------------------------------------------------------
