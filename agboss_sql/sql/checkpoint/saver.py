@@ -190,7 +190,7 @@ def _blob_versions(body: Mapping[str, Any]) -> Mapping[str, Any]:
 def _value_keys(body: Mapping[str, Any]) -> ValueKeys:
     """(channel, channel hash, version) of each value `body` reads from a blob row
     (`_blob_versions`)."""
-    return [(ch, _channel_hash(ch), str(v)) for ch, v in _blob_versions(body).items()]
+    return [(ch, _channel_hash(str(ch)), str(v)) for ch, v in _blob_versions(body).items()]
 
 
 EXPECTED_NAMESPACES = 4096
@@ -462,10 +462,9 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         # appends among them name.
         whole: list[tuple[ValueKey, Stored]] = []
         bases: dict[str, str] = {}
-        dumps = self.serde.dumps_typed
         for channel, version in new_versions.items():
             if channel in values and channel not in inline:
-                kind, data = dumps(values[channel])
+                kind, data = self._dumps(values[channel])
                 key: ValueKey = (
                     thread_hash,
                     ns_hash,
@@ -555,7 +554,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             return await self._put(
                 connection, config, checkpoint, metadata, new_versions, appends=False
             )
-        self._expect(thread_hash, ns_hash, _blob_versions(body))
+        self._expect(thread_hash, ns_hash, _value_keys(body))
         self._values.keep(entry for entry in whole if _kept(entry[0][3]))
         self._remember_bases(
             (thread_hash, ns_hash, r[0], r[1])
@@ -603,17 +602,10 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
             for channel_hash in channels:
                 self._bases.pop((thread_hash, ns_hash, channel_hash), None)
 
-    def _expect(self, thread_hash: str, ns_hash: str, versions: Mapping[str, Any]) -> None:
-        """Remember the values a thread namespace's latest checkpoint reads (its versions)."""
-        self._expect_keys(
-            thread_hash,
-            ns_hash,
-            tuple((_channel_hash(str(ch)), str(v)) for ch, v in versions.items()),
-        )
-
-    def _expect_keys(self, thread_hash: str, ns_hash: str, keys: BlobKeys) -> None:
-        """Remember the values a thread namespace's latest checkpoint reads (their (channel
-        hash, version) keys)."""
+    def _expect(self, thread_hash: str, ns_hash: str, value_keys: ValueKeys) -> None:
+        """Remember the values a thread namespace's latest checkpoint reads (`_value_keys`
+        of its body)."""
+        keys = tuple((channel_hash, version) for _, channel_hash, version in value_keys)
         namespace = (thread_hash, ns_hash)
         with self._expected_guard:
             expected = self._expected
@@ -765,7 +757,7 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         if found is None:
             return None
         if not checkpoint_id:
-            self._expect_keys(thread_hash, ns_hash, tuple((h, v) for _, h, v in found[4]))
+            self._expect(thread_hash, ns_hash, found[4])
         return self._tuple_of(*found)
 
     def _read(
@@ -889,13 +881,12 @@ class SqlCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
         thread_id, ns = _text(thread_id), _text(ns)
         values = dict(body.get("channel_values") or {})
-        decode, serde = self._decoded.decode, self.serde
         for channel, channel_hash, version in value_keys:
             stored = blobs.get((thread_hash, ns_hash, channel_hash, version))
             if stored is not None:
                 kind, data = stored
-                values[channel] = decode(
-                    serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
+                values[channel] = self._decoded.decode(
+                    self.serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
                 )
         body["channel_values"] = values
         pending: list[PendingWrite] = [
