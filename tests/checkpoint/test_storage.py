@@ -19,8 +19,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
-from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver
-from agboss_sql.sql.checkpoint import saver as saver_module
+from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver, _core, _writes
 from agboss_sql.sql.checkpoint._statements import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
@@ -128,7 +127,7 @@ async def test_small_scalars_are_kept_in_the_body_and_read_by_every_path(
     version."""
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
-    long_text = "x" * (saver_module.INLINE_TEXT + 1)
+    long_text = "x" * (_writes.INLINE_TEXT + 1)
     inline = {"n": 1, "s": "short", "f": 1.5, "yes": True, "none": None, "text": "é" * 1024}
     rows = {"long": long_text, "dict": {"k": 1}, "list": [1], "colour": Colour.RED}
     first = await thread.put({**inline, **rows})
@@ -166,7 +165,7 @@ async def test_rows_of_either_format_are_read_by_either_saver(
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     with monkeypatch.context() as older:
-        older.setattr(saver_module, "_inlined", lambda value: False)
+        older.setattr(_writes, "_inlined", lambda value: False)
         old = await thread.put({"n": 1, "s": "kept", "list": [1]})
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 3
     new = await thread.put({"n": 2, "list": [2]})  # "s" unchanged: inlined now
@@ -180,7 +179,7 @@ async def test_rows_of_either_format_are_read_by_either_saver(
         listed = [t async for t in reader.alist(_config(thread.thread))]
         assert [t.checkpoint["channel_values"] for t in listed] == [expected[new], expected[old]]
     with monkeypatch.context() as older:
-        older.setattr(saver_module, "_blob_versions", lambda body: body["channel_versions"])
+        older.setattr(_core, "_blob_versions", lambda body: body["channel_versions"])
         reader = SqlCheckpointSaver(sql)
         found = await reader.aget_tuple(_config(thread.thread))
         assert found is not None and found.checkpoint["channel_values"] == expected[new]
@@ -365,7 +364,7 @@ async def test_the_remembered_values_are_bounded(
 ) -> None:
     """A saver remembers the values of at most `EXPECTED_NAMESPACES` thread namespaces (the
     most recently used): memory does not grow with the threads it serves."""
-    monkeypatch.setattr(saver_module, "EXPECTED_NAMESPACES", 3)
+    monkeypatch.setattr(_core, "EXPECTED_NAMESPACES", 3)
     # Without kept values, which would answer the forgotten namespaces' values themselves.
     saver = SqlCheckpointSaver(sql, value_cache_bytes=0)
     threads = [Thread(saver, _thread()) for _ in range(5)]

@@ -95,9 +95,12 @@ store's time (a lease that names no holder is a `ValueError` before any statemen
 `ExecutionFencedError` is raised, so an instance that wakes after a takeover cannot
 overwrite the new holder's checkpoint.
 
-Modules: `saver` (the saver), `_statements` (its statements), `_appends` (values stored as
-appends), `_values` (kept values), `_decoded` (decoded lists), `_lease` (the writer's lease
-in a config), `_bridge` (the event loop the synchronous methods run on).
+Modules: `saver` (the saver: its synchronous methods and lifecycle on the async core),
+`_aio` (the async core: deleting, copying and pruning threads, on `_writes` and `_reads`),
+`_core` (the state, keys and atomic write those share), `_statements` (its statements),
+`_appends` (values stored as appends), `_values` (kept values), `_decoded` (decoded lists),
+`_lease` (the writer's lease in a config), `_bridge` (the event loop the synchronous methods
+run on).
 """
 
 from __future__ import annotations

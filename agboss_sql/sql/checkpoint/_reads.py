@@ -1,0 +1,398 @@
+"""The saver's reads: `aget_tuple` (a checkpoint with its pending writes and the values it
+reads, in one statement when the values it names were expected or kept) and `alist` (pages
+of checkpoints, their values and writes read by key)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+    writes_sort_key,
+)
+
+from agboss_sql.sql.checkpoint._appends import joined
+from agboss_sql.sql.checkpoint._core import (
+    BlobKeys,
+    SaverCore,
+    ValueKeys,
+    _kept,
+    _key_hash,
+    _text,
+    _value_keys,
+)
+from agboss_sql.sql.checkpoint._statements import (
+    BLOB_KEY,
+    BLOB_ROW,
+    CHECKPOINT_KEY,
+    CHECKPOINT_ROW,
+    LIST_PAGE,
+    MAX_LOOKUPS,
+    MAX_ROWS,
+    WRITE_ROW,
+    CheckpointStatements,
+    ListShape,
+    chunks,
+    keyed_params,
+)
+from agboss_sql.sql.checkpoint._values import ValueKey, fetched_entries
+from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.schema import checkpoint_blobs
+
+Found = tuple[
+    Sequence[Any],
+    dict[str, Any],
+    Mapping[tuple[Any, Any, Any, Any], tuple[Any, Any]],
+    Sequence[Sequence[Any]],
+    ValueKeys,
+]
+"""A checkpoint as read: its row, decoded body, the values it reads, its pending writes, and
+the keys of those values (`_value_keys` of the body as read)."""
+
+
+def _json_value(value: Any) -> Any:
+    return json.loads(json.dumps(value, allow_nan=False, default=str))
+
+
+Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
+"""Value rows as read, by key: (value type, value, base version)."""
+
+
+class SaverReads(SaverCore):
+    """The saver's async reads."""
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint `config` names (its `checkpoint_id`), or the thread namespace's
+        latest (a primary-key probe), with its pending writes and parent; `None` if absent."""
+        return await self._get_tuple(self._sync.here(), config)
+
+    async def _get_tuple(
+        self, connection: SqlConnection, config: RunnableConfig
+    ) -> CheckpointTuple | None:
+        sql = self._statements(connection)
+        thread_id = self._thread_of(config)
+        ns = self._ns_of(config)
+        checkpoint_id = get_checkpoint_id(config)
+        params: dict[str, Any] = {
+            "thread_hash": _key_hash(thread_id),
+            "ns_hash": _key_hash(ns),
+        }
+        if checkpoint_id:
+            params["checkpoint_id"] = _text(checkpoint_id)
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
+        # The values this checkpoint is expected to read are named in the first statement,
+        # but those this saver keeps (`_values`): they are taken from there if the checkpoint
+        # read names them.
+        expected = self._expected_of(thread_hash, ns_hash)
+        kept = self._values.found((thread_hash, ns_hash, ch, v) for ch, v in expected)
+        ask = tuple(k for k in expected if (thread_hash, ns_hash, *k) not in kept)[:MAX_ROWS]
+        for i, (channel_hash, version) in enumerate(ask):
+            params[f"k{i}_channel_hash"] = channel_hash
+            params[f"k{i}_version"] = version
+        statement = sql.read(by_id=bool(checkpoint_id), blobs=len(ask))
+        # One step: on SQLite run inline without interleaving, on a server on one pooled
+        # connection.
+        found = await connection.run(
+            lambda: self._read(sql, statement, params, thread_id, ns, ask, kept),
+            transaction=False,
+        )
+        if found is None:
+            return None
+        if not checkpoint_id:
+            self._expect(thread_hash, ns_hash, found[4])
+        return self._tuple_of(*found)
+
+    def _read(
+        self,
+        sql: CheckpointStatements,
+        statement: Any,
+        params: dict[str, Any],
+        thread_id: str,
+        ns: str,
+        expected: BlobKeys,
+        kept: Mapping[ValueKey, tuple[str, bytes | None]],
+    ) -> Step[Found | None]:
+        """Read a checkpoint with its pending writes and the `expected` values, then the values
+        its versions name that were neither expected nor `kept` (values this saver keeps,
+        valid for any checkpoint that names them: see `_values`)."""
+        result = yield Exec(statement, params)
+        found = None
+        thread_hash, ns_hash = params["thread_hash"], params["ns_hash"]
+        writes: list[Sequence[Any]] = []
+        rows: Rows = {}
+        for kind_of_row, *row in result.rows:
+            if kind_of_row == CHECKPOINT_ROW:
+                found = row
+            elif kind_of_row == BLOB_ROW:
+                channel_hash, version, base, _, value_type, value = row
+                rows[(thread_hash, ns_hash, channel_hash, version)] = (value_type, value, base)
+            else:
+                # (task_id, channel, task_path, idx, value_type, value)
+                writes.append(row)
+        if found is None:
+            return None
+        checkpoint_id, parent_id, metadata, _, kind, data = found
+        listed = (
+            thread_id,
+            ns,
+            ns_hash,
+            checkpoint_id,
+            parent_id,
+            kind,
+            data,
+            metadata,
+            thread_hash,
+        )
+        body = self._loads(kind, data)
+        value_keys = _value_keys(body)
+        # A value expected but not found is not stored (one statement, one snapshot).
+        asked = set(expected)
+        keys = [(thread_hash, ns_hash, h, v) for _, h, v in value_keys if (h, v) not in asked]
+        blobs: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        if keys:
+            held = {**kept, **self._values.found(k for k in keys if k not in kept)}
+            blobs.update((k, held[k]) for k in keys if k in held)
+            missing = [k for k in keys if k not in held]
+            if missing:
+                rows.update((yield from self._blobs(sql, missing)))
+        if rows:
+            fetched = yield from self._whole(sql, rows)
+            blobs.update(fetched)
+            self._values.keep(e for e in fetched_entries(fetched) if _kept(e[0][3]))
+        return listed, body, blobs, writes, value_keys
+
+    def _blobs(
+        self, sql: CheckpointStatements, keys: Sequence[tuple[Any, Any, Any, Any]]
+    ) -> Step[Rows]:
+        """The stored rows of these (thread, namespace, channel hashes, version) keys."""
+        found: Rows = {}
+        columns = (*BLOB_KEY, "value_type", "value", "base_version")
+        for chunk in chunks(list(dict.fromkeys(keys))):
+            statement = sql.keyed(checkpoint_blobs, columns, BLOB_KEY, len(chunk))
+            result = yield Exec(statement, keyed_params(chunk, BLOB_KEY))
+            for thread_hash, ns_hash, channel_hash, version, kind, value, base in result.rows:
+                found[(thread_hash, ns_hash, channel_hash, version)] = (kind, value, base)
+        return found
+
+    def _whole(
+        self, sql: CheckpointStatements, rows: Rows
+    ) -> Step[dict[tuple[Any, Any, Any, Any], tuple[Any, Any]]]:
+        """The whole values of these rows: an append (`_appends`) joined to its base, taken
+        from the rows, from `_values`, or read. An append whose base is not stored is left
+        out, as a value whose row is not."""
+        whole: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        appends: dict[tuple[Any, Any, Any, Any], tuple[Any, bytes, tuple[Any, Any, Any, Any]]] = {}
+        for key, (kind, value, base) in rows.items():
+            if isinstance(value, memoryview):
+                value = bytes(value)
+            if base is None or value is None:
+                whole[key] = (kind, value)
+            else:
+                appends[key] = (kind, value, (key[0], key[1], key[2], _text(base)))
+        if not appends:
+            return whole
+        bases: dict[tuple[Any, Any, Any, Any], tuple[Any, Any]] = {}
+        wanted = {base for _, _, base in appends.values()}
+        for base in wanted:
+            if base in whole:
+                bases[base] = whole[base]
+        bases.update(self._values.found(b for b in wanted if b not in bases))
+        missing = [b for b in wanted if b not in bases]
+        if missing:
+            more = yield from self._blobs(sql, missing)
+            # A base is stored whole (never an append).
+            bases.update(
+                (k, (kind, bytes(value) if isinstance(value, memoryview) else value))
+                for k, (kind, value, base) in more.items()
+                if base is None and value is not None
+            )
+        for key, (kind, value, base) in appends.items():
+            stored = bases.get(base)
+            if stored is not None and stored[1] is not None:
+                whole[key] = (kind, joined(stored[1], value))
+        return whole
+
+    def _tuple_of(
+        self,
+        row: Sequence[Any],
+        body: dict[str, Any],
+        blobs: Mapping[tuple[str, str, str, str], tuple[Any, Any]],
+        writes: Sequence[Sequence[Any]],
+        value_keys: ValueKeys,
+    ) -> CheckpointTuple:
+        thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
+        thread_id, ns = _text(thread_id), _text(ns)
+        values = dict(body.get("channel_values") or {})
+        for channel, channel_hash, version in value_keys:
+            stored = blobs.get((thread_hash, ns_hash, channel_hash, version))
+            if stored is not None:
+                kind, data = stored
+                values[channel] = self._decoded.decode(
+                    self.serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
+                )
+        body["channel_values"] = values
+        pending: list[PendingWrite] = [
+            (_text(task_id), _text(channel), self._loads(kind, value))
+            for task_id, channel, _, _, kind, value in sorted(
+                writes, key=lambda w: writes_sort_key(_text(w[2]), _text(w[0]), int(w[3]))
+            )
+        ]
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": checkpoint_id,
+                }
+            },
+            checkpoint=body,  # type: ignore[arg-type]
+            metadata=json.loads(_text(metadata)),
+            parent_config=(
+                {
+                    "configurable": {
+                        "thread_id": thread_id,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": parent_id,
+                    }
+                }
+                if parent_id
+                else None
+            ),
+            pending_writes=pending,
+        )
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """The checkpoints matching `config` (thread, and namespace when given), every key of
+        `filter` equal in their metadata, older than `before`, newest first, at most `limit`."""
+        async for found in self._list(self._sync.here(), config, filter, before, limit):
+            yield found
+
+    async def _list(
+        self,
+        connection: SqlConnection,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        sql = self._statements(connection)
+        if limit is not None and limit <= 0:
+            return
+        params: dict[str, Any] = {}
+        configurable = (config or {}).get("configurable") or {}
+        thread = config is not None and "thread_id" in configurable
+        namespace = thread and configurable.get("checkpoint_ns") is not None
+        if thread:
+            assert config is not None
+            params["thread_hash"] = _key_hash(self._thread_of(config))
+        if namespace:
+            assert config is not None
+            params["ns_hash"] = _key_hash(self._ns_of(config))
+        checkpoint_id = get_checkpoint_id(config) if thread and config is not None else None
+        if checkpoint_id:
+            params["checkpoint_id"] = _text(checkpoint_id)
+        before_id = get_checkpoint_id(before) if before is not None else None
+        filters = [(key, _json_value(value)) for key, value in (filter or {}).items()]
+        for index, (key, value) in enumerate(filters):
+            params.update(sql.ops.json_key_params(index, str(key), value))
+        # Objects and arrays are compared again here where the SQL test only narrows.
+        recheck = [
+            (key, value)
+            for key, value in filters
+            if isinstance(value, (dict, list)) and not sql.json_exact
+        ]
+        # One namespace of one thread is read in pages off its key; anything wider at once.
+        paged = namespace and not checkpoint_id
+        remaining = limit
+        cursor = _text(before_id) if before_id else None
+        while True:
+            page = LIST_PAGE if paged else None
+            if remaining is not None and not recheck:
+                page = remaining if page is None else min(page, remaining)
+            shape = ListShape(
+                thread=thread,
+                namespace=namespace,
+                checkpoint_id=bool(checkpoint_id),
+                before=cursor is not None,
+                limit=page is not None,
+                filters=len(filters),
+            )
+            page_params = dict(params)
+            if cursor is not None:
+                page_params["before"] = cursor
+            if page is not None:
+                page_params["limit"] = page
+            page_rows, found_tuples = await connection.run(
+                functools.partial(self._page, sql, shape, page_params), transaction=False
+            )
+            for found_tuple in found_tuples:
+                listed = self._tuple_of(*found_tuple)
+                if any(listed.metadata.get(key) != value for key, value in recheck):
+                    continue
+                yield listed
+                if remaining is not None:
+                    remaining -= 1
+                    if remaining <= 0:
+                        return
+            if not paged or page is None or page_rows < page:
+                return
+            cursor = _text(found_tuples[-1][0][3])
+
+    def _page(
+        self, sql: CheckpointStatements, shape: ListShape, params: dict[str, Any]
+    ) -> Step[tuple[int, list[Found]]]:
+        """One page of listed checkpoints, with their values and pending writes read by key."""
+        rows = (yield Exec(sql.listing(shape), params)).rows
+        if not rows:
+            return 0, []
+        bodies = [self._loads(row[5], row[6]) for row in rows]
+        value_keys = [_value_keys(body) for body in bodies]
+        # The page's values and pending writes, by key, in as few statements as fit.
+        lookups: list[tuple[int, tuple[Any, ...]]] = [
+            (BLOB_ROW, key)
+            for key in dict.fromkeys(
+                (row[8], row[2], channel_hash, version)
+                for row, keys in zip(rows, value_keys, strict=True)
+                for _, channel_hash, version in keys
+            )
+        ]
+        lookups += [
+            (WRITE_ROW, key) for key in dict.fromkeys((row[8], row[2], row[3]) for row in rows)
+        ]
+        rows_read: Rows = {}
+        writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
+        for chunk in chunks(lookups, MAX_LOOKUPS):
+            blob_keys = [key for kind, key in chunk if kind == BLOB_ROW]
+            write_keys = [key for kind, key in chunk if kind == WRITE_ROW]
+            params = {
+                **keyed_params(blob_keys, BLOB_KEY, prefix="b"),
+                **keyed_params(write_keys, CHECKPOINT_KEY, prefix="w"),
+            }
+            statement = sql.values_and_writes(len(blob_keys), len(write_keys))
+            for kind_of_row, thread_hash, ns_hash, key, *rest in (
+                yield Exec(statement, params)
+            ).rows:
+                if kind_of_row == BLOB_ROW:
+                    version, base, _, _, value_type, value = rest
+                    rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
+                else:
+                    # (task_id, channel, task_path, idx, value_type, value)
+                    writes.setdefault((thread_hash, ns_hash, key), []).append(rest)
+        blobs = yield from self._whole(sql, rows_read)
+        return len(rows), [
+            (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys)
+            for row, body, keys in zip(rows, bodies, value_keys, strict=True)
+        ]
