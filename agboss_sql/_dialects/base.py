@@ -63,6 +63,9 @@ class Capabilities:
       the statements and `COMMIT`, separated by `;`), one round trip; the server stops at
       the first statement that fails, leaving the transaction open, so the runner drops
       the connection (the server then rolls it back).
+    - `shared_with`: a `WITH` that several parts of one statement read is computed once and
+      read in place (PostgreSQL); elsewhere it may be materialised (MariaDB writes it to a
+      temporary table), so each part reads a scalar subquery instead.
     """
 
     inline: bool
@@ -77,6 +80,7 @@ class Capabilities:
     batch_migrations: bool
     certified_writes: bool = False
     scripts: bool = False
+    shared_with: bool = False
 
 
 class Dialect(Protocol):

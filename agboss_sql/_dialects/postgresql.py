@@ -28,6 +28,7 @@ CAPABILITIES = Capabilities(
     json_key_exact=True,
     insert_if_absent_raises=False,
     batch_migrations=False,
+    shared_with=True,
 )
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"

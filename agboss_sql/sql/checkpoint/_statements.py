@@ -88,7 +88,7 @@ class CheckpointStatements:
     built on first use and kept, one per count."""
 
     def __init__(self, b: SqlBuilder) -> None:
-        self.ops = ops = b.ops
+        self.ops = b.ops
         self.fold: bool = b.capabilities.dml_in_with
         self.scripts: bool = b.capabilities.scripts
         self.json_exact: bool = b.capabilities.json_key_exact
@@ -101,8 +101,7 @@ class CheckpointStatements:
         self.fences = FenceStatements(b)
         self.fence = self.fences.fence
         if self.fold:
-            fence = self.fence.returning(L.c.lease_epoch).cte("agboss_fence")
-            self._fenced: Any = sa.exists(sa.select(fence.c.lease_epoch))
+            self._fenced: Any = self._fence_held()
 
         # The checkpoint with its pending writes, in one statement. The latest is the row off
         # the key's end (`ORDER BY … DESC LIMIT 1`, not `max()`, which PostgreSQL aggregated
@@ -110,9 +109,35 @@ class CheckpointStatements:
         # the thread). PostgreSQL probes it once, in a `WITH` that the checkpoint row and
         # its writes both read (a scalar subquery in each probed the key twice more: 391 ->
         # 330 us a read); MariaDB materialises that `WITH` as a temporary table, which took
-        # its read from 525 to 1,033 us, so elsewhere each reads the latest id as a scalar.
-        self._with_cte = b.ops.compile_dialect().name == "postgresql"
-        self._latest = (
+        # its read from 525 to 1,033 us, so elsewhere each reads the latest id as a scalar
+        # (`Capabilities.shared_with`).
+        self._with_cte = b.capabilities.shared_with
+        self._latest = self._latest_id()
+        self.read_latest = self._latest_with_writes()
+        self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
+
+        self.select_blob_keys = self._thread_blob_keys()
+        self.lock_thread = self._lock_thread()
+        # Whole-thread deletes and copies: one statement where writes fold into `WITH`.
+        self.delete_thread = self._thread_statements(
+            lambda table: sa.delete(table).where(
+                table.c.thread_hash == _bind("thread_hash", table.c.thread_hash)
+            )
+        )
+        self.copy_thread = self._thread_statements(self._copy)
+        self.prune_checkpoints, self.prune_writes, self.orphan_head = self._prunes()
+
+    # --- the statements built once ---------------------------------------------------------
+
+    def _fence_held(self) -> Any:
+        """Folding dialects: the fence as a `WITH` part, true when it held."""
+        fence = self.fence.returning(L.c.lease_epoch).cte("agboss_fence")
+        return sa.exists(sa.select(fence.c.lease_epoch))
+
+    @staticmethod
+    def _latest_id() -> Any:
+        """The id of a thread namespace's latest checkpoint, as a scalar."""
+        return (
             sa.select(checkpoints.c.checkpoint_id)
             .where(
                 checkpoints.c.thread_hash == _bind("thread_hash", checkpoints.c.thread_hash),
@@ -122,12 +147,11 @@ class CheckpointStatements:
             .limit(1)
             .scalar_subquery()
         )
-        self.read_latest = self._latest_with_writes()
-        thread = _bind("thread_hash", checkpoints.c.thread_hash)
-        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
-        self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
 
-        self.select_blob_keys = sa.select(
+    @staticmethod
+    def _thread_blob_keys() -> Any:
+        """The keys of every value of a thread, with their bases."""
+        return sa.select(
             checkpoint_blobs.c.ns_hash,
             checkpoint_blobs.c.channel_hash,
             checkpoint_blobs.c.version,
@@ -135,33 +159,34 @@ class CheckpointStatements:
         ).where(
             checkpoint_blobs.c.thread_hash == _bind("thread_hash", checkpoint_blobs.c.thread_hash)
         )
-        self.lock_thread = ops.for_update(
+
+    def _lock_thread(self) -> Any:
+        """Lock every checkpoint of a thread, newest first per namespace (a prune's first)."""
+        return self.ops.for_update(
             sa.select(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id)
-            .where(checkpoints.c.thread_hash == thread)
+            .where(checkpoints.c.thread_hash == _bind("thread_hash", checkpoints.c.thread_hash))
             .order_by(checkpoints.c.ns_hash, checkpoints.c.checkpoint_id.desc())
         )
 
-        # Whole-thread deletes and copies: one statement where writes fold into `WITH`.
-        self.delete_thread = self._thread_statements(
-            lambda table: sa.delete(table).where(
-                table.c.thread_hash == _bind("thread_hash", table.c.thread_hash)
-            )
-        )
-        self.copy_thread = self._thread_statements(self._copy)
-
-        self.prune_checkpoints = sa.delete(checkpoints).where(
+    @staticmethod
+    def _prunes() -> tuple[Any, Any, Any]:
+        """A prune's statements per namespace: delete the checkpoints older than the head and
+        their pending writes, and clear the head's parent link."""
+        thread = _bind("thread_hash", checkpoints.c.thread_hash)
+        ns_hash = _bind("ns_hash", checkpoints.c.ns_hash)
+        checkpoints_before = sa.delete(checkpoints).where(
             checkpoints.c.thread_hash == thread,
             checkpoints.c.ns_hash == ns_hash,
             checkpoints.c.checkpoint_id < _bind("checkpoint_id", checkpoints.c.checkpoint_id),
         )
-        self.prune_writes = sa.delete(checkpoint_writes).where(
+        writes_before = sa.delete(checkpoint_writes).where(
             checkpoint_writes.c.thread_hash
             == _bind("thread_hash", checkpoint_writes.c.thread_hash),
             checkpoint_writes.c.ns_hash == _bind("ns_hash", checkpoint_writes.c.ns_hash),
             checkpoint_writes.c.checkpoint_id
             < _bind("checkpoint_id", checkpoint_writes.c.checkpoint_id),
         )
-        self.orphan_head = (
+        orphan_head = (
             sa.update(checkpoints)
             .where(
                 checkpoints.c.thread_hash == thread,
@@ -170,6 +195,7 @@ class CheckpointStatements:
             )
             .values(parent_checkpoint_id=None)
         )
+        return checkpoints_before, writes_before, orphan_head
 
     # --- statement builders ------------------------------------------------------------
 
