@@ -88,7 +88,9 @@ class LeaseClosedReason(StrEnum):
 def fence_refusal_of(
     token: int,
     *,
+    holder: str,
     epoch: int,
+    granted_to: str,
     released: bool,
     yielded: bool,
     finished: bool,
@@ -97,13 +99,23 @@ def fence_refusal_of(
     now: int,
     mark: int | None,
 ) -> FenceRefusal | None:
-    """Why a write at `token` is refused by its lease row and the scope's mark, or `None`
-    when the lease is held at `token`, not released/yielded/finished, live at `now`, and
-    the mark is not above `token`. The first reason in this order wins."""
+    """Why a write at `token` by `holder` (the instance its key names) is refused by its
+    lease row (at `epoch`, granted to the instance `granted_to`) and the scope's mark, or
+    `None` when the lease is held at `token` by `holder`, not released/yielded/finished,
+    live at `now`, and the mark is not above `token`.
+
+    The first reason in this order wins: superseded (a later epoch was granted),
+    token-not-granted (the token is above the epoch), superseded (the epoch was granted
+    to another instance: a key built by hand), finished, released (superseded when the
+    lease was closed after its expiry), yielded, expired, mark-above-token. Who holds the
+    token is decided before the lease's state: a writer that never held the epoch is told
+    so, whatever became of the lease since."""
     if epoch > token:
         return FenceRefusal.SUPERSEDED
     if epoch < token:
         return FenceRefusal.TOKEN_NOT_GRANTED
+    if granted_to != holder:
+        return FenceRefusal.SUPERSEDED
     if finished:
         return FenceRefusal.FINISHED
     if released:

@@ -31,8 +31,9 @@ def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
 
     Raises `ExecutionFencedError` unless the key's lease is held at its token by the
     instance the key names, not released/yielded/finished and live at `now`, and the
-    scope's mark is not above the token. True when the mark must be raised to the token (the caller applies that with
-    the rest of its step, so a rollback drops it too).
+    scope's mark is not above the token (the reason is `fence_refusal_of`'s, as on SQL).
+    True when the mark must be raised to the token (the caller applies that with the rest
+    of its step, so a rollback drops it too).
     """
     lease = backend.leases.get((key.tenant_id, key.lease_execution_id))
     if lease is None:
@@ -40,7 +41,9 @@ def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
     mark = backend.fence_marks.get(key.scope_key)
     reason = fence_refusal_of(
         key.token,
+        holder=key.holder_instance_id,
         epoch=lease.lease_epoch,
+        granted_to=lease.holder_instance_id,
         released=lease.released,
         yielded=lease.yielded,
         finished=lease.finished,
@@ -49,9 +52,6 @@ def fence(backend: InMemoryBackend, key: FencedEffectKey, now: int) -> bool:
         now=now,
         mark=mark,
     )
-    if reason is None and lease.holder_instance_id != key.holder_instance_id:
-        # The token was granted to another instance: a context built by hand.
-        reason = FenceRefusal.SUPERSEDED
     if reason is not None:
         raise fenced_error(key, reason)
     return mark is None or mark < key.token

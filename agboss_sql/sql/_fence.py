@@ -94,15 +94,15 @@ class FenceStatements:
 
 def refusal_of(row: Any | None, token: int, holder: str) -> FenceRefusal:
     """Why the lease row `row` (a `diagnose` row, or `None`) refuses a write at `token` of
-    `holder`."""
+    `holder`: `fence_refusal_of`'s reason, the same the in-memory fence names."""
     if row is None:
         return FenceRefusal.LEASE_ABSENT
-    epoch, released, yielded, finished, closed_reason, expires_at, mark, now, holder_now = row
-    if int(epoch) == token and holder_now != holder:
-        return FenceRefusal.SUPERSEDED
+    epoch, released, yielded, finished, closed_reason, expires_at, mark, now, granted_to = row
     reason = fence_refusal_of(
         token,
+        holder=holder,
         epoch=epoch,
+        granted_to=granted_to,
         released=bool(released),
         yielded=bool(yielded),
         finished=bool(finished),

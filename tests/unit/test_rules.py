@@ -38,7 +38,9 @@ from agboss_sql.contracts.rules import (
 )
 
 LIVE_ROW: dict[str, Any] = {
+    "holder": "instance-1",
     "epoch": 3,
+    "granted_to": "instance-1",
     "released": False,
     "yielded": False,
     "finished": False,
@@ -91,6 +93,18 @@ def test_a_held_live_lease_at_its_token_is_not_refused() -> None:
         (2, {"finished": True, "now": 5_000, "mark": 9}, FenceRefusal.SUPERSEDED),
         (3, {"yielded": True, "now": 5_000}, FenceRefusal.YIELDED),
         (3, {"now": 5_000, "mark": 9}, FenceRefusal.EXPIRED),
+        # An epoch granted to another instance (a key built by hand) is superseded, before
+        # anything the lease became since; a token above the epoch is still never granted.
+        (3, {"granted_to": "instance-2"}, FenceRefusal.SUPERSEDED),
+        (
+            3,
+            {"granted_to": "instance-2", "finished": True, "released": True},
+            FenceRefusal.SUPERSEDED,
+        ),
+        (3, {"granted_to": "instance-2", "released": True}, FenceRefusal.SUPERSEDED),
+        (3, {"granted_to": "instance-2", "yielded": True}, FenceRefusal.SUPERSEDED),
+        (3, {"granted_to": "instance-2", "now": 5_000, "mark": 9}, FenceRefusal.SUPERSEDED),
+        (4, {"granted_to": "instance-2"}, FenceRefusal.TOKEN_NOT_GRANTED),
     ],
 )
 def test_each_refusal(token: int, change: dict[str, Any], reason: FenceRefusal) -> None:
@@ -111,7 +125,11 @@ def test_each_refusal(token: int, change: dict[str, Any], reason: FenceRefusal) 
     ],
 )
 def test_each_lease_state(token: int, row: dict[str, Any], state: LeaseState, close: bool) -> None:
-    fields = {k: v for k, v in {**LIVE_ROW, **row}.items() if k not in ("yielded", "mark")}
+    fields = {
+        k: v
+        for k, v in {**LIVE_ROW, **row}.items()
+        if k not in ("holder", "granted_to", "yielded", "mark")
+    }
     found = lease_state_at(token, **fields)
     assert (found.state, found.close) == (state, close)
 

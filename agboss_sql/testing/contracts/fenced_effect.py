@@ -19,6 +19,7 @@ from agboss_sql.contracts.errors import (
     InvalidBusinessKeyError,
     InvalidFencedEffectNameError,
 )
+from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.types import ExecutionLease, FencedEffectKey, FencedEffectResult
 from agboss_sql.testing.contracts._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
@@ -33,6 +34,7 @@ from agboss_sql.testing.contracts._fencing import (
     each_round,
     expect,
     fail,
+    instance_name,
     key_of,
     on_database_time,
     past_database_lease,
@@ -76,9 +78,10 @@ async def _expect_fenced(
     instance: int = 0,
     skew_ms: int = 0,
     rule: str = "no-stale-write",
+    reason: FenceRefusal | None = None,
 ) -> None:
-    """The write at `key` is refused with `ExecutionFencedError` naming its scope and token,
-    without running its work or leaving a business row."""
+    """The write at `key` is refused with `ExecutionFencedError` naming its scope and token
+    (and `reason`, when given), without running its work or leaving a business row."""
     work = w.work(f"refused-{w.name('row')}", VALUE)
     before = await w.rows()
     try:
@@ -89,6 +92,11 @@ async def _expect_fenced(
             "no-stale-write",
             f"{what}: the refusal names scope {exc.scope_key!r} at {exc.token}, expected "
             f"{key.scope_key!r} at {key.token}",
+        )
+        expect(
+            reason is None or exc.reason == reason,
+            "no-stale-write",
+            f"{what}: refused for {exc.reason!r}, where every store names {reason}",
         )
     else:
         fail(rule, f"{what}: the write was accepted ({got})")
@@ -497,6 +505,39 @@ async def ungranted_tokens_refused(ctx: CaseContext) -> None:
     await _expect_ran(w, result, VALUE, "the holder's write after the refused ones")
 
 
+async def holder_decided_before_lease_state(ctx: CaseContext) -> None:
+    """A key naming another instance than the one its epoch was granted to (a context built
+    by hand) is refused as `superseded` on every store, also when its lease was released,
+    yielded or finished, or ran out, since: who holds the token is decided before what
+    became of the lease. The granted holder's own key is refused for that state."""
+    w = World(ctx)
+    ended: list[tuple[str, ExecutionLease, FenceRefusal]] = []
+    for end, reason in (
+        ("release", FenceRefusal.RELEASED),
+        ("yield_lease", FenceRefusal.YIELDED),
+        ("finish", FenceRefusal.FINISHED),
+    ):
+        lease = await w.take(w.name(), 0)
+        moved = await getattr(w.leases(0), end)(lease)
+        expect(moved, "no-stale-write", f"the holder's {end} was refused")
+        ended.append((f"after its {end}", lease, reason))
+    lapsed = await w.take(w.name(), 0)
+    # Every lease runs out here; the ended ones still name how they ended.
+    await w.at(w.now + LEASE_MS)
+    ended.append(("after its expiry", lapsed, FenceRefusal.EXPIRED))
+    for what, lease, reason in ended:
+        named_for_another = dataclasses.replace(lease, holder_instance_id=instance_name(1))
+        await _expect_fenced(
+            w,
+            key_of(named_for_another),
+            f"a key naming {instance_name(1)} for {instance_name(0)}'s epoch, {what}",
+            instance=1,
+            reason=FenceRefusal.SUPERSEDED,
+        )
+        await _expect_fenced(w, key_of(lease), f"the holder's own key, {what}", reason=reason)
+    expect(await w.rows() == [], "no-stale-write", f"business rows {await w.rows()}")
+
+
 # --- races --------------------------------------------------------------------------------
 
 
@@ -780,6 +821,11 @@ def cases() -> list[Case]:
         ),
         ("a write on a released, yielded or finished lease is refused", ended_leases_refused, True),
         ("a write at a token never granted is refused", ungranted_tokens_refused, True),
+        (
+            "a key naming another holder is refused as superseded, whatever the lease became",
+            holder_decided_before_lease_state,
+            True,
+        ),
         (
             "race: a zombie's write against its lease's hand-over and the new holder's write",
             zombie_write_races_hand_over,
