@@ -56,6 +56,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from agboss_sql._dialects import Dialect
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateChildError, StoreTimeoutError
 from agboss_sql.contracts.keys import checked_identifier
@@ -129,10 +130,17 @@ class QueueStatements:
     """The child queue's statements for one dialect."""
 
     def __init__(self, b: SqlBuilder) -> None:
-        ops = b.ops
         self.update_returning: bool = b.capabilities.update_returning
-        now = sa.bindparam("now", type_=sa.BigInteger)
+        self._build_enqueue_and_lists(b.ops)
+        self._build_claims(b.ops)
+        self._build_restarts()
+        self._build_finishes(b.ops)
+        self._build_waits(b.ops)
+        self._build_wakes()
 
+    def _build_enqueue_and_lists(self, ops: Dialect) -> None:
+        """Enqueue a child; list the running children and a parent's children."""
+        now = sa.bindparam("now", type_=sa.BigInteger)
         self.enqueue = ops.insert_if_absent(C, ["child_execution_id"]).values(
             tenant_id=sa.bindparam("tenant_id"),
             root_execution_id=sa.bindparam("root_execution_id"),
@@ -145,6 +153,26 @@ class QueueStatements:
             queued_at=now,
         )
 
+        self.running = (
+            sa.select(*_columns(_LISTED))
+            .where(C.c.status == sa.bindparam("running"))
+            .order_by(C.c.queued_at, C.c.id)
+            .limit(sa.bindparam("limit", type_=sa.Integer))
+        )
+
+        self.children = (
+            sa.select(*_columns(_LISTED))
+            .where(
+                C.c.parent_execution_id == sa.bindparam("parent_execution_id"),
+                C.c.tenant_id == sa.bindparam("tenant_id"),
+            )
+            .order_by(C.c.id)
+        )
+
+    def _build_claims(self, ops: Dialect) -> None:
+        """Claim the next queued child: one statement, or (without `UPDATE … RETURNING`) a
+        locking read and an update."""
+        now = sa.bindparam("now", type_=sa.BigInteger)
         next_queued = (
             sa.select(C.c.id)
             .where(C.c.status == sa.bindparam("queued"))
@@ -190,13 +218,9 @@ class QueueStatements:
             .values(claim_values)
         )
 
-        self.running = (
-            sa.select(*_columns(_LISTED))
-            .where(C.c.status == sa.bindparam("running"))
-            .order_by(C.c.queued_at, C.c.id)
-            .limit(sa.bindparam("limit", type_=sa.Integer))
-        )
-
+    def _build_restarts(self) -> None:
+        """Restart a running child's attempt; read what a claim answered."""
+        now = sa.bindparam("now", type_=sa.BigInteger)
         restart = (
             sa.update(C)
             .where(
@@ -216,6 +240,10 @@ class QueueStatements:
             C.c.child_execution_id == sa.bindparam("child_execution_id")
         )
 
+    def _build_finishes(self, ops: Dialect) -> None:
+        """Finish a child: its siblings locked, its row finished, the waiting parent woken,
+        and (certifying clusters) the row every finisher of the parent writes."""
+        now = sa.bindparam("now", type_=sa.BigInteger)
         # The parent of the child, by value: the subqueries are plain reads of columns that
         # never change, so they lock nothing (InnoDB locks only the outer rows: a join would
         # lock the finisher's own row first, in another order for each finisher). Every
@@ -264,7 +292,21 @@ class QueueStatements:
             )
             .values(status=sa.bindparam("queued"))
         )
+
+        # On a cluster that certifies write sets the siblings' locks above are local to a
+        # node: every finisher also writes the parent's first child, so two finishes that
+        # did not see each other conflict at certification and the later runs again.
+        self.count_sibling_finish = (
+            sa.update(C)
+            .where(C.c.id == sa.bindparam("first_id"))
+            .values(sibling_finishes=C.c.sibling_finishes + 1)
+        )
+
+    def _build_waits(self, ops: Dialect) -> None:
+        """A parent waits for its children: their rows locked, then its own, then moved."""
         # A wait: lock the child's children (as their finishers do), then the child's row.
+        me = C.alias("me")
+        of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
         self.lock_children = ops.for_update(
             sa.select(C.c.id, C.c.status).where(
                 C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
@@ -286,15 +328,9 @@ class QueueStatements:
             .values(status=sa.bindparam("waiting"))
         )
 
-        # On a cluster that certifies write sets the siblings' locks above are local to a
-        # node: every finisher also writes the parent's first child, so two finishes that
-        # did not see each other conflict at certification and the later runs again.
-        self.count_sibling_finish = (
-            sa.update(C)
-            .where(C.c.id == sa.bindparam("first_id"))
-            .values(sibling_finishes=C.c.sibling_finishes + 1)
-        )
-
+    def _build_wakes(self) -> None:
+        """The wakes a finish owes a parent: listed, claimed, marked done, read."""
+        now = sa.bindparam("now", type_=sa.BigInteger)
         the_child = C.c.child_execution_id == sa.bindparam("child_execution_id")
         owes_wake = sa.and_(C.c.finish_remaining == 0, C.c.parent_woken_at.is_(None))
         claim_free = sa.or_(C.c.wake_claimed_until.is_(None), C.c.wake_claimed_until <= now)
@@ -320,15 +356,6 @@ class QueueStatements:
         self.read_wake = sa.select(
             C.c.finish_remaining, C.c.wake_claimed_by, C.c.parent_woken_at
         ).where(the_child)
-
-        self.children = (
-            sa.select(*_columns(_LISTED))
-            .where(
-                C.c.parent_execution_id == sa.bindparam("parent_execution_id"),
-                C.c.tenant_id == sa.bindparam("tenant_id"),
-            )
-            .order_by(C.c.id)
-        )
 
 
 _STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
