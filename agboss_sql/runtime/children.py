@@ -22,7 +22,7 @@ from agboss_sql.contracts.stores import (
     ExecutionLeaseRepository,
     ExecutionTreeRepository,
 )
-from agboss_sql.contracts.types import ClaimedChild, ExecutionLease, JsonValue
+from agboss_sql.contracts.types import ChildExecution, ClaimedChild, ExecutionLease, JsonValue
 from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.keeper import DEFAULT_LEASE_MS, LeaseKeeper, bind_keeper, unbind_keeper
 
@@ -120,6 +120,7 @@ class ChildWorker:
         trust_margin_ms: int | None = None,
         wake_claim_ms: int = DEFAULT_WAKE_CLAIM_MS,
         store_retries: int = DEFAULT_STORE_RETRIES,
+        accepts: Callable[[ChildExecution], bool] | None = None,
     ) -> None:
         if isinstance(wake_claim_ms, bool) or not isinstance(wake_claim_ms, int):
             raise ValueError(f"wake_claim_ms must be a positive int, got {wake_claim_ms!r}")
@@ -141,6 +142,7 @@ class ChildWorker:
         self.trust_margin_ms = trust_margin_ms
         self.wake_claim_ms = wake_claim_ms
         self.store_retries = store_retries
+        self.accepts = accepts
         self._task: asyncio.Task[None] | None = None
         self._runs: set[asyncio.Task[None]] = set()
         self._keepers: set[LeaseKeeper] = set()
@@ -246,6 +248,8 @@ class ChildWorker:
         for child in await self.queue.running(limit):
             if max_runs is not None and rescued >= max_runs:
                 break
+            if self.accepts is not None and not self.accepts(child):
+                continue  # left to an instance that can run it
             keeper = self._keeper(child.root_execution_id)
             lease = await self._take(keeper, child.tenant_id, child.child_execution_id)
             if lease is None:

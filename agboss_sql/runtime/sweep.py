@@ -48,6 +48,8 @@ class RecoverySweep:
       and return; it holds the lease with `LeaseKeeper.adopt(lease)`, which confirms it at
       once so its trust window is measured from a request it sent. A `resume` that raises
       gets its lease released, so another pass (here or elsewhere) can try again.
+    - `accepts(record)`, when given, says which trees this instance can run: the others
+      are never taken here (an instance whose app lacks a workflow leaves its runs alone).
     - Taken and cancelled pauses older than `pause_retention_ms` are purged.
 
     `find_by_status` has no cursor, so each pass reads up to `max(free_slots(),
@@ -69,6 +71,7 @@ class RecoverySweep:
         every_ms: int = DEFAULT_SWEEP_MS,
         pause_retention_ms: int = DAY_MS,
         scan_limit: int = DEFAULT_SCAN_LIMIT,
+        accepts: Callable[[ExecutionRecord], bool] | None = None,
     ) -> None:
         for what, value in (
             ("lease_ms", lease_ms),
@@ -89,6 +92,7 @@ class RecoverySweep:
         self.every_ms = every_ms
         self.pause_retention_ms = pause_retention_ms
         self.scan_limit = scan_limit
+        self.accepts = accepts
         self._task: asyncio.Task[None] | None = None
 
     async def run_once(self) -> list[ExecutionLease]:
@@ -105,6 +109,8 @@ class RecoverySweep:
                     break
                 if record.execution_id != record.root_execution_id:
                     continue
+                if self.accepts is not None and not self.accepts(record):
+                    continue  # another instance's app runs it
                 lease = await self._claim(record)
                 if lease is not None:
                     claimed.append(lease)

@@ -1,0 +1,849 @@
+"""`Engine`: runs a `Workflows` app on the shared stores, and starts, resumes, cancels and
+reads its runs from any instance.
+
+    async with Engine(app, url="postgresql://…/shop") as engine:
+        handle = await engine.start("order", {"id": "o-1", "cents": 4200}, id="o-1")
+        print(await handle.result(timeout_s=60))
+
+Every instance that runs an `Engine` (with `work=True`, the default) also:
+
+- takes over runs whose holder died or let go (the `RecoverySweep`, every third of a
+  lease), and resumes each from its stored steps;
+- claims children queued by any instance while a step slot is free (`ChildWorker`), and
+  rescues children whose runner died;
+- wakes a parent when the last of its children finished, and finishes resumes whose
+  resolver died between answering a pause and taking the run's lease.
+
+At most `max_concurrent_steps` steps run at once per instance. A run of a workflow this
+instance's app does not know is left to an instance whose app does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agboss_sql.application import Application, DatabaseUrl
+from agboss_sql.contracts.clocks import Clock, SystemClock
+from agboss_sql.contracts.errors import (
+    DuplicateExecutionError,
+    ExecutionCancelledError,
+    ExecutionLeaseLostError,
+    NotPausedError,
+)
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.stores import (
+    CANCEL_REQUEST_KEY,
+    ChildExecutionQueueRepository,
+    ExecutionLeaseEventRepository,
+    ExecutionLeaseRepository,
+    ExecutionRecordRepository,
+    ExecutionTreeRepository,
+    FencedEffectRepository,
+    OutboundCallRepository,
+    PausedExecutionRepository,
+)
+from agboss_sql.contracts.types import (
+    ChildExecution,
+    ClaimedChild,
+    ExecutionLease,
+    ExecutionRecord,
+    ExecutionRecordStatus,
+    JsonValue,
+    PauseStatus,
+)
+from agboss_sql.runtime._execution import (
+    END_DECISION_KEY,
+    HANDOVER,
+    INPUT_KEY,
+    PAUSE_PREFIX,
+    Executor,
+    Run,
+    Suspended,
+)
+from agboss_sql.runtime.children import (
+    ChildWorker,
+    ChildYielded,
+    cancel_and_wait,
+    error_outcome,
+    flush_bounded,
+    release_bounded,
+)
+from agboss_sql.runtime.context import WorkflowContext
+from agboss_sql.runtime.errors import (
+    AmbiguousPauseError,
+    UnknownWorkflowError,
+    UnknownWorkflowRunError,
+    WorkflowCancelledError,
+    WorkflowFailedError,
+    WorkflowIdConflictError,
+    WorkflowTimeoutError,
+)
+from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
+from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
+from agboss_sql.runtime.sweep import RecoverySweep
+from agboss_sql.runtime.workflows import (
+    PauseInfo,
+    Workflows,
+    WorkflowState,
+    WorkflowStatus,
+    checked_json,
+    checked_name,
+)
+
+logger = logging.getLogger("agboss_sql.runtime")
+
+DEFAULT_TENANT = "default"
+REGISTRY_TENANT = "@agboss"
+REGISTRY_ROOT = "@agboss/workflows"
+"""Where each worker writes the names of the workflows its app knows (tree keys), so a
+`start` anywhere can tell a name no worker knows from a workflow of another app."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowHandle:
+    """A started run: read its status or wait for its result from this instance."""
+
+    engine: Engine
+    tenant_id: str
+    workflow_id: str
+
+    async def status(self) -> WorkflowStatus:
+        return await self.engine.status(self.workflow_id, tenant_id=self.tenant_id)
+
+    async def result(self, *, timeout_s: float | None = None) -> JsonValue:
+        return await self.engine.result(
+            self.workflow_id, tenant_id=self.tenant_id, timeout_s=timeout_s
+        )
+
+
+def _positive(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+
+
+class Engine:
+    """One instance of a workflow application (see the module). `open()` then `close()`,
+    or `async with Engine(app, url=URL) as engine:`.
+
+    - `workflows`: the app whose workflows this instance runs.
+    - `url` (or `application`, an `Application` over the SQL stores you assembled): the
+      database every instance shares. Neither: a SQLite file under `.agboss/`.
+    - `work=False` makes a client: it starts, resumes, cancels and reads runs, and runs
+      nothing itself.
+    - `lease_ms` (30 s): how long a run's lease lasts unrenewed; a dead instance's runs are
+      taken over within about a lease. `max_concurrent_steps` (8): steps at once here.
+    """
+
+    def __init__(
+        self,
+        workflows: Workflows,
+        *,
+        url: str | None = None,
+        application: Application | None = None,
+        instance_id: str | None = None,
+        work: bool = True,
+        lease_ms: int = 30_000,
+        max_concurrent_steps: int = 8,
+        sweep_ms: int | None = None,
+        poll_ms: int | None = None,
+        shutdown_ms: int = 10_000,
+        aging_ms: int = DEFAULT_AGING_MS,
+        clock: Clock | None = None,
+        on_event: Any = None,
+    ) -> None:
+        if not isinstance(workflows, Workflows):
+            raise TypeError(f"Engine runs a Workflows app, got {type(workflows).__name__}")
+        for what, value in (
+            ("lease_ms", lease_ms),
+            ("max_concurrent_steps", max_concurrent_steps),
+            ("shutdown_ms", shutdown_ms),
+            ("aging_ms", aging_ms),
+        ):
+            _positive(what, value)
+        for what, maybe in (("sweep_ms", sweep_ms), ("poll_ms", poll_ms)):
+            if maybe is not None:
+                _positive(what, maybe)
+        self.workflows = workflows
+        self.url = url
+        self.app = application
+        self.instance_id = (
+            application.instance_id
+            if application is not None
+            else instance_id or f"engine-{uuid.uuid4().hex[:8]}"
+        )
+        self.work = work
+        self.lease_ms = lease_ms
+        self.sweep_ms = sweep_ms if sweep_ms is not None else max(1, lease_ms // 3)
+        self.poll_ms = poll_ms if poll_ms is not None else max(10, lease_ms // 15)
+        self.shutdown_ms = shutdown_ms
+        self.trust_margin_ms = min(1_000, lease_ms // 3)
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.slots = StepSlots(max_concurrent_steps, self.clock, aging_ms=aging_ms)
+        self.emit = on_event if on_event is not None else (lambda _event: None)
+        self._executor: Executor | None = None
+        self._sweep: RecoverySweep | None = None
+        self._children: ChildWorker | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._keepers: set[LeaseKeeper] = set()
+        self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
+        self._known: set[str] = set()
+        self._changed: asyncio.Event | None = None
+        self._active_children = 0
+        self._pending_children: set[str] = set()
+        self._stopping = False
+        self._opened = False
+        self._owns_app = application is None
+
+    # -- stores --------------------------------------------------------------------------
+
+    def _store(self, contract: type[Any]) -> Any:
+        if self.app is None or not self._opened:
+            raise RuntimeError("open the engine first (`await engine.open()` or `async with`)")
+        return self.app.store(contract)
+
+    @property
+    def records(self) -> ExecutionRecordRepository:
+        return self._store(ExecutionRecordRepository)  # type: ignore[no-any-return]
+
+    @property
+    def tree(self) -> ExecutionTreeRepository:
+        return self._store(ExecutionTreeRepository)  # type: ignore[no-any-return]
+
+    @property
+    def pauses(self) -> PausedExecutionRepository:
+        return self._store(PausedExecutionRepository)  # type: ignore[no-any-return]
+
+    @property
+    def queue(self) -> ChildExecutionQueueRepository:
+        return self._store(ChildExecutionQueueRepository)  # type: ignore[no-any-return]
+
+    @property
+    def leases(self) -> ExecutionLeaseRepository:
+        return self._store(ExecutionLeaseRepository)  # type: ignore[no-any-return]
+
+    @property
+    def events(self) -> ExecutionLeaseEventRepository:
+        return self._store(ExecutionLeaseEventRepository)  # type: ignore[no-any-return]
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            raise RuntimeError("open the engine first (`await engine.open()` or `async with`)")
+        return self._executor
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def open(self, *, background: bool = True) -> None:
+        """Assemble the stores, register this app's workflow names, and (with `work`) start
+        the sweep, the child pump and rescue, and the resume finisher. `background=False`
+        starts none of the loops (tests drive them one pass at a time)."""
+        from agboss_sql.sql import sql_stores
+
+        if self.app is None:
+            values: dict[Any, Any] = {DatabaseUrl: DatabaseUrl(self.url)} if self.url else {}
+            self.app = Application(
+                "agboss-engine", sql_stores(), values, instance_id=self.instance_id
+            )
+        await self.app.start()
+        self._opened = True
+        self._changed = asyncio.Event()
+        self._executor = Executor(
+            workflows=self.workflows,
+            instance_id=self.instance_id,
+            clock=self.clock,
+            slots=self.slots,
+            records=self.records,
+            tree=self.tree,
+            queue=self.queue,
+            pauses=self.pauses,
+            effects=self._store(FencedEffectRepository),
+            outbound_calls=self._store(OutboundCallRepository),
+            events=self.events,
+            lease_ms=self.lease_ms,
+            poll_ms=self.poll_ms,
+            emit=self.emit,
+            after_resolve=self._after_resolve,
+        )
+        if not self.work:
+            return
+        for definition in self.workflows:
+            await self.tree.save_if_absent(
+                REGISTRY_TENANT,
+                REGISTRY_ROOT,
+                definition.name,
+                {"first_by": self.instance_id, "at": self.clock.now()},
+            )
+            self._known.add(definition.name)
+        self._sweep = RecoverySweep(
+            self.records,
+            self.leases,
+            self.events,
+            self.pauses,
+            self.clock,
+            resume=self._resume_claimed,
+            free_slots=lambda: self.slots.free,
+            lease_ms=self.lease_ms,
+            every_ms=self.sweep_ms,
+            accepts=lambda record: record.workflow in self.workflows,
+        )
+        self._children = ChildWorker(
+            self.queue,
+            self.leases,
+            self.events,
+            self.clock,
+            run_child=self._run_child,
+            wake_parent=self._wake_parent,
+            lease_ms=self.lease_ms,
+            tree=self.tree,
+            instance_id=self.instance_id,
+            trust_margin_ms=self.trust_margin_ms,
+            wake_claim_ms=max(self.lease_ms, 1_000),
+            accepts=self._accepts_child,
+        )
+        if background:
+            self._sweep.start()
+            self._spawn(self._child_pump())
+            self._spawn(self._housekeeping())
+        self.emit(
+            {"kind": "ready", "instance": self.instance_id, "workflows": self.workflows.names}
+        )
+
+    async def close(self) -> None:
+        """Stop within `shutdown_ms`: start nothing new, cancel every run here and release
+        each lease still held, so another instance takes those runs on at once."""
+        if not self._opened:
+            return
+        self._stopping = True
+        bound_s = self.shutdown_ms / 1000
+        try:
+            async with asyncio.timeout(bound_s):
+                if self._sweep is not None:
+                    await self._sweep.stop()
+                await cancel_and_wait(list(self._tasks), 0.3 * bound_s)
+                if self._children is not None:
+                    await self._children.stop(release=True, timeout_s=0.3 * bound_s)
+                keepers = [keeper for keeper in self._keepers if keeper.held]
+                await asyncio.gather(*(release_bounded(k) for k in keepers))
+                await flush_bounded(list(self._made))
+        finally:
+            self._opened = False
+            if self.app is not None and self._owns_app:
+                await self.app.close()
+            self.emit({"kind": "stopped"})
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _poke(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _nap(self, ms: int) -> None:
+        changed = self._changed
+        if changed is None:
+            await self.clock.sleep(ms)
+            return
+        changed.clear()
+        loop = asyncio.get_running_loop()
+        sleeper = loop.create_task(self.clock.sleep(ms))
+        waiter = loop.create_task(changed.wait())
+        try:
+            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waiter.cancel()
+
+    # -- the client API ------------------------------------------------------------------
+
+    async def start(
+        self,
+        workflow: str,
+        input: JsonValue = None,
+        *,
+        id: str | None = None,
+        tenant_id: str = DEFAULT_TENANT,
+    ) -> WorkflowHandle:
+        """Start a run of `workflow` with `input` (JSON) under `id` (default: a new uuid),
+        durably: once this returns, some instance runs it even if this one dies. Idempotent
+        on the id: the same call again answers the same run; another workflow or input
+        under that id is `WorkflowIdConflictError`. A name no worker's app registered is
+        `UnknownWorkflowError`. Runs here at once when this engine works and knows it."""
+        checked_name("a workflow name", workflow)
+        checked_json(f"the input of workflow {workflow!r}", input)
+        workflow_id = checked_identifier("id", id if id is not None else uuid.uuid4().hex)
+        checked_identifier("tenant_id", tenant_id)
+        if workflow not in self.workflows and not await self._someone_knows(workflow):
+            raise UnknownWorkflowError(
+                f"no worker has registered workflow {workflow!r} (this app has "
+                f"{self.workflows.names}): register it in the app your workers load, or fix "
+                "the name"
+            )
+        stored = {"workflow": workflow, "input": input}
+        if not await self.tree.save_if_absent(tenant_id, workflow_id, INPUT_KEY, stored):
+            found = await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
+            if found != stored:
+                raise WorkflowIdConflictError(
+                    f"run {workflow_id!r} was started with another workflow or input "
+                    f"({str(found)[:200]}): start the new run under a new id",
+                    workflow_id=workflow_id,
+                )
+        now = self.clock.now()
+        record = ExecutionRecord(
+            tenant_id=tenant_id,
+            execution_id=workflow_id,
+            root_execution_id=workflow_id,
+            parent_execution_id=None,
+            thread_id=None,
+            workflow=workflow,
+            owner=self.instance_id,
+            status=ExecutionRecordStatus.RUNNING,
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            await self.records.save(record)
+        except DuplicateExecutionError:
+            return WorkflowHandle(self, tenant_id, workflow_id)
+        self.emit({"kind": "started", "tree": workflow_id, "workflow": workflow})
+        if self.work and workflow in self.workflows and not self._stopping:
+            await self._start_root(tenant_id, workflow_id, StepKind.ROOT)
+        return WorkflowHandle(self, tenant_id, workflow_id)
+
+    def handle(self, workflow_id: str, *, tenant_id: str = DEFAULT_TENANT) -> WorkflowHandle:
+        """A handle on a run started anywhere."""
+        return WorkflowHandle(self, tenant_id, workflow_id)
+
+    async def _someone_knows(self, workflow: str) -> bool:
+        if workflow in self._known:
+            return True
+        if await self.tree.get(REGISTRY_TENANT, REGISTRY_ROOT, workflow) is None:
+            return False
+        self._known.add(workflow)
+        return True
+
+    async def status(self, workflow_id: str, *, tenant_id: str = DEFAULT_TENANT) -> WorkflowStatus:
+        """The run as the database holds it now; `UnknownWorkflowRunError` for no such run."""
+        record = await self.records.get(tenant_id, workflow_id)
+        if record is None:
+            raise UnknownWorkflowRunError(
+                f"no run {workflow_id!r} in tenant {tenant_id!r}", workflow_id=workflow_id
+            )
+        stored = await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
+        pauses: list[PauseInfo] = []
+        for value in (await self.tree.list(tenant_id, workflow_id, PAUSE_PREFIX)).values():
+            if not isinstance(value, dict):
+                continue
+            pause = await self.pauses.get(tenant_id, str(value.get("pause_id")))
+            if pause is not None:
+                pauses.append(
+                    PauseInfo(
+                        str(value.get("name")), pause.request, pause.status.value, pause.decision
+                    )
+                )
+        outcome = record.outcome if isinstance(record.outcome, dict) else {}
+        state = WorkflowState(record.status.value)
+        return WorkflowStatus(
+            tenant_id=tenant_id,
+            workflow_id=workflow_id,
+            workflow=record.workflow,
+            state=state,
+            input=stored.get("input") if isinstance(stored, dict) else None,
+            result=outcome.get("result") if state is WorkflowState.SUCCEEDED else None,
+            error=outcome.get("error", outcome)
+            if state.ended and state is not WorkflowState.SUCCEEDED
+            else None,
+            pauses=tuple(pauses),
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+    async def result(
+        self,
+        workflow_id: str,
+        *,
+        tenant_id: str = DEFAULT_TENANT,
+        timeout_s: float | None = None,
+    ) -> JsonValue:
+        """Wait for the run to end and answer its result: `WorkflowFailedError` when it
+        failed, `WorkflowCancelledError` when it was cancelled, `WorkflowTimeoutError` past
+        `timeout_s` (the run goes on). Polls the record every `poll_ms`."""
+        started = time.monotonic()
+        while True:
+            found = await self.status(workflow_id, tenant_id=tenant_id)
+            if found.state is WorkflowState.SUCCEEDED:
+                return found.result
+            if found.state is WorkflowState.FAILED:
+                raise WorkflowFailedError(
+                    f"run {workflow_id!r} failed: {found.error}", error=found.error
+                )
+            if found.state is WorkflowState.CANCELLED:
+                raise WorkflowCancelledError(f"run {workflow_id!r} was cancelled")
+            if timeout_s is not None and time.monotonic() - started >= timeout_s:
+                raise WorkflowTimeoutError(
+                    f"run {workflow_id!r} is still {found.state.value} after {timeout_s} s"
+                )
+            await asyncio.sleep(self.poll_ms / 1000)
+
+    async def resume(
+        self,
+        workflow_id: str,
+        decision: JsonValue = None,
+        *,
+        pause: str | None = None,
+        tenant_id: str = DEFAULT_TENANT,
+    ) -> None:
+        """Answer the run's pending pause (`pause=` its name when several wait) with
+        `decision` (JSON), from any instance: two-phase — the pause is resolved (a second
+        answer, here or anywhere, is `NotPausedError`), then the run is made runnable and
+        its lease taken here, or by any worker's sweep."""
+        checked_json("a decision", decision)
+        named = await self.tree.list(tenant_id, workflow_id, PAUSE_PREFIX)
+        candidates: list[str] = []
+        for value in named.values():
+            if not isinstance(value, dict):
+                continue
+            if pause is not None and value.get("name") != pause:
+                continue
+            found = await self.pauses.get(tenant_id, str(value.get("pause_id")))
+            if found is not None and found.status is PauseStatus.PENDING:
+                candidates.append(found.pause_id)
+        if not candidates:
+            raise NotPausedError(
+                f"run {workflow_id!r} has no pending pause"
+                + (f" named {pause!r}" if pause is not None else "")
+                + ": it was answered already, or has not paused yet"
+            )
+        if len(candidates) > 1:
+            raise AmbiguousPauseError(
+                f"run {workflow_id!r} waits on {len(candidates)} pauses: name one with pause="
+            )
+        await self.pauses.resolve(tenant_id, candidates[0], decision)
+        self.emit({"kind": "resolved", "tree": workflow_id})
+        await self._after_resolve(tenant_id, workflow_id)
+
+    async def _after_resolve(self, tenant_id: str, workflow_id: str) -> None:
+        if not await self.records.transition(
+            tenant_id, workflow_id, ExecutionRecordStatus.PAUSED, ExecutionRecordStatus.RUNNING
+        ):
+            return  # still running (its runner sees the decision), or moved by another
+        record = await self.records.get(tenant_id, workflow_id)
+        if not self.work or record is None or record.workflow not in self.workflows:
+            return  # a worker that knows it takes it at its next sweep
+        for _ in range(3):
+            if self._stopping or await self._start_root(tenant_id, workflow_id, StepKind.DEEPER):
+                return
+            # The pausing run may not have released the lease yet; past these tries the
+            # record is running with a free lease, which a sweep runs.
+            await self.clock.sleep(self.poll_ms)
+
+    async def cancel(self, workflow_id: str, *, tenant_id: str = DEFAULT_TENANT) -> bool:
+        """Cancel the run from any instance, wherever it runs. True when it will end
+        cancelled — its children stop, and every finished step with an undo is undone, last
+        first, once; False when it had already decided to close (too late: it ends
+        succeeded). Calling it again is harmless."""
+        decision = {"decision": "cancel", "by": self.instance_id, "at": self.clock.now()}
+        if not await self.tree.save_if_absent(tenant_id, workflow_id, END_DECISION_KEY, decision):
+            found = await self.tree.get(tenant_id, workflow_id, END_DECISION_KEY)
+            if not isinstance(found, dict) or found.get("decision") != "cancel":
+                self.emit({"kind": "cancel-too-late", "tree": workflow_id})
+                return False
+        await self.tree.save_if_absent(
+            tenant_id,
+            workflow_id,
+            CANCEL_REQUEST_KEY,
+            {"by": self.instance_id, "at": self.clock.now()},
+        )
+        self.emit({"kind": "cancel-requested", "tree": workflow_id})
+        record = await self.records.get(tenant_id, workflow_id)
+        if record is not None and record.status is ExecutionRecordStatus.PAUSED:
+            for value in (await self.tree.list(tenant_id, workflow_id, PAUSE_PREFIX)).values():
+                if isinstance(value, dict):
+                    await self.pauses.cancel(tenant_id, str(value.get("pause_id")))
+            await self.records.transition(
+                tenant_id, workflow_id, ExecutionRecordStatus.PAUSED, ExecutionRecordStatus.RUNNING
+            )
+        return True
+
+    # -- running roots -------------------------------------------------------------------
+
+    def _keeper(self, root: str) -> LeaseKeeper:
+        keeper = LeaseKeeper(
+            self.leases,
+            self.events,
+            self.clock,
+            lease_ms=self.lease_ms,
+            tree=self.tree,
+            root_execution_id=root,
+            trust_margin_ms=self.trust_margin_ms,
+        )
+        self._made.add(keeper)
+        return keeper
+
+    async def _start_root(self, tenant_id: str, workflow_id: str, kind: StepKind) -> bool:
+        """Take the run's lease and run it as a task here. False when its lease is held
+        elsewhere (the holder runs it)."""
+        keeper = self._keeper(workflow_id)
+        self._keepers.add(keeper)
+        try:
+            lease = await keeper.take(tenant_id, workflow_id)
+        finally:
+            if not keeper.held:
+                self._keepers.discard(keeper)
+        if lease is None:
+            return False
+        self._spawn(self._run_root(tenant_id, workflow_id, keeper))
+        return True
+
+    async def _resume_claimed(self, record: ExecutionRecord, lease: ExecutionLease) -> None:
+        """The sweep's resume: hold the lease it took and run the tree from its stored steps."""
+        keeper = self._keeper(record.execution_id)
+        self._keepers.add(keeper)
+        if not await keeper.adopt(lease):
+            raise ExecutionLeaseLostError(f"could not confirm the lease of {record.execution_id}")
+        self.emit({"kind": "recovered", "tree": record.execution_id, "epoch": lease.lease_epoch})
+        self._spawn(self._run_root(record.tenant_id, record.execution_id, keeper))
+
+    async def _run_root(self, tenant_id: str, workflow_id: str, keeper: LeaseKeeper) -> None:
+        executor = self.executor
+        self._keepers.add(keeper)
+        keeper.start()
+        stored = await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
+        name = stored.get("workflow") if isinstance(stored, dict) else None
+        definition = self.workflows.get(name) if isinstance(name, str) else None
+        if definition is None:
+            # Not this app's workflow: let a worker whose app has it take the run now.
+            await keeper.release()
+            return
+        assert isinstance(stored, dict)
+        value = stored.get("input")
+        run = Run(tenant_id, workflow_id, workflow_id, 0, keeper, definition.name)
+        lease = keeper.lease
+        assert lease is not None
+        self.emit({"kind": "tree-run", "tree": workflow_id, "epoch": lease.lease_epoch})
+        try:
+            record = await executor.retrying(
+                run,
+                "read the record",
+                lambda: self.records.get(tenant_id, workflow_id),
+                guard=False,
+            )
+            if record is None or record.status is not ExecutionRecordStatus.RUNNING:
+                await keeper.release()  # paused, waiting or ended since: not this run's
+                return
+            if await executor.cancel_requested(run):
+                raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
+            result = await executor.invoke(definition, WorkflowContext(executor, run), value)
+            result = checked_json(f"the result of workflow {definition.name!r}", result)
+            if not await executor.decide_close(run):
+                raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
+            await self._end(run, ExecutionRecordStatus.SUCCEEDED, {"result": result})
+        except Suspended:
+            return
+        except ExecutionCancelledError:
+            await self._cancelled(run, definition, value)
+        except HANDOVER as error:
+            self.emit({"kind": "handover", "tree": workflow_id, "error": type(error).__name__})
+            await keeper.stop()
+        except asyncio.CancelledError:
+            await keeper.stop()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await keeper.release()
+            raise
+        except Exception as error:
+            task = asyncio.current_task()
+            if self._stopping or (task is not None and task.cancelling()):
+                await keeper.stop()
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        await keeper.release()
+                return
+            logger.info("run %s failed", workflow_id, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self._end(run, ExecutionRecordStatus.FAILED, error_outcome(error))
+        finally:
+            if keeper.held and not self._stopping:
+                with contextlib.suppress(Exception):
+                    await keeper.release()
+            self._poke()
+
+    async def _cancelled(self, run: Run, definition: Any, value: JsonValue) -> None:
+        try:
+            undone = await self.executor.unwind(run, definition, value)
+            await self._end(
+                run,
+                ExecutionRecordStatus.CANCELLED,
+                {
+                    "error": {"code": "execution.cancelled", "message": "cancelled by request"},
+                    "undone": undone,
+                },
+            )
+        except HANDOVER as error:
+            self.emit({"kind": "handover", "tree": run.root, "error": type(error).__name__})
+            await run.keeper.stop()
+
+    async def _end(self, run: Run, status: ExecutionRecordStatus, outcome: JsonValue) -> None:
+        keeper = run.keeper
+        keeper.check_lease()
+        done = await self.executor.retrying(
+            run,
+            f"complete {run.root}",
+            lambda: self.records.complete(
+                run.tenant_id, run.root, ExecutionRecordStatus.RUNNING, status, outcome
+            ),
+            guard=False,
+        )
+        if done:
+            self.emit({"kind": "tree-end", "tree": run.root, "status": status.value})
+            await keeper.finish()
+        else:
+            await keeper.release()
+
+    # -- running children ----------------------------------------------------------------
+
+    def _accepts_child(self, child: ChildExecution | ClaimedChild) -> bool:
+        payload = child.payload if isinstance(child.payload, dict) else {}
+        return payload.get("workflow") in self.workflows
+
+    async def _run_child(self, child: ClaimedChild, lease: ExecutionLease) -> JsonValue:
+        executor = self.executor
+        keeper = current_keeper()
+        assert keeper is not None
+        self._keepers.add(keeper)
+        self._pending_children.discard(child.child_execution_id)
+        payload = child.payload if isinstance(child.payload, dict) else {}
+        definition = self.workflows.get(str(payload.get("workflow")))
+        if definition is None:
+            # Claimed by an instance whose app lacks it: the lease goes back at once and a
+            # worker that knows the workflow rescues the child at its next pass.
+            await keeper.release()
+            raise ChildYielded(child.child_execution_id)
+        self._active_children += 1
+        run = Run(
+            child.tenant_id,
+            child.root_execution_id,
+            child.child_execution_id,
+            child.depth,
+            keeper,
+            definition.name,
+            attempt=child.attempt,
+        )
+        self.emit(
+            {"kind": "child-run", "child": child.child_execution_id, "attempt": child.attempt}
+        )
+        try:
+            if await executor.cancel_requested(run):
+                raise ExecutionCancelledError(f"tree {run.root} was cancelled")
+            result = await executor.invoke(
+                definition, WorkflowContext(executor, run), payload.get("input")
+            )
+            return {"result": checked_json(f"the result of workflow {definition.name!r}", result)}
+        except Suspended:
+            raise ChildYielded(child.child_execution_id) from None
+        finally:
+            self._active_children -= 1
+            self._poke()
+
+    async def _wake_parent(self, tenant_id: str, parent_execution_id: str) -> None:
+        """The last child's finisher wakes its parent: a waiting root's record goes back to
+        `running` and its lease is taken here (a parent that is itself a child was made
+        claimable by the finish, and the child pump claims it)."""
+        moved = await self.records.transition(
+            tenant_id,
+            parent_execution_id,
+            ExecutionRecordStatus.QUEUED,
+            ExecutionRecordStatus.RUNNING,
+        )
+        self.emit({"kind": "woke", "tree": parent_execution_id, "moved": moved})
+        self._poke()
+        if moved and not self._stopping:
+            record = await self.records.get(tenant_id, parent_execution_id)
+            if record is not None and record.workflow in self.workflows:
+                self._spawn(self._start_root(tenant_id, parent_execution_id, StepKind.CLOSE_BRANCH))
+
+    async def _child_pump(self) -> None:
+        """Claim queued children while a slot is free and fewer child runs are at work than
+        there are slots (a child waiting for its own children has no run: it yielded)."""
+        children = self._children
+        assert children is not None
+        while True:
+            claimed = None
+            try:
+                at_work = self._active_children + len(self._pending_children)
+                if self.slots.free > 0 and at_work < self.slots.max_steps:
+                    claimed, task = await children.start_once()
+                    if claimed is not None and task is not None:
+                        child_id = claimed.child_execution_id
+                        self._pending_children.add(child_id)
+                        task.add_done_callback(functools.partial(self._child_done, child_id))
+            except Exception:
+                logger.warning("the child pump failed a pass", exc_info=True)
+            if claimed is None:
+                await self._nap(self.poll_ms)
+
+    def _child_done(self, child_id: str, _task: asyncio.Task[None]) -> None:
+        self._pending_children.discard(child_id)
+        self._poke()
+
+    async def _housekeeping(self) -> None:
+        """Every sweep period: rescue children whose runner died, wake parents whose wake
+        was lost, and finish resumes whose resolver died between its two phases."""
+        children = self._children
+        assert children is not None
+        while True:
+            await self.clock.sleep(self.sweep_ms)
+            try:
+                free = self.slots.free
+                if free > 0:
+                    await children.rescue_once(max(free, 100), spawn=True, max_runs=free)
+                await children.wake_once()
+                await self._finish_resumes()
+            except Exception:
+                logger.warning("a housekeeping pass failed", exc_info=True)
+
+    async def _finish_resumes(self) -> None:
+        now = self.clock.now()
+        for record in await self.records.find_by_status(ExecutionRecordStatus.PAUSED, 100):
+            if record.workflow not in self.workflows:
+                continue
+            named = await self.tree.list(record.tenant_id, record.execution_id, PAUSE_PREFIX)
+            for value in named.values():
+                if not isinstance(value, dict):
+                    continue
+                pause = await self.pauses.get(record.tenant_id, str(value.get("pause_id")))
+                if (
+                    pause is not None
+                    and pause.status is PauseStatus.RESOLVED
+                    and (pause.resolved_at is None or now - pause.resolved_at > self.lease_ms)
+                ):
+                    await self._after_resolve(record.tenant_id, record.execution_id)
+                    break
+
+    # -- passes, for tests and tools -----------------------------------------------------
+
+    async def sweep_once(self) -> list[ExecutionLease]:
+        """One recovery pass now (the background sweep does this every `sweep_ms`)."""
+        assert self._sweep is not None, "open a working engine first"
+        return await self._sweep.run_once()
+
+
+__all__ = ["DEFAULT_TENANT", "Engine", "WorkflowHandle"]
