@@ -196,6 +196,7 @@ class Engine:
         self._keepers: set[LeaseKeeper] = set()
         self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
         self._known: set[str] = set()
+        self._ended: dict[tuple[str, str], asyncio.Event] = {}
         self._changed: asyncio.Event | None = None
         self._active_children = 0
         self._pending_children: set[str] = set()
@@ -425,7 +426,7 @@ class Engine:
             return WorkflowHandle(self, tenant_id, workflow_id)
         self.emit({"kind": "started", "tree": workflow_id, "workflow": workflow})
         if self.work and workflow in self.workflows and not self._stopping:
-            await self._start_root(tenant_id, workflow_id, StepKind.ROOT)
+            await self._start_root(tenant_id, workflow_id, StepKind.ROOT, started=stored)
         return WorkflowHandle(self, tenant_id, workflow_id)
 
     def handle(self, workflow_id: str, *, tenant_id: str = DEFAULT_TENANT) -> WorkflowHandle:
@@ -485,8 +486,10 @@ class Engine:
     ) -> JsonValue:
         """Wait for the run to end and answer its result: `WorkflowFailedError` when it
         failed, `WorkflowCancelledError` when it was cancelled, `WorkflowTimeoutError` past
-        `timeout_s` (the run goes on). Polls the record every `poll_ms`."""
+        `timeout_s` (the run goes on). Reads the record every `poll_ms`, and at once when the
+        run ends on this instance."""
         started = time.monotonic()
+        ended = self._ended.setdefault((tenant_id, workflow_id), asyncio.Event())
         while True:
             found = await self.status(workflow_id, tenant_id=tenant_id)
             if found.state is WorkflowState.SUCCEEDED:
@@ -497,11 +500,16 @@ class Engine:
                 )
             if found.state is WorkflowState.CANCELLED:
                 raise WorkflowCancelledError(f"run {workflow_id!r} was cancelled")
-            if timeout_s is not None and time.monotonic() - started >= timeout_s:
+            waited = time.monotonic() - started
+            if timeout_s is not None and waited >= timeout_s:
                 raise WorkflowTimeoutError(
                     f"run {workflow_id!r} is still {found.state.value} after {timeout_s} s"
                 )
-            await asyncio.sleep(self.poll_ms / 1000)
+            nap = self.poll_ms / 1000
+            if timeout_s is not None:
+                nap = min(nap, timeout_s - waited)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), nap)
 
     async def resume(
         self,
@@ -598,9 +606,17 @@ class Engine:
         self._made.add(keeper)
         return keeper
 
-    async def _start_root(self, tenant_id: str, workflow_id: str, kind: StepKind) -> bool:
+    async def _start_root(
+        self,
+        tenant_id: str,
+        workflow_id: str,
+        kind: StepKind,
+        *,
+        started: dict[str, JsonValue] | None = None,
+    ) -> bool:
         """Take the run's lease and run it as a task here. False when its lease is held
-        elsewhere (the holder runs it)."""
+        elsewhere (the holder runs it). `started`: the workflow and input this instance has
+        just recorded (the run needs not read them back)."""
         keeper = self._keeper(workflow_id)
         self._keepers.add(keeper)
         try:
@@ -610,7 +626,7 @@ class Engine:
                 self._keepers.discard(keeper)
         if lease is None:
             return False
-        self._spawn(self._run_root(tenant_id, workflow_id, keeper))
+        self._spawn(self._run_root(tenant_id, workflow_id, keeper, started))
         return True
 
     async def _resume_claimed(self, record: ExecutionRecord, lease: ExecutionLease) -> None:
@@ -622,11 +638,21 @@ class Engine:
         self.emit({"kind": "recovered", "tree": record.execution_id, "epoch": lease.lease_epoch})
         self._spawn(self._run_root(record.tenant_id, record.execution_id, keeper))
 
-    async def _run_root(self, tenant_id: str, workflow_id: str, keeper: LeaseKeeper) -> None:
+    async def _run_root(
+        self,
+        tenant_id: str,
+        workflow_id: str,
+        keeper: LeaseKeeper,
+        started: dict[str, JsonValue] | None = None,
+    ) -> None:
         executor = self.executor
         self._keepers.add(keeper)
         keeper.start()
-        stored = await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
+        stored = (
+            started
+            if started is not None
+            else await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
+        )
         name = stored.get("workflow") if isinstance(stored, dict) else None
         definition = self.workflows.get(name) if isinstance(name, str) else None
         if definition is None:
@@ -714,6 +740,9 @@ class Engine:
         )
         if done:
             self.emit({"kind": "tree-end", "tree": run.root, "status": status.value})
+            ended = self._ended.pop((run.tenant_id, run.root), None)
+            if ended is not None:
+                ended.set()
             await keeper.finish()
         else:
             await keeper.release()
