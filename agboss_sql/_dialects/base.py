@@ -53,6 +53,11 @@ class Capabilities:
     - `json_key_exact`: `json_key_equals` is exact for nested JSON values too.
     - `insert_if_absent_raises`: `insert_if_absent` raises a unique violation on a duplicate
       (the caller reads it as "already there") instead of skipping it silently.
+    - `insert_or_lock_returning`: `insert_or_lock` is one statement that answers the row
+      it inserted or, on a duplicate, the existing row, locked and unchanged
+      (`INSERT … ON CONFLICT DO UPDATE … RETURNING`); without it, `insert_or_lock` is a
+      plain insert whose duplicate raises a unique violation, and the caller reads the
+      existing row.
     - `batch_migrations`: Alembic must rewrite tables to alter them (`render_as_batch`).
     - `certified_writes`: a multi-primary cluster that certifies each transaction's write
       set at COMMIT (MariaDB Galera): row locks are local to a node and a statement that
@@ -78,6 +83,7 @@ class Capabilities:
     json_key_exact: bool
     insert_if_absent_raises: bool
     batch_migrations: bool
+    insert_or_lock_returning: bool = False
     certified_writes: bool = False
     scripts: bool = False
     shared_with: bool = False
@@ -126,6 +132,13 @@ class Dialect(Protocol):
         update: Callable[[Any], Sequence[tuple[str, Any]]],
         decided_by: str,
     ) -> Any: ...
+
+    def insert_or_lock(self, insert: Any, keys: Sequence[str], columns: Sequence[Any]) -> Any:
+        """`insert` (this dialect's insert) claiming the unique key `keys`: with
+        `Capabilities.insert_or_lock_returning`, one statement that inserts the row or locks
+        the existing one unchanged, and returns `columns` of the row either way; else the
+        plain insert, whose duplicate is a unique violation (`is_unique_violation`)."""
+        ...
 
     def returning(self, statement: Any, *columns: Any) -> Any:
         """`statement … RETURNING columns`, for a dialect whose capabilities say it has it

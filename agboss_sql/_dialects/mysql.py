@@ -122,6 +122,13 @@ def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
     return insert(table)
 
 
+def insert_or_lock(insert: Any, keys: Sequence[str], columns: Sequence[Any]) -> Any:
+    """The plain insert (`Capabilities.insert_or_lock_returning` is False): a duplicate of
+    `keys` raises (`is_unique_violation`) without ending the transaction, and the caller
+    reads the existing row."""
+    return insert
+
+
 def upsert(
     table: sa.Table,
     keys: Sequence[str],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
 from agboss_sql._dialects.base import Capabilities
+from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
 
 NAME = "sqlite"
@@ -32,6 +33,7 @@ CAPABILITIES = Capabilities(
     dml_in_with=False,
     json_key_exact=False,
     insert_if_absent_raises=False,
+    insert_or_lock_returning=True,
     batch_migrations=True,
 )
 BEGIN = "BEGIN IMMEDIATE"
@@ -41,6 +43,14 @@ ASYNC_DRIVER = "aiosqlite"
 DRIVER_SENDS_BEGIN = False
 
 insert = sq.insert
+_ON_CONFLICT = OnConflict(insert)
+insert_if_absent = _ON_CONFLICT.insert_if_absent
+upsert = _ON_CONFLICT.upsert
+upsert_where = _ON_CONFLICT.upsert_where
+insert_or_lock = _ON_CONFLICT.insert_or_lock
+returning = _ON_CONFLICT.returning
+skip_duplicates = _ON_CONFLICT.skip_duplicates
+replace_duplicates = _ON_CONFLICT.replace_duplicates
 
 
 def compile_dialect() -> sa.Dialect:
@@ -82,44 +92,6 @@ def for_share(select: sa.Select[Any]) -> sa.Select[Any]:
 
 def skip_locked(select: sa.Select[Any]) -> sa.Select[Any]:
     return select
-
-
-def insert_if_absent(table: sa.Table, keys: Sequence[str]) -> Any:
-    return insert(table).on_conflict_do_nothing(index_elements=list(keys))
-
-
-def upsert(
-    table: sa.Table,
-    keys: Sequence[str],
-    values: Mapping[str, Any],
-    update: Callable[[Any], Mapping[str, Any]],
-) -> Any:
-    """`INSERT values`; on a duplicate of the unique key `keys`, `SET` what `update(new)`
-    maps (column name -> expression), where `new` names the values the insert proposed
-    (`new.column`). One statement; the duplicate row is locked by it."""
-    statement = insert(table).values(dict(values))
-    return statement.on_conflict_do_update(
-        index_elements=list(keys), set_=dict(update(statement.excluded))
-    )
-
-
-def upsert_where(
-    insert: Any,
-    keys: Sequence[str],
-    where: Callable[[Any], ColumnElement[bool]],
-    update: Callable[[Any], Sequence[tuple[str, Any]]],
-    decided_by: str,
-) -> Any:
-    """`insert`; on a duplicate of the unique key `keys`, when `where(new)` holds for the
-    existing row, `SET` the assignments `update(new)` (`new` names the proposed values)."""
-    new = insert.excluded
-    return insert.on_conflict_do_update(
-        index_elements=list(keys), set_=dict(update(new)), where=where(new)
-    )
-
-
-def returning(statement: Any, *columns: Any) -> Any:
-    return statement.returning(*columns)
 
 
 def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -234,21 +206,6 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
-
-
-def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
-    """`statement` (this dialect's insert, any number of rows) skipping rows whose unique key
-    `keys` is already taken."""
-    return statement.on_conflict_do_nothing(index_elements=list(keys))
-
-
-def replace_duplicates(statement: Any, keys: Sequence[str], columns: Sequence[str]) -> Any:
-    """`statement` (this dialect's insert) setting `columns` to the proposed values on a row
-    whose unique key `keys` is already taken."""
-    new = statement.excluded
-    return statement.on_conflict_do_update(
-        index_elements=list(keys), set_={column: new[column] for column in columns}
-    )
 
 
 def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:

@@ -11,12 +11,13 @@ statements run on the same connection (`SqlConnection.execute_on`), in this orde
    conditional `UPDATE` of the lease row, which locks it until the commit;
 2. the claim of the key's result row, by its unique key, before the work runs,
    so two writers of one key (two scopes sharing a business key) wait for each
-   other instead of both running the work. PostgreSQL and SQLite: an upsert
-   whose no-op update locks an existing row and returns it (`RETURNING`), so a
-   replay costs no second read; a claimed row is new when its result is `NULL`
-   (a committed row always has its JSON result). MySQL/MariaDB: a plain insert,
-   whose duplicate-key error (which does not abort the transaction there) means
-   the row exists; a shared locking read then gets it;
+   other instead of both running the work (the dialect's `insert_or_lock`). With
+   `Capabilities.insert_or_lock_returning` (PostgreSQL, SQLite): an upsert whose
+   no-op update locks an existing row and returns it (`RETURNING`), so a replay
+   costs no second read; a claimed row is new when its result is `NULL` (a
+   committed row always has its JSON result). Without (MySQL/MariaDB): a plain
+   insert, whose duplicate-key error (which does not abort the transaction
+   there) means the row exists; a shared locking read then gets it;
 3. an existing row replays through `replayed_from_of`; else the work, then the
    result stored into the claimed row, then the commit.
 
@@ -101,15 +102,11 @@ class EffectStatements:
             )
         else:
             insert = ops.insert(R).values(row)
-        self.returns_claimed = b.capabilities.insert_returning and b.capabilities.upsert_where
-        if self.returns_claimed:
-            # The no-op update locks a row that exists (after its writer committed) and
-            # makes RETURNING give it back; a new row comes back with its NULL result.
-            self.claim = insert.on_conflict_do_update(
-                index_elements=["identity_hash"], set_={"token": R.c.token}
-            ).returning(*_STORED)
-        else:
-            self.claim = insert
+        # With RETURNING, a claim that meets an existing row (after its writer committed)
+        # locks it and gives it back; a new row comes back with its NULL result. Without,
+        # a duplicate is a unique violation and `read` gets the row.
+        self.returns_claimed = b.capabilities.insert_or_lock_returning
+        self.claim = ops.insert_or_lock(insert, ["identity_hash"], _STORED)
         # The row is committed and never changes once it has a result: a shared lock
         # (compatible with the one the failed insert holds) is enough to read it.
         self.read = ops.for_share(

@@ -107,7 +107,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "SqlFencedEffectRepository._claim",
     ),
     # the SQLite dialect's parts of the fence and take statements
-    "agboss_sql._dialects.sqlite": ("upsert_where", "now_source", "greatest", "least"),
+    "agboss_sql._dialects.sqlite": ("now_source", "greatest", "least"),
+    "agboss_sql._dialects.on_conflict": ("OnConflict.upsert_where", "OnConflict.insert_or_lock"),
 }
 
 CONDITION_CALLS = {"where", "and_", "or_", "case", "greatest", "least", "not_"}

@@ -55,7 +55,8 @@ BUILDER_TESTS: dict[str, tuple[str, ...]] = {
     "agboss_sql.sql.queue.xǁQueueStatementsǁ": ("agboss_sql.sql.queue.",),
     "agboss_sql.sql.outbound.xǁOutboundStatementsǁ": ("agboss_sql.sql.outbound.",),
     "agboss_sql.sql.effects.xǁEffectStatementsǁ": ("agboss_sql.sql.effects.",),
-    "agboss_sql._dialects.sqlite.x_upsert_where": ("agboss_sql.sql.leases.",),
+    "agboss_sql._dialects.on_conflict.xǁOnConflictǁupsert_where": ("agboss_sql.sql.leases.",),
+    "agboss_sql._dialects.on_conflict.xǁOnConflictǁinsert_or_lock": ("agboss_sql.sql.effects.",),
     "agboss_sql._dialects.sqlite.x_greatest": ("agboss_sql.sql.leases.",),
     "agboss_sql._dialects.sqlite.x_least": ("agboss_sql.sql.leases.",),
     "agboss_sql._dialects.sqlite.x_now_source": (
