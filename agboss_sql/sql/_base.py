@@ -1,13 +1,16 @@
-"""What every SQL store shares: its connection, its backend text, JSON, identity hashes."""
+"""What every SQL store shares: its constructor, connection, backend text and statement set;
+JSON; identity hashes."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from agboss_sql.contracts.rules import payload_text
+from agboss_sql.contracts.clocks import Clock, StoreClock
+from agboss_sql.contracts.rules import checked_dependencies, payload_text
 from agboss_sql.contracts.types import ApplicationContext
+from agboss_sql.sql._fence import FenceStatements
 from agboss_sql.sql.connection import SqlConnection
 
 
@@ -31,6 +34,9 @@ def identity_hash(identity: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
+S = TypeVar("S")
+
+
 class SqlStore:
     """Mixin of the `Sql*` stores: the backend is the connection's (`kind[:database]`)."""
 
@@ -45,3 +51,57 @@ class SqlStore:
 
     async def ping(self) -> None:
         await self.connection.ping()
+
+
+class ApplicationClockStore(SqlStore, Generic[S]):
+    """A store whose times come from the application's clock: `SqlXxx(connection, clock,
+    application)`, each checked before anything is built (`checked_dependencies`: a wrong
+    one is a `TypeError` naming the store); nothing connects. `_sql` is the store's
+    statement set (`statements`, built once per dialect, shared by every store on the
+    connection)."""
+
+    statements: type[S]
+    _sql: S
+
+    def __init__(
+        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
+    ) -> None:
+        connection, self.clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="application"
+        )
+        self._attach(connection, application)
+        self._sql = connection.prepared(self.statements)
+
+
+class StoreClockStore(SqlStore, Generic[S]):
+    """A store that decides by the store's time (lease expiry): `SqlXxx(connection, clock,
+    application)` with `clock` a `StoreClock` (database time, or a clock in tests), each
+    checked before anything is built (`checked_dependencies`); nothing connects. `_sql` is
+    the store's statement set (`statements`, built once per dialect and kind of store time)."""
+
+    statements: type[S]
+    _sql: S
+
+    def __init__(
+        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        connection, self.store_clock, application = checked_dependencies(
+            self, connection, SqlConnection, clock, application, clock_kind="store"
+        )
+        self._attach(connection, application)
+        self._sql = connection.prepared(
+            self.statements, database_time=self.store_clock.is_database_time
+        )
+
+
+class FencedStore(StoreClockStore[S]):
+    """A store-time store whose writes are fenced by a lease: `_fence` is the fence the
+    fenced-effect store makes first (`_fence.FenceStatements`), on the same store time."""
+
+    def __init__(
+        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        super().__init__(connection, clock, application)
+        self._fence = connection.prepared(
+            FenceStatements, database_time=self.store_clock.is_database_time
+        )

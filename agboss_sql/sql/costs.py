@@ -24,19 +24,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.rules import (
     NO_TENANT,
     checked_budget_key,
     checked_cost_entry,
     checked_count,
-    checked_dependencies,
     checked_int,
 )
 from agboss_sql.contracts.stores import CostLedgerRepository
-from agboss_sql.contracts.types import ApplicationContext, BudgetScope, CostEntry, CostTotal
-from agboss_sql.sql._base import SqlStore
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.contracts.types import BudgetScope, CostEntry, CostTotal
+from agboss_sql.sql._base import ApplicationClockStore
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import cost_entries, cost_reservations
 
 E = cost_entries
@@ -134,7 +132,7 @@ class CostStatements:
         )
 
 
-class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
+class SqlCostLedgerRepository(ApplicationClockStore[CostStatements], CostLedgerRepository):
     """Spend on SQL: entries recorded once by tenant and id; reservations per
     `(scope, tenant, key)` added under that row's lock, never past the limit.
 
@@ -142,14 +140,7 @@ class SqlCostLedgerRepository(SqlStore, CostLedgerRepository):
     whatever `since` is: a reservation is kept as one running amount per key, with no time.
     """
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(CostStatements)
+    statements = CostStatements
 
     async def record(self, entry: CostEntry) -> bool:
         """Insert the entry unless its tenant's `entry_id` is stored (one statement): a

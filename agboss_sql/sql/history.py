@@ -18,18 +18,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
-    checked_dependencies,
     checked_snapshot,
     checked_time,
 )
 from agboss_sql.contracts.stores import ExecutionHistoryRepository
-from agboss_sql.contracts.types import ApplicationContext, ExecutionSnapshot, HistoryCursor
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import SqlBuilder, SqlConnection
+from agboss_sql.contracts.types import ExecutionSnapshot, HistoryCursor
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import execution_history
 
 H = execution_history
@@ -111,19 +109,14 @@ def _snapshot_of(row: Any) -> ExecutionSnapshot:
     )
 
 
-class SqlExecutionHistoryRepository(SqlStore, ExecutionHistoryRepository):
+class SqlExecutionHistoryRepository(
+    ApplicationClockStore[HistoryStatements], ExecutionHistoryRepository
+):
     """Finished runs on SQL, one row per `(tenant_id, execution_id)`; the `record` is kept
     as its JSON text, so it reads back exactly as saved (`steps[].decision`, `input_hash`,
     `tool_calls`, `origin` and anything else in it)."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(HistoryStatements)
+    statements = HistoryStatements
 
     async def save(self, snapshot: ExecutionSnapshot) -> None:
         """Insert the snapshot, or replace every field of the stored one with the same

@@ -16,14 +16,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import StoreClock, remaining_of
+from agboss_sql.contracts.clocks import remaining_of
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_dependencies, checked_lease, checked_positive_ms
+from agboss_sql.contracts.rules import checked_lease, checked_positive_ms
 from agboss_sql.contracts.stores import ExecutionLeaseRepository
-from agboss_sql.contracts.types import ApplicationContext, ExecutionLease, LeaseHolder
-from agboss_sql.sql._base import SqlStore
+from agboss_sql.contracts.types import ExecutionLease, LeaseHolder
+from agboss_sql.sql._base import StoreClockStore
 from agboss_sql.sql._fence import store_time_params
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import execution_ids, execution_leases
 
 L = execution_leases
@@ -170,19 +170,10 @@ class LeaseStatements:
         )
 
 
-class SqlExecutionLeaseRepository(SqlStore, ExecutionLeaseRepository):
+class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLeaseRepository):
     """Leases on SQL: each move is one conditional statement decided by the store's time."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        connection, self.store_clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="store"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(
-            LeaseStatements, database_time=self.store_clock.is_database_time
-        )
+    statements = LeaseStatements
 
     def _params(self, **params: Any) -> dict[str, Any]:
         return store_time_params(self.store_clock, **params)

@@ -12,19 +12,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_dependencies, checked_mesh_request
+from agboss_sql.contracts.rules import checked_mesh_request
 from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     JsonValue,
     MeshRequest,
     MeshRequestSaved,
 )
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import SqlBuilder, SqlConnection
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import mesh_requests
 
 M = mesh_requests
@@ -75,7 +73,7 @@ def _request_of(row: Any) -> MeshRequest:
     )
 
 
-class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
+class SqlMeshRequestRepository(ApplicationClockStore[MeshStatements], MeshRequestRepository):
     """Incoming requests on SQL, one run per tenant and idempotency key.
 
     The table's primary key is (idempotency key, tenant): another tenant's request under the
@@ -84,14 +82,7 @@ class SqlMeshRequestRepository(SqlStore, MeshRequestRepository):
     whichever instance sends it.
     """
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(MeshStatements)
+    statements = MeshStatements
 
     async def save_if_absent(
         self, idempotency_key: str, tenant_id: str, fingerprint: str, received_at: int

@@ -32,7 +32,6 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import CorruptStoredRowError
 from agboss_sql.contracts.keys import (
     checked_identifier,
@@ -44,7 +43,6 @@ from agboss_sql.contracts.rules import (
     LeaseClosedReason,
     checked_attempt,
     checked_attempt_owner,
-    checked_dependencies,
     checked_fenced_key,
     checked_time,
     checked_token,
@@ -52,7 +50,6 @@ from agboss_sql.contracts.rules import (
 )
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, OutboundCallRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     AttemptRef,
     FencedEffectKey,
     JsonValue,
@@ -62,15 +59,14 @@ from agboss_sql.contracts.types import (
     OutboundCallStatus,
     StepRef,
 )
-from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
+from agboss_sql.sql._base import FencedStore, dumps, identity_hash, loads
 from agboss_sql.sql._fence import (
-    FenceStatements,
     fence_params,
     fenced,
     run_claiming,
     store_time_params,
 )
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import execution_leases, outbound_calls
 
@@ -245,23 +241,14 @@ def _facts_of(row: Any) -> dict[str, Any]:
     }
 
 
-class SqlOutboundCallRepository(SqlStore, OutboundCallRepository):
+class SqlOutboundCallRepository(FencedStore[OutboundStatements], OutboundCallRepository):
     """Outbound calls on SQL: every fenced method is one transaction whose first statement
     checks the lease and raises the scope's mark (locking the lease row), then writes the
     intent by insert-if-absent or compare-and-set."""
 
     lease_repository: ClassVar[type[ExecutionLeaseRepository] | None] = SqlExecutionLeaseRepository
 
-    def __init__(
-        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        connection, self.store_clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="store"
-        )
-        self._attach(connection, application)
-        database_time = self.store_clock.is_database_time
-        self._fence = connection.prepared(FenceStatements, database_time=database_time)
-        self._sql = connection.prepared(OutboundStatements, database_time=database_time)
+    statements = OutboundStatements
 
     async def get(self, key: FencedEffectKey) -> OutboundCall | None:
         """The stored intent for the key, or `None` (one statement, no fence)."""

@@ -16,19 +16,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_dependencies, checked_pause, checked_time
+from agboss_sql.contracts.rules import checked_pause, checked_time
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     JsonValue,
     PausedExecution,
     PauseStatus,
 )
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import SqlBuilder, SqlConnection
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import paused_executions
 
 P = paused_executions
@@ -136,7 +134,9 @@ def _not_paused(tenant_id: str, pause_id: str) -> NotPausedError:
     )
 
 
-class SqlPausedExecutionRepository(SqlStore, PausedExecutionRepository):
+class SqlPausedExecutionRepository(
+    ApplicationClockStore[PauseStatements], PausedExecutionRepository
+):
     """Pauses on SQL, keyed by `(tenant_id, pause_id)`: each status move is one
     compare-and-set, so a pause is answered once whichever instance answers.
 
@@ -144,14 +144,7 @@ class SqlPausedExecutionRepository(SqlStore, PausedExecutionRepository):
     the application clock's. `resolved_at` is when the pause was answered or cancelled.
     """
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(PauseStatements)
+    statements = PauseStatements
 
     async def save(self, pause: PausedExecution) -> None:
         """Insert the pause (one statement); an existing `(tenant_id, pause_id)` is

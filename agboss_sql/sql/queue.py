@@ -57,19 +57,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from agboss_sql._dialects import Dialect
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateChildError, StoreTimeoutError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
-    checked_dependencies,
     checked_int32,
     checked_positive_ms,
     checked_queued_child,
 )
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     ChildExecution,
     ChildStatus,
     ClaimedChild,
@@ -78,8 +75,8 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     WaitResult,
 )
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import child_executions
 
 C = child_executions
@@ -405,20 +402,15 @@ def _listed(row: Any) -> ChildExecution:
     )
 
 
-class SqlChildExecutionQueueRepository(SqlStore, ChildExecutionQueueRepository):
+class SqlChildExecutionQueueRepository(
+    ApplicationClockStore[QueueStatements], ChildExecutionQueueRepository
+):
     """The child queue on SQL, on the application's clock: a child is claimed by one
     claimer, restarted by compare-and-set on its attempt, finished once (by its current
     attempt when one is given), and exactly one finisher of a parent's children sees none
     left."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(QueueStatements)
+    statements = QueueStatements
 
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's

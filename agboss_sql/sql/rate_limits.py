@@ -34,18 +34,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
-    checked_dependencies,
     checked_positive_ms,
     checked_time,
 )
 from agboss_sql.contracts.stores import RateLimitRepository
-from agboss_sql.contracts.types import ApplicationContext, WindowResult
-from agboss_sql.sql._base import SqlStore
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.contracts.types import WindowResult
+from agboss_sql.sql._base import ApplicationClockStore
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import rate_limit_keys, rate_limit_slots
 
 K = rate_limit_keys
@@ -148,19 +146,12 @@ class RateLimitStatements:
         )
 
 
-class SqlRateLimitRepository(SqlStore, RateLimitRepository):
+class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLimitRepository):
     """Rate limits on SQL, on the application's clock: a key's slots are counted and taken
     under its row's lock and never exceed `max_slots`; a fixed window (aligned to multiples
     of `window_ms`, one per key) adds only what fits; a pause never shortens."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(RateLimitStatements)
+    statements = RateLimitStatements
 
     async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
         """Under the key's lock: take a slot for `holder` until `now + ttl_ms` while fewer

@@ -17,23 +17,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import DuplicateExecutionError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
-    checked_dependencies,
     checked_record,
 )
 from agboss_sql.contracts.stores import ExecutionRecordRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     ExecutionRecord,
     ExecutionRecordStatus,
     JsonValue,
 )
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import SqlBuilder, SqlConnection
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import execution_records
 
 R = execution_records
@@ -115,18 +112,13 @@ def _record(row: Any) -> ExecutionRecord:
     return ExecutionRecord(**values)
 
 
-class SqlExecutionRecordRepository(SqlStore, ExecutionRecordRepository):
+class SqlExecutionRecordRepository(
+    ApplicationClockStore[RecordStatements], ExecutionRecordRepository
+):
     """Execution records on SQL: tenant-isolated, status moved only by compare-and-set, one
     outcome per run."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(RecordStatements)
+    statements = RecordStatements
 
     async def save(self, record: ExecutionRecord) -> None:
         """Insert the record in one statement; an existing `(tenant_id, execution_id)` is

@@ -17,13 +17,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_dependencies
 from agboss_sql.contracts.stores import ExecutionTreeRepository
-from agboss_sql.contracts.types import ApplicationContext, JsonValue
-from agboss_sql.sql._base import SqlStore, dumps, loads
-from agboss_sql.sql.connection import SqlBuilder, SqlConnection
+from agboss_sql.contracts.types import JsonValue
+from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import execution_tree_keys
 
 T = execution_tree_keys
@@ -77,17 +75,10 @@ class TreeStatements:
         self.delete_tree = sa.delete(T).where(the_tree)
 
 
-class SqlExecutionTreeRepository(SqlStore, ExecutionTreeRepository):
+class SqlExecutionTreeRepository(ApplicationClockStore[TreeStatements], ExecutionTreeRepository):
     """Tree keys on SQL: the first write of a key wins; values are JSON."""
 
-    def __init__(
-        self, connection: SqlConnection, clock: Clock, application: ApplicationContext
-    ) -> None:
-        connection, self.clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="application"
-        )
-        self._attach(connection, application)
-        self._sql = connection.prepared(TreeStatements)
+    statements = TreeStatements
 
     @staticmethod
     def _tree(tenant_id: str, root_execution_id: str) -> dict[str, Any]:
