@@ -26,6 +26,16 @@ from support.capabilities import (
     row_locks,
     scripts,
 )
+from support.drivers import deadlock_error, is_deadlock, raw_connection_class
+from support.sql import (
+    kill_sql,
+    session_id_sql,
+    sessions_alive_sql,
+    sleep_condition,
+    sleep_expression,
+    sleep_sql,
+    statement_past_its_bound,
+)
 
 from agboss_sql.contracts.errors import (
     CommitOutcomeUnknownError,
@@ -90,35 +100,13 @@ def _server_only(sql: SqlConnection) -> None:
     require(not embedded(sql), "server sessions")
 
 
-def _sleep(sql: SqlConnection, seconds: float) -> str:
-    if sql.dialect_name == "postgresql":
-        return f"SELECT pg_sleep({seconds})"
-    return f"SELECT SLEEP({seconds})"
-
-
-def _session_id(sql: SqlConnection) -> str:
-    return (
-        "SELECT pg_backend_pid()" if sql.dialect_name == "postgresql" else "SELECT CONNECTION_ID()"
-    )
-
-
-def _kill(sql: SqlConnection, session: int) -> str:
-    if sql.dialect_name == "postgresql":
-        return f"SELECT pg_terminate_backend({int(session)})"
-    return f"KILL {int(session)}"
-
-
 async def _session_of(connection: SqlConnection) -> int:
-    return int((await connection.execute(_session_id(connection))).scalar())
+    return int((await connection.execute(session_id_sql(connection))).scalar())
 
 
 async def _sessions_alive(sql: SqlConnection, sessions: set[int]) -> set[int]:
-    listed = ", ".join(str(int(s)) for s in sessions)
-    if sql.dialect_name == "postgresql":
-        query = f"SELECT pid FROM pg_stat_activity WHERE pid IN ({listed})"
-    else:
-        query = f"SELECT id FROM information_schema.processlist WHERE id IN ({listed})"
-    return {int(row[0]) for row in (await sql.execute(query)).rows}
+    rows = (await sql.execute(sessions_alive_sql(sql, sessions))).rows
+    return {int(row[0]) for row in rows}
 
 
 async def _counts(sql: SqlConnection) -> dict[int, int]:
@@ -179,18 +167,11 @@ class Counted:
 
 async def test_the_raw_driver_is_psycopg_aiomysql_or_the_stdlib_sqlite(db: SqlConnection) -> None:
     await db.ping()
-    if db.dialect_name == "sqlite":
+    if embedded(db):
         assert isinstance(db._runner._raw, sqlite3.Connection)
         return
     async with db._runner.connection() as raw:
-        if db.dialect_name == "postgresql":
-            import psycopg
-
-            assert isinstance(raw, psycopg.AsyncConnection)
-        else:
-            import aiomysql
-
-            assert isinstance(raw, aiomysql.Connection)
+        assert isinstance(raw, raw_connection_class(db))
 
 
 async def test_driver_url_forms_reach_the_same_database(db: SqlConnection, sql_url: str) -> None:
@@ -241,7 +222,7 @@ async def test_a_transaction_step_sends_begin_its_statements_and_commit(db: SqlC
 
     with recording(db) as sent:
         assert await db.run(step) == 1
-    begin = "BEGIN IMMEDIATE" if db.dialect_name == "sqlite" else "BEGIN"
+    begin = db.dialect.BEGIN
     assert sent == [
         begin,
         db.compiled(INSERT).sql,
@@ -316,7 +297,7 @@ async def test_an_exception_in_a_step_rolls_it_back_and_the_connection_is_reused
     connection = SqlConnection(sql_url, pool_size=1)
     try:
         await connection.ping()
-        session = None if db.dialect_name == "sqlite" else await _session_of(connection)
+        session = None if embedded(db) else await _session_of(connection)
 
         def step() -> Step[None]:
             yield Exec(INSERT, {"key": 1, "value": 0})
@@ -337,7 +318,7 @@ async def test_an_exception_in_a_step_rolls_it_back_and_the_connection_is_reused
         assert sent[-1] == "ROLLBACK"
         assert "COMMIT" not in sent
         assert await _counts(db) == {}
-        if db.dialect_name == "sqlite":
+        if embedded(db):
             assert connection._runner._raw.in_transaction is False
         else:
             # The same raw connection served the next call: returned to the pool healthy.
@@ -389,7 +370,7 @@ async def test_a_non_retryable_error_is_raised_at_once(db: SqlConnection) -> Non
 def _crossing(sql: SqlConnection, first: int, second: int) -> Step[str]:
     """Lock `first`, wait, then lock `second`: run against its mirror, a deadlock."""
     yield Exec(INCREMENT, {"key": first})
-    yield Exec(_sleep(sql, 0.5), {})
+    yield Exec(sleep_sql(sql, 0.5), {})
     yield Exec(INCREMENT, {"key": second})
     return "done"
 
@@ -422,10 +403,7 @@ async def test_a_real_deadlock_is_classified_retryable(
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(errors) == 1 and outcomes.count("done") == 1
     error = errors[0]
-    if db.dialect_name == "postgresql":
-        assert getattr(error, "sqlstate", None) == "40P01"
-    else:
-        assert error.args[0] == 1213
+    assert is_deadlock(db, error)
     assert db.ops.is_retryable(error)
     assert not db.ops.is_unique_violation(error)
     assert not db.ops.is_disconnect(error)
@@ -447,7 +425,7 @@ async def test_a_serialization_failure_is_retried_on_postgresql(
     def read_then_write() -> Step[int]:
         yield Exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", {})
         seen = int((yield Exec(READ, {"key": 1})).scalar())
-        yield Exec(_sleep(db, 0.5), {})
+        yield Exec(sleep_sql(db, 0.5), {})
         yield Exec(SET_N, {"key": 1, "value": seen + 1})
         return seen
 
@@ -562,13 +540,9 @@ async def test_a_statement_timeout_is_not_a_disconnect(db: SqlConnection) -> Non
     _server_only(db)
     raw = await db.ops.connect(db.url, db.timeouts)
     try:
-        if db.dialect_name == "postgresql":
-            await db.drive(raw, _one("SET statement_timeout = 100"), False)
-            slow = "SELECT pg_sleep(2)"
-        else:
-            slow = (
-                "SET STATEMENT max_statement_time = 0.1 FOR SELECT SLEEP(2) FROM (SELECT 1) AS one"
-            )
+        setup, slow = statement_past_its_bound(db)
+        for statement in setup:
+            await db.drive(raw, _one(statement), False)
         with pytest.raises(Exception) as raised:
             await db.drive(raw, _one(slow), False)
         assert not db.ops.is_disconnect(raised.value)
@@ -582,8 +556,8 @@ async def test_a_killed_session_is_classified_a_disconnect(db: SqlConnection) ->
     _server_only(db)
     raw = await db.ops.connect(db.url, db.timeouts)
     try:
-        session = (await db.drive(raw, _one(_session_id(db)), False)).scalar()
-        await db.execute(_kill(db, session))
+        session = (await db.drive(raw, _one(session_id_sql(db)), False)).scalar()
+        await db.execute(kill_sql(db, session))
         await asyncio.sleep(0.2)
         with pytest.raises(Exception) as raised:
             await db.drive(raw, _one("SELECT 1"), False)
@@ -604,7 +578,7 @@ async def test_a_killed_session_is_classified_a_disconnect(db: SqlConnection) ->
 async def test_the_pool_never_opens_more_than_pool_size_connections(
     db: SqlConnection, sql_url: str
 ) -> None:
-    if db.dialect_name == "sqlite":
+    if embedded(db):
         connection = SqlConnection(sql_url, pool_size=4)
         await _seed(db, {1: 0})
         try:
@@ -616,7 +590,7 @@ async def test_the_pool_never_opens_more_than_pool_size_connections(
         assert await _counts(db) == {1: 50}
         return
     connection = SqlConnection(sql_url, pool_size=4)
-    slow = f"{_session_id(db)}, {_sleep(db, 0.02).removeprefix('SELECT ')}"
+    slow = f"{session_id_sql(db)}, {sleep_expression(db, 0.02)}"
     try:
         sessions = await asyncio.gather(*(connection.run(lambda: _one(slow)) for _ in range(50)))
         distinct = {int(result.rows[0][0]) for result in sessions}
@@ -634,7 +608,7 @@ async def test_a_step_cancelled_while_waiting_for_a_connection_frees_nothing_it_
     connection = SqlConnection(sql_url, pool_size=1)
     try:
         session = await _session_of(connection)
-        holder = asyncio.create_task(connection.execute(_sleep(db, 0.5)))
+        holder = asyncio.create_task(connection.execute(sleep_sql(db, 0.5)))
         await asyncio.sleep(0.05)
         with pytest.raises(TimeoutError) as raised:
             await asyncio.wait_for(connection.execute("SELECT 1"), 0.1)
@@ -682,7 +656,7 @@ async def test_a_step_cancelled_mid_statement_discards_its_connection(
 
         def step() -> Step[None]:
             yield Exec(INSERT, {"key": 1, "value": 0})
-            yield Exec(_sleep(db, 2), {})
+            yield Exec(sleep_sql(db, 2), {})
 
         started = time.monotonic()
         with pytest.raises(TimeoutError):
@@ -707,7 +681,7 @@ async def test_a_connection_killed_while_idle_is_replaced_unnoticed(
     connection = SqlConnection(sql_url, pool_size=1)
     try:
         session = await _session_of(connection)
-        await db.execute(_kill(db, session))
+        await db.execute(kill_sql(db, session))
         await asyncio.sleep(0.2)
         replacement = await _session_of(connection)
         assert replacement != session
@@ -724,9 +698,9 @@ async def test_a_connection_killed_mid_statement_is_discarded_and_the_next_call_
     try:
         session = await _session_of(connection)
         # A read that lost its session changes nothing when sent again: it is, on a new one.
-        slow = asyncio.create_task(connection.execute(_sleep(db, 1)))
+        slow = asyncio.create_task(connection.execute(sleep_sql(db, 1)))
         await asyncio.sleep(0.3)
-        await db.execute(_kill(db, session))
+        await db.execute(kill_sql(db, session))
         await slow
         assert connection._runner.open_connections == 1
         assert await _session_of(connection) != session
@@ -734,15 +708,13 @@ async def test_a_connection_killed_mid_statement_is_discarded_and_the_next_call_
         # A write that lost its session may have applied: its outcome is unknown, and it is
         # not sent again.
         session = await _session_of(connection)
-        write = (
-            "UPDATE connection_test_counters SET n = n + 1 WHERE id = 1 AND "
-            + _sleep(db, 1).removeprefix("SELECT ")
-            + (" IS NOT NULL" if db.dialect_name == "postgresql" else " = 0")
+        write = "UPDATE connection_test_counters SET n = n + 1 WHERE id = 1 AND " + sleep_condition(
+            db, 1
         )
         await _seed(db, {1: 0})
         slow = asyncio.create_task(connection.execute(write))
         await asyncio.sleep(0.3)
-        await db.execute(_kill(db, session))
+        await db.execute(kill_sql(db, session))
         with pytest.raises(CommitOutcomeUnknownError) as raised:
             await slow
         assert connection.ops.is_disconnect(raised.value.__cause__)
@@ -761,14 +733,14 @@ async def test_a_transaction_killed_before_commit_is_run_again(
 
         def step() -> Step[str]:
             yield Exec(INCREMENT, {"key": 1})
-            yield Exec(_sleep(db, 0.8), {})
+            yield Exec(sleep_sql(db, 0.8), {})
             return "done"
 
         await _seed(db, {1: 0})
         counted = Counted(step)
         running = asyncio.create_task(connection.run(counted))
         await asyncio.sleep(0.3)
-        await db.execute(_kill(db, session))
+        await db.execute(kill_sql(db, session))
         assert await running == "done"
         assert counted.attempts == 2
         assert await _counts(db) == {1: 1}
@@ -780,12 +752,12 @@ async def test_close_closes_every_connection_and_later_calls_fail(
     db: SqlConnection, sql_url: str
 ) -> None:
     connection = SqlConnection(sql_url, pool_size=3)
-    if db.dialect_name == "sqlite":
+    if embedded(db):
         await connection.ping()
         await connection.close()
         assert connection._runner._raw is None
     else:
-        slow = f"{_session_id(db)}, {_sleep(db, 0.1).removeprefix('SELECT ')}"
+        slow = f"{session_id_sql(db)}, {sleep_expression(db, 0.1)}"
         results = await asyncio.gather(*(connection.execute(slow) for _ in range(3)))
         sessions = {int(r.rows[0][0]) for r in results}
         assert len(sessions) == 3
@@ -852,14 +824,7 @@ async def test_conflicts_that_persist_past_retry_ms_end_in_a_typed_retry_timeout
     """A step that meets a transient conflict on every attempt is run again until
     `retry_ms`, then fails typed (`what="retry"`), never as the raw driver error."""
     require(row_locks(db), "transient conflicts (SQLite has none)")
-    if db.dialect_name == "postgresql":
-        import psycopg.errors
-
-        conflict: Exception = psycopg.errors.DeadlockDetected("deadlock detected")
-    else:
-        import pymysql.err
-
-        conflict = pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+    conflict = deadlock_error(db)
     connection = SqlConnection(sql_url, timeouts=Timeouts(retry_ms=200))
     attempts = 0
 
@@ -889,7 +854,7 @@ async def test_a_transaction_cancelled_mid_statement_never_hands_its_connection_
     try:
 
         def sleep() -> Step[None]:
-            yield Exec(_sleep(db, 2), {})
+            yield Exec(sleep_sql(db, 2), {})
 
         async def slow() -> None:
             # As a fenced effect runs its statements: on the transaction's driver connection.
