@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import servers_differ_in_upsert_returning
 from support.sql import plan_of, statements
 
 from agboss_sql.contracts.clocks import VirtualClock
@@ -26,10 +27,12 @@ APPLICATION = BudgetScope.APPLICATION
 TA = "tenant-a"
 
 
-_ON_MYSQL = os.environ.get("AGBOSS_TEST_DATABASE_URL", "").startswith(("mysql", "mariadb"))
+_BOTH_UPSERT_PATHS = servers_differ_in_upsert_returning(
+    os.environ.get("AGBOSS_TEST_DATABASE_URL") or "sqlite://"
+)
 
 
-@pytest.fixture(params=["native", "mysql8"] if _ON_MYSQL else ["native"])
+@pytest.fixture(params=["native", "mysql8"] if _BOTH_UPSERT_PATHS else ["native"])
 def upsert_returns(request: pytest.FixtureRequest) -> bool | None:
     """How `try_reserve` reads the locked row: as the dialect does ("native"), and on the
     MySQL family also as MySQL 8 must (no RETURNING: a locking read after the upsert), so

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 from support.capabilities import require, update_returning
+from support.sql import lock_waits_sql
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -329,15 +330,8 @@ async def test_a_take_that_waited_for_the_row_lock_reports_what_is_left_after_th
         assert locked.scalar() == 1
         take = asyncio.create_task(taker.acquire(TENANT, "tree-wait", lease_ms))
         # The server says when the take waits for the lock (polled, bounded); from then on
-        # the holder keeps the lock for at least `held_ms`. MariaDB lists an autocommit
-        # statement's lock wait in no InnoDB table, so there the take's statement is seen
-        # running in the process list while the holder has the row locked.
-        waiting = (
-            "SELECT count(*) FROM pg_locks WHERE NOT granted"
-            if sql.dialect_name == "postgresql"
-            else "SELECT count(*) FROM information_schema.PROCESSLIST"
-            " WHERE COMMAND = 'Query' AND INFO LIKE 'INSERT INTO agboss_execution_leases%'"
-        )
+        # the holder keeps the lock for at least `held_ms`.
+        waiting = lock_waits_sql(sql, "INSERT INTO agboss_execution_leases")
         for _ in range(3_000):
             if (await sql.execute(waiting)).scalar():
                 break

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import update_returning
 from support.sql import plan_of, statements
 
 from agboss_sql.contracts.clocks import VirtualClock
@@ -289,7 +290,7 @@ async def test_identifiers_are_checked_before_any_statement(
 
 async def test_each_operation_sends_the_fewest_statements(sql: SqlConnection) -> None:
     store = store_on(sql)
-    returning = sql.dialect_name != "mysql"
+    returning = update_returning(sql)
     with statements(sql) as sent:
         await store.save(pause_of("p-1"))
     assert len(sent) == 1, sent
