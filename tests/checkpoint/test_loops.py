@@ -17,6 +17,7 @@ from checkpoint_graphs import approval_graph, request
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.types import Command
 from sqlalchemy.engine import make_url
+from support.capabilities import embedded_url
 
 from agboss_sql.contracts.errors import CommitOutcomeUnknownError, StoreUnavailableError
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
@@ -93,7 +94,7 @@ def _hold_sqlite_write_lock(sql_url: str, held: threading.Event) -> None:
 async def _runs_behind_another_writer(saver: SqlCheckpointSaver, sql_url: str) -> None:
     held = threading.Event()
     holder = None
-    if make_url(sql_url).get_backend_name() == "sqlite":
+    if embedded_url(sql_url):
         holder = threading.Thread(target=_hold_sqlite_write_lock, args=(sql_url, held))
         holder.start()
         assert await asyncio.to_thread(held.wait, BOUND_S)
@@ -167,7 +168,7 @@ def _close_during_calls(saver: SqlCheckpointSaver, close: Any, sql_url: str) -> 
         worker.start()
     started.wait()
     holder = None
-    if make_url(sql_url).get_backend_name() == "sqlite":
+    if embedded_url(sql_url):
         # On SQLite the calls then wait behind another writer as close() runs: in flight.
         held = threading.Event()
         holder = threading.Thread(target=_hold_sqlite_write_lock, args=(sql_url, held))

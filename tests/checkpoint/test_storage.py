@@ -16,6 +16,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+from support.capabilities import executed_plan_rows
+from support.sql import explain_prefix
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
@@ -492,8 +494,7 @@ async def _plan(
     sql: SqlConnection, statement: Any, params: dict[str, Any]
 ) -> list[tuple[str, ...]]:
     compiled = sql.compiled(statement)
-    explain = "EXPLAIN QUERY PLAN " if sql.dialect_name == "sqlite" else "EXPLAIN "
-    result = await sql.execute(explain + compiled.sql, {**compiled.defaults, **params})
+    result = await sql.execute(explain_prefix(sql) + compiled.sql, {**compiled.defaults, **params})
     return [tuple(str(cell) for cell in row) for row in result.rows]
 
 
@@ -515,17 +516,14 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
         await saver.aput_writes(config, [("step", step), ("note", "w")], f"task-{step}")
     for _ in range(20):
         await Thread(saver, _thread()).put({"step": [0]})
-    if sql.dialect_name == "postgresql":
+    if executed_plan_rows(sql):
         # Before statistics catch up with the thread's growth too: no step of the read
         # touches more than a few rows (a `max()` of the ids aggregated all 300).
         await _reads_few_rows(sql, saver, busy.thread)
     # The checkpoint and its writes are planned with fresh statistics; the values with
     # whatever the database has (a plan must not depend on them).
-    if sql.dialect_name == "postgresql":
-        await sql.execute("ANALYZE agboss_checkpoints")
-        await sql.execute("ANALYZE agboss_checkpoint_writes")
-    elif sql.dialect_name == "mysql":
-        await sql.execute("ANALYZE TABLE agboss_checkpoints, agboss_checkpoint_writes")
+    for table in ("agboss_checkpoints", "agboss_checkpoint_writes"):
+        await sql.execute(sql.ops.analyze_sql(table))
     ns_hash = identity_hash("")
     thread_hash = identity_hash(busy.thread)
     read = await _plan(

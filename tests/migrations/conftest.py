@@ -14,27 +14,22 @@ import pytest
 import sqlalchemy as sa
 from migration_support import drop_every_table
 from sqlalchemy.engine import make_url
+from support.capabilities import embedded_url
+from support.sql import server_admin
 
 from agboss_sql.sql.migrate import sync_url
-
-
-def _server_admin(url: sa.URL) -> tuple[sa.URL, str, str]:
-    """The URL to create databases with, and the CREATE/DROP statements' quoting."""
-    if url.get_backend_name() == "postgresql":
-        return url.set(database="postgres"), '"', " WITH (FORCE)"
-    return url.set(database=None), "`", ""
 
 
 @pytest.fixture(scope="session")
 def scratch_url(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A database for migration tests alone, on the server (or SQLite) under test."""
     url = make_url(database_url)
-    if url.get_backend_name() == "sqlite":
+    if embedded_url(database_url):
         yield f"sqlite:///{tmp_path_factory.mktemp('migrations') / 'migrations.sqlite'}"
         return
     name = f"{url.database}_migrations"
     assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), name
-    admin_url, quote, force = _server_admin(sync_url(url))
+    admin_url, quote, force = server_admin(sync_url(url))
     engine = sa.create_engine(admin_url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
     charset = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" if quote == "`" else ""
     try:

@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 from migration_support import connected, table_names
 from sqlalchemy.engine import make_url
+from support.capabilities import embedded_url
 
 from agboss_sql.cli import FAILED, INTERRUPTED, MISUSED, main, shown
 from agboss_sql.sql import migrate
@@ -60,7 +61,7 @@ def env_without_database_url() -> dict[str, str]:
 def absent_database(url: str, tmp_path: Path) -> str:
     """A URL of a database that does not exist, on the same server (or a missing file)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
+    if embedded_url(url):
         return f"sqlite:///{tmp_path / 'absent' / 'nothing.sqlite'}"
     return parsed.set(database=f"{parsed.database}_absent").render_as_string(hide_password=False)
 
@@ -226,13 +227,13 @@ def test_a_missing_database_is_one_line(
 ) -> None:
     url = absent_database(scratch_url, tmp_path)
 
-    if url.startswith("sqlite") and command in ("upgrade", "stamp", "demo"):
+    if embedded_url(url) and command in ("upgrade", "stamp", "demo"):
         pytest.skip("these create a SQLite file: a missing one is no failure")
     status, _, err = cli(capsys, command, "--url", url)
 
     assert status == FAILED
     line = one_line(err, command)
-    if url.startswith("sqlite"):
+    if embedded_url(url):
         assert line.startswith("no database at ")
         assert not (tmp_path / "absent").exists()
     else:
