@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from support.capabilities import embedded_url
+from support.sql import server_admin
 
 from agboss_sql.sql.migrate import sync_url
 
@@ -152,13 +154,8 @@ SERVERS_MARK = "<!-- readme-test: servers -->"
 def drop_database(url: sa.URL) -> None:
     name = url.database
     assert name is not None and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), name
-    if url.get_backend_name() == "postgresql":
-        admin, statement = (
-            url.set(database="postgres"),
-            f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
-        )
-    else:
-        admin, statement = url.set(database=None), f"DROP DATABASE IF EXISTS `{name}`"
+    admin, quote, force = server_admin(url)
+    statement = f"DROP DATABASE IF EXISTS {quote}{name}{quote}{force}"
     engine = sa.create_engine(sync_url(admin), poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
@@ -170,7 +167,7 @@ def drop_database(url: sa.URL) -> None:
 def test_the_server_cluster_runs_as_written(database_url: str, tmp_path: Path) -> None:
     url = make_url(database_url)
     backend = url.get_backend_name()
-    if backend == "sqlite":
+    if embedded_url(database_url):
         pytest.skip("the server lines of the README need a server under test")
     commands = marked_commands(SERVERS_MARK)
     assert commands[0].startswith(".venv/bin/pip install"), commands
