@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agboss_sql.contracts.clocks import Clock
@@ -42,29 +41,39 @@ from agboss_sql.contracts.stores import (
 from agboss_sql.contracts.types import (
     ChildStatus,
     ExecutionContext,
-    ExecutionLease,
     ExecutionRecordStatus,
     FencedEffectKey,
     FencedEffectResult,
     JsonValue,
     LeaseEventKind,
-    OutboundCallStatus,
     PausedExecution,
     PauseStatus,
     QueuedChild,
     StepRef,
 )
 from agboss_sql.runtime._log import log_lease_event
+from agboss_sql.runtime._run import (
+    EFFECT_EFFECT,
+    END_DECISION_KEY,
+    OUTBOUND_EFFECT,
+    PAUSE_PREFIX,
+    STEP_EFFECT,
+    Emit,
+    Run,
+    StoreGaveUpError,
+    Suspended,
+    bounded,
+    check_fingerprint,
+    child_id_of,
+    value_of,
+)
 from agboss_sql.runtime.errors import (
     ChildWorkflowFailedError,
     PauseNotSupportedError,
-    StepConflictError,
     UnknownWorkflowError,
 )
-from agboss_sql.runtime.keeper import LeaseKeeper
 from agboss_sql.runtime.outbound import outbound_call
 from agboss_sql.runtime.slots import StepKind, StepSlots
-from agboss_sql.runtime.unwind import Compensator, Unwinder
 from agboss_sql.runtime.workflows import (
     Child,
     WorkflowDefinition,
@@ -73,96 +82,6 @@ from agboss_sql.runtime.workflows import (
 )
 
 logger = logging.getLogger("agboss_sql.runtime")
-
-INPUT_KEY = "@agboss/workflow"
-"""The tree key a root run's workflow name and input are stored under at `start`."""
-END_DECISION_KEY = "@agboss/end"
-"""The tree key that decides between a cancel and the root's close: whichever writes it
-first wins, so a cancel either ends the tree cancelled or is told it came too late."""
-PAUSE_PREFIX = "@agboss/pause/"
-"""Tree keys naming each pause of the root (`PAUSE_PREFIX + step key` -> its pause id)."""
-
-STEP_EFFECT = "wf.step"
-EFFECT_EFFECT = "wf.effect"
-UNDO_EFFECT = "wf.undo"
-OUTBOUND_EFFECT = "wf.call"
-
-HANDOVER = (ExecutionLeaseLostError, ExecutionFencedError)
-"""Errors that mean another instance owns the execution now: stop, undo nothing."""
-
-Emit = Callable[[dict[str, Any]], None]
-MAX_KEY = 255
-
-
-class Suspended(Exception):
-    """The run waits (a pause, or its children) holding no lease: it ends here, and
-    resumes from its stored steps when woken."""
-
-
-class ReplayEnd(Exception):
-    """A collecting replay reached a call the first run never finished: nothing after it
-    happened, so nothing after it is undone."""
-
-
-class StoreGaveUpError(ExecutionLeaseLostError):
-    """A store call kept failing on this instance for a whole lease: the run stops as if its
-    lease were lost (nothing is undone) and another instance runs the execution on."""
-
-
-def bounded(text: str) -> str:
-    """`text` if it fits a key, else a prefix of it and its digest (unambiguous)."""
-    if len(text) <= MAX_KEY:
-        return text
-    return text[:180] + "~" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def child_id_of(parent: str, key: str, index: int) -> str:
-    """The id of child `index` of a parent's children call `key`."""
-    return bounded(f"{parent}/{key}.{index}")
-
-
-@dataclass
-class Run:
-    """One run of one execution on this instance."""
-
-    tenant_id: str
-    root: str
-    execution: str
-    depth: int
-    keeper: LeaseKeeper
-    workflow: str
-    attempt: int | None = None
-    """The child's queue attempt (`None` for a root)."""
-    counters: dict[str, int] = field(default_factory=dict)
-    steps: int = 0
-
-    @property
-    def lease(self) -> ExecutionLease:
-        lease = self.keeper.lease
-        assert lease is not None
-        return lease
-
-    @property
-    def fresh(self) -> bool:
-        """The first lease ever granted for this execution: nothing can be stored under its
-        scope yet, so steps need not look for a stored result first."""
-        return self.lease.lease_epoch == 1 and self.lease.taken_over_from is None
-
-
-def _value_of(stored: JsonValue) -> JsonValue:
-    return stored.get("v") if isinstance(stored, dict) else stored
-
-
-def _check_fingerprint(run: Run, key: str, fingerprint: str, stored: JsonValue) -> None:
-    found = stored.get("fp") if isinstance(stored, dict) else None
-    if found is not None and found != fingerprint:
-        raise StepConflictError(
-            f"step {key!r} of {run.execution} was stored with other arguments: the "
-            "workflow's code or input changed under a running tree, or two calls share one "
-            "name; give each distinct call its own name",
-            execution_id=run.execution,
-            step=key,
-        )
 
 
 @dataclass
@@ -311,11 +230,11 @@ class Executor:
                     run, f"read step {key}", lambda: self.effects.get_result(fenced)
                 )
                 if stored is not None:
-                    _check_fingerprint(run, key, fingerprint, stored.value)
+                    check_fingerprint(run, key, fingerprint, stored.value)
                     self.emit(
                         {"kind": "step", "execution": run.execution, "step": key, "replayed": True}
                     )
-                    return _value_of(stored.value)
+                    return value_of(stored.value)
             run.keeper.guard()
             output = checked_json(f"the result of step {key!r}", await compute())
             body: JsonValue = {"v": output, "fp": fingerprint}
@@ -328,11 +247,11 @@ class Executor:
             )
         if result.replayed:
             # Stored meanwhile by an earlier attempt of this same holder (a retried commit).
-            _check_fingerprint(run, key, fingerprint, result.value)
+            check_fingerprint(run, key, fingerprint, result.value)
         self.emit(
             {"kind": "step", "execution": run.execution, "step": key, "replayed": result.replayed}
         )
-        return _value_of(result.value)
+        return value_of(result.value)
 
     async def effect(
         self,
@@ -355,11 +274,11 @@ class Executor:
                 run, f"effect {key}", lambda: self._save(run, fenced, key, work)
             )
         if result.replayed and business_key is None:
-            _check_fingerprint(run, key, fingerprint, result.value)
+            check_fingerprint(run, key, fingerprint, result.value)
         self.emit(
             {"kind": "effect", "execution": run.execution, "step": key, "replayed": result.replayed}
         )
-        return _value_of(result.value)
+        return value_of(result.value)
 
     async def outbound(
         self,
@@ -606,189 +525,5 @@ class Executor:
                 pending.append(child.child_execution_id)
         return True
 
-    async def unwind(self, run: Run, definition: WorkflowDefinition, value: JsonValue) -> int:
-        """Undo a cancelled tree: wait for its descendants to end (they see the cancel too),
-        replay the tree to find what finished, then run the undos last first, durably (each
-        once, across instances). How many undos this call ran."""
-        keeper = run.keeper
-        self.emit({"kind": "unwinding", "tree": run.root})
-        while not await self.descendants_ended(run.tenant_id, run.root):
-            keeper.check_lease()
-            await self.clock.sleep(self.poll_ms)
-        collector = Collector(self, run)
-        await collector.replay(run, definition, value)
-        ran = await Unwinder(self.tree).compensate(
-            run.tenant_id, run.root, collector.compensators, keeper=keeper
-        )
-        self.emit({"kind": "unwound", "tree": run.root, "undone": len(ran)})
-        return len(ran)
 
-
-class Collector:
-    """Replays a finished part of a tree without doing anything, to list its undos in the
-    order their steps finished (children's steps where the parent waited for them)."""
-
-    def __init__(self, executor: Executor, root_run: Run) -> None:
-        self.executor = executor
-        self.root_run = root_run
-        self.compensators: list[Compensator] = []
-
-    async def replay(self, run: Run, definition: WorkflowDefinition, value: JsonValue) -> None:
-        from agboss_sql.runtime.context import WorkflowContext
-
-        ctx = WorkflowContext(self.executor, run, collector=self)
-        with contextlib.suppress(ReplayEnd, Exception):
-            await self.executor.invoke(definition, ctx, value)
-
-    def _read_key(
-        self,
-        run: Run,
-        key: str,
-        name: str,
-        effect: str,
-        business_key: str | None,
-        fingerprint: str | None = None,
-    ) -> FencedEffectKey:
-        lease = ExecutionLease(
-            tenant_id=run.tenant_id,
-            execution_id=run.execution,
-            holder_instance_id=self.executor.instance_id,
-            lease_epoch=1,
-            remaining_ms=0,
-            taken_over_from=None,
-        )
-        ctx = ExecutionContext(
-            tenant_id=run.tenant_id,
-            root_execution_id=run.root,
-            execution_id=run.execution,
-            lease=lease,
-            step=StepRef(run.execution, bounded(key), name),
-        )
-        return fenced_effect_key_of(
-            ctx,
-            effect,
-            business_key=business_key,
-            fingerprint=fingerprint if business_key is not None else None,
-        )
-
-    async def step(
-        self,
-        run: Run,
-        key: str,
-        name: str,
-        fingerprint: str,
-        undo: Callable[..., Awaitable[Any]] | None,
-        business_key: str | None,
-        *,
-        effect: bool = False,
-    ) -> JsonValue:
-        kind = EFFECT_EFFECT if effect else STEP_EFFECT
-        stored = await self.executor.effects.get_result(
-            self._read_key(run, key, name, kind, business_key, fingerprint)
-        )
-        if stored is None:
-            raise ReplayEnd(key)
-        value = _value_of(stored.value)
-        if undo is not None:
-            self.compensators.append(
-                (bounded(f"{run.execution}/{key}"), self._undo(run, key, undo, value, effect))
-            )
-        return value
-
-    def _undo(
-        self,
-        run: Run,
-        key: str,
-        undo: Callable[..., Awaitable[Any]],
-        value: JsonValue,
-        effect: bool,
-    ) -> Callable[[], Awaitable[None]]:
-        root_run = self.root_run
-        executor = self.executor
-        undo_key = bounded(f"undo/{run.execution}/{key}")
-
-        async def compensate() -> None:
-            fenced = executor.fenced_key(root_run, undo_key, "undo", UNDO_EFFECT)
-            work: Callable[[Any], Awaitable[JsonValue]]
-            if effect:
-
-                async def in_transaction(tx: Any) -> JsonValue:
-                    return {"v": checked_json("an undo's result", await undo(tx, value))}
-
-                work = in_transaction
-            else:
-                if await executor.effects.get_result(fenced) is not None:
-                    return
-                output = checked_json("an undo's result", await undo(value))
-
-                async def stored(_tx: Any) -> JsonValue:
-                    return {"v": output}
-
-                work = stored
-            await executor.retrying(
-                root_run,
-                f"undo {key} of {run.execution}",
-                lambda: executor._save(root_run, fenced, undo_key, work),
-                guard=False,
-            )
-
-        return compensate
-
-    async def outbound(self, run: Run, key: str, name: str) -> JsonValue:
-        call = await self.executor.outbound_calls.get(
-            self._read_key(run, key, name, OUTBOUND_EFFECT, None)
-        )
-        if call is None or call.status is not OutboundCallStatus.COMPLETED:
-            raise ReplayEnd(key)
-        return call.response
-
-    async def children(self, run: Run, key: str, calls: Sequence[Child]) -> list[JsonValue]:
-        ids = [child_id_of(run.execution, key, index) for index in range(len(calls))]
-        rows = {
-            row.child_execution_id: row
-            for row in await self.executor.queue.children(run.tenant_id, run.execution)
-        }
-        results: list[JsonValue] = []
-        for child_id, call in zip(ids, calls, strict=True):
-            row = rows.get(child_id)
-            if row is None:
-                raise ReplayEnd(key)
-            definition = self.executor.workflows.get(call.workflow)
-            if definition is not None:
-                child_run = Run(
-                    tenant_id=run.tenant_id,
-                    root=run.root,
-                    execution=child_id,
-                    depth=run.depth + 1,
-                    keeper=self.root_run.keeper,
-                    workflow=call.workflow,
-                    attempt=row.attempt,
-                )
-                await self.replay(child_run, definition, call.input)
-            outcome = row.outcome
-            results.append(outcome.get("result") if isinstance(outcome, dict) else None)
-            if row.status is not ChildStatus.FINISHED:
-                raise ReplayEnd(key)
-        return results
-
-    async def pause(self, run: Run, key: str) -> JsonValue:
-        found = await self.executor.pauses.get(
-            run.tenant_id, self.executor.pause_id_of(run.root, key)
-        )
-        if found is None or found.status not in (PauseStatus.RESOLVED, PauseStatus.TAKEN):
-            raise ReplayEnd(key)
-        return found.decision
-
-
-__all__ = [
-    "Collector",
-    "END_DECISION_KEY",
-    "Executor",
-    "HANDOVER",
-    "INPUT_KEY",
-    "PAUSE_PREFIX",
-    "Run",
-    "StoreGaveUpError",
-    "Suspended",
-    "child_id_of",
-]
+__all__ = ["Executor"]

@@ -17,7 +17,9 @@ from agboss_sql.runtime.signal import AbortSignal
 from agboss_sql.runtime.workflows import Child, checked_json, checked_name, fingerprint_of
 
 if TYPE_CHECKING:
-    from agboss_sql.runtime._execution import Collector, Executor, Run
+    from agboss_sql.runtime._collect import Collector
+    from agboss_sql.runtime._execution import Executor
+    from agboss_sql.runtime._run import Run
 
 T = TypeVar("T")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -35,8 +34,6 @@ from agboss_sql.application import Application, DatabaseUrl
 from agboss_sql.contracts.clocks import Clock, SystemClock
 from agboss_sql.contracts.errors import (
     DuplicateExecutionError,
-    ExecutionCancelledError,
-    ExecutionLeaseLostError,
     NotPausedError,
 )
 from agboss_sql.contracts.keys import checked_identifier
@@ -52,32 +49,25 @@ from agboss_sql.contracts.stores import (
     PausedExecutionRepository,
 )
 from agboss_sql.contracts.types import (
-    ChildExecution,
-    ClaimedChild,
     ExecutionLease,
     ExecutionRecord,
     ExecutionRecordStatus,
     JsonValue,
     PauseStatus,
 )
-from agboss_sql.runtime._execution import (
+from agboss_sql.runtime._execution import Executor
+from agboss_sql.runtime._run import (
     END_DECISION_KEY,
-    HANDOVER,
     INPUT_KEY,
     PAUSE_PREFIX,
-    Executor,
-    Run,
-    Suspended,
 )
+from agboss_sql.runtime._runs import Runs
 from agboss_sql.runtime.children import (
     ChildWorker,
-    ChildYielded,
     cancel_and_wait,
-    error_outcome,
     flush_bounded,
     release_bounded,
 )
-from agboss_sql.runtime.context import WorkflowContext
 from agboss_sql.runtime.errors import (
     AmbiguousPauseError,
     UnknownWorkflowError,
@@ -87,7 +77,7 @@ from agboss_sql.runtime.errors import (
     WorkflowIdConflictError,
     WorkflowTimeoutError,
 )
-from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
+from agboss_sql.runtime.keeper import LeaseKeeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
 from agboss_sql.runtime.workflows import (
@@ -130,7 +120,7 @@ def _positive(what: str, value: object) -> None:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
 
 
-class Engine:
+class Engine(Runs):
     """One instance of a workflow application (see the module). `open()` then `close()`,
     or `async with Engine(app, url=URL) as engine:`.
 
@@ -590,282 +580,6 @@ class Engine:
                 tenant_id, workflow_id, ExecutionRecordStatus.PAUSED, ExecutionRecordStatus.RUNNING
             )
         return True
-
-    # -- running roots -------------------------------------------------------------------
-
-    def _keeper(self, root: str) -> LeaseKeeper:
-        keeper = LeaseKeeper(
-            self.leases,
-            self.events,
-            self.clock,
-            lease_ms=self.lease_ms,
-            tree=self.tree,
-            root_execution_id=root,
-            trust_margin_ms=self.trust_margin_ms,
-        )
-        self._made.add(keeper)
-        return keeper
-
-    async def _start_root(
-        self,
-        tenant_id: str,
-        workflow_id: str,
-        kind: StepKind,
-        *,
-        started: dict[str, JsonValue] | None = None,
-    ) -> bool:
-        """Take the run's lease and run it as a task here. False when its lease is held
-        elsewhere (the holder runs it). `started`: the workflow and input this instance has
-        just recorded (the run needs not read them back)."""
-        keeper = self._keeper(workflow_id)
-        self._keepers.add(keeper)
-        try:
-            lease = await keeper.take(tenant_id, workflow_id)
-        finally:
-            if not keeper.held:
-                self._keepers.discard(keeper)
-        if lease is None:
-            return False
-        self._spawn(self._run_root(tenant_id, workflow_id, keeper, started))
-        return True
-
-    async def _resume_claimed(self, record: ExecutionRecord, lease: ExecutionLease) -> None:
-        """The sweep's resume: hold the lease it took and run the tree from its stored steps."""
-        keeper = self._keeper(record.execution_id)
-        self._keepers.add(keeper)
-        if not await keeper.adopt(lease):
-            raise ExecutionLeaseLostError(f"could not confirm the lease of {record.execution_id}")
-        self.emit({"kind": "recovered", "tree": record.execution_id, "epoch": lease.lease_epoch})
-        self._spawn(self._run_root(record.tenant_id, record.execution_id, keeper))
-
-    async def _run_root(
-        self,
-        tenant_id: str,
-        workflow_id: str,
-        keeper: LeaseKeeper,
-        started: dict[str, JsonValue] | None = None,
-    ) -> None:
-        executor = self.executor
-        self._keepers.add(keeper)
-        keeper.start()
-        stored = (
-            started
-            if started is not None
-            else await self.tree.get(tenant_id, workflow_id, INPUT_KEY)
-        )
-        name = stored.get("workflow") if isinstance(stored, dict) else None
-        definition = self.workflows.get(name) if isinstance(name, str) else None
-        if definition is None:
-            # Not this app's workflow: let a worker whose app has it take the run now.
-            await keeper.release()
-            return
-        assert isinstance(stored, dict)
-        value = stored.get("input")
-        run = Run(tenant_id, workflow_id, workflow_id, 0, keeper, definition.name)
-        lease = keeper.lease
-        assert lease is not None
-        self.emit({"kind": "tree-run", "tree": workflow_id, "epoch": lease.lease_epoch})
-        try:
-            record = await executor.retrying(
-                run,
-                "read the record",
-                lambda: self.records.get(tenant_id, workflow_id),
-                guard=False,
-            )
-            if record is None or record.status is not ExecutionRecordStatus.RUNNING:
-                await keeper.release()  # paused, waiting or ended since: not this run's
-                return
-            if await executor.cancel_requested(run):
-                raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
-            result = await executor.invoke(definition, WorkflowContext(executor, run), value)
-            result = checked_json(f"the result of workflow {definition.name!r}", result)
-            if not await executor.decide_close(run):
-                raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
-            await self._end(run, ExecutionRecordStatus.SUCCEEDED, {"result": result})
-        except Suspended:
-            return
-        except ExecutionCancelledError:
-            await self._cancelled(run, definition, value)
-        except HANDOVER as error:
-            self.emit({"kind": "handover", "tree": workflow_id, "error": type(error).__name__})
-            await keeper.stop()
-        except asyncio.CancelledError:
-            await keeper.stop()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    await keeper.release()
-            raise
-        except Exception as error:
-            task = asyncio.current_task()
-            if self._stopping or (task is not None and task.cancelling()):
-                await keeper.stop()
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(2):
-                        await keeper.release()
-                return
-            logger.info("run %s failed", workflow_id, exc_info=True)
-            with contextlib.suppress(Exception):
-                await self._end(run, ExecutionRecordStatus.FAILED, error_outcome(error))
-        finally:
-            if keeper.held and not self._stopping:
-                with contextlib.suppress(Exception):
-                    await keeper.release()
-            self._poke()
-
-    async def _cancelled(self, run: Run, definition: Any, value: JsonValue) -> None:
-        try:
-            undone = await self.executor.unwind(run, definition, value)
-            await self._end(
-                run,
-                ExecutionRecordStatus.CANCELLED,
-                {
-                    "error": {"code": "execution.cancelled", "message": "cancelled by request"},
-                    "undone": undone,
-                },
-            )
-        except HANDOVER as error:
-            self.emit({"kind": "handover", "tree": run.root, "error": type(error).__name__})
-            await run.keeper.stop()
-
-    async def _end(self, run: Run, status: ExecutionRecordStatus, outcome: JsonValue) -> None:
-        keeper = run.keeper
-        keeper.check_lease()
-        done = await self.executor.retrying(
-            run,
-            f"complete {run.root}",
-            lambda: self.records.complete(
-                run.tenant_id, run.root, ExecutionRecordStatus.RUNNING, status, outcome
-            ),
-            guard=False,
-        )
-        if done:
-            self.emit({"kind": "tree-end", "tree": run.root, "status": status.value})
-            ended = self._ended.pop((run.tenant_id, run.root), None)
-            if ended is not None:
-                ended.set()
-            await keeper.finish()
-        else:
-            await keeper.release()
-
-    # -- running children ----------------------------------------------------------------
-
-    def _accepts_child(self, child: ChildExecution | ClaimedChild) -> bool:
-        payload = child.payload if isinstance(child.payload, dict) else {}
-        return payload.get("workflow") in self.workflows
-
-    async def _run_child(self, child: ClaimedChild, lease: ExecutionLease) -> JsonValue:
-        executor = self.executor
-        keeper = current_keeper()
-        assert keeper is not None
-        self._keepers.add(keeper)
-        self._pending_children.discard(child.child_execution_id)
-        payload = child.payload if isinstance(child.payload, dict) else {}
-        definition = self.workflows.get(str(payload.get("workflow")))
-        if definition is None:
-            # Claimed by an instance whose app lacks it: the lease goes back at once and a
-            # worker that knows the workflow rescues the child at its next pass.
-            await keeper.release()
-            raise ChildYielded(child.child_execution_id)
-        self._active_children += 1
-        run = Run(
-            child.tenant_id,
-            child.root_execution_id,
-            child.child_execution_id,
-            child.depth,
-            keeper,
-            definition.name,
-            attempt=child.attempt,
-        )
-        self.emit(
-            {"kind": "child-run", "child": child.child_execution_id, "attempt": child.attempt}
-        )
-        try:
-            if await executor.cancel_requested(run):
-                raise ExecutionCancelledError(f"tree {run.root} was cancelled")
-            result = await executor.invoke(
-                definition, WorkflowContext(executor, run), payload.get("input")
-            )
-            return {"result": checked_json(f"the result of workflow {definition.name!r}", result)}
-        except Suspended:
-            raise ChildYielded(child.child_execution_id) from None
-        finally:
-            self._active_children -= 1
-            self._poke()
-
-    async def _wake_parent(self, tenant_id: str, parent_execution_id: str) -> None:
-        """The last child's finisher wakes its parent: a waiting root's record goes back to
-        `running` and its lease is taken here (a parent that is itself a child was made
-        claimable by the finish, and the child pump claims it)."""
-        moved = await self.records.transition(
-            tenant_id,
-            parent_execution_id,
-            ExecutionRecordStatus.QUEUED,
-            ExecutionRecordStatus.RUNNING,
-        )
-        self.emit({"kind": "woke", "tree": parent_execution_id, "moved": moved})
-        self._poke()
-        if moved and not self._stopping:
-            record = await self.records.get(tenant_id, parent_execution_id)
-            if record is not None and record.workflow in self.workflows:
-                self._spawn(self._start_root(tenant_id, parent_execution_id, StepKind.CLOSE_BRANCH))
-
-    async def _child_pump(self) -> None:
-        """Claim queued children while a slot is free and fewer child runs are at work than
-        there are slots (a child waiting for its own children has no run: it yielded)."""
-        children = self._children
-        assert children is not None
-        while True:
-            claimed = None
-            try:
-                at_work = self._active_children + len(self._pending_children)
-                if self.slots.free > 0 and at_work < self.slots.max_steps:
-                    claimed, task = await children.start_once()
-                    if claimed is not None and task is not None:
-                        child_id = claimed.child_execution_id
-                        self._pending_children.add(child_id)
-                        task.add_done_callback(functools.partial(self._child_done, child_id))
-            except Exception:
-                logger.warning("the child pump failed a pass", exc_info=True)
-            if claimed is None:
-                await self._nap(self.poll_ms)
-
-    def _child_done(self, child_id: str, _task: asyncio.Task[None]) -> None:
-        self._pending_children.discard(child_id)
-        self._poke()
-
-    async def _housekeeping(self) -> None:
-        """Every sweep period: rescue children whose runner died, wake parents whose wake
-        was lost, and finish resumes whose resolver died between its two phases."""
-        children = self._children
-        assert children is not None
-        while True:
-            await self.clock.sleep(self.sweep_ms)
-            try:
-                free = self.slots.free
-                if free > 0:
-                    await children.rescue_once(max(free, 100), spawn=True, max_runs=free)
-                await children.wake_once()
-                await self._finish_resumes()
-            except Exception:
-                logger.warning("a housekeeping pass failed", exc_info=True)
-
-    async def _finish_resumes(self) -> None:
-        now = self.clock.now()
-        for record in await self.records.find_by_status(ExecutionRecordStatus.PAUSED, 100):
-            if record.workflow not in self.workflows:
-                continue
-            named = await self.tree.list(record.tenant_id, record.execution_id, PAUSE_PREFIX)
-            for value in named.values():
-                if not isinstance(value, dict):
-                    continue
-                pause = await self.pauses.get(record.tenant_id, str(value.get("pause_id")))
-                if (
-                    pause is not None
-                    and pause.status is PauseStatus.RESOLVED
-                    and (pause.resolved_at is None or now - pause.resolved_at > self.lease_ms)
-                ):
-                    await self._after_resolve(record.tenant_id, record.execution_id)
-                    break
 
     # -- passes, for tests and tools -----------------------------------------------------
 
