@@ -9,6 +9,10 @@ A failure prints one line on stderr, `agboss-sql COMMAND: what is wrong: what to
 do`, and exits 1 (2 for a misuse of the options, 130 when interrupted);
 `--debug` prints the traceback instead. The read-only commands (`current`,
 `history`, `check`, `leases`) never create a database.
+
+The library's commands import nothing from `agboss_sql.lab`. The lab's (`cluster`,
+`worker`, `demo`, `bench`, `faults`: `lab=True` in the table) import it when they run,
+and exit 2 naming the `lab` extra when a module it needs is not installed.
 """
 
 from __future__ import annotations
@@ -41,11 +45,29 @@ class CommandFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Subcommand:
-    """One subcommand: its help line, how it adds its arguments, how it runs."""
+    """One subcommand: its help line, how it adds its arguments, how it runs. A `lab`
+    subcommand runs code of `agboss_sql.lab`: it is refused, naming the `lab` extra, when
+    the lab's dependencies are not installed; building the parser never imports the lab."""
 
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    lab: bool = False
+
+
+def require_lab() -> None:
+    """Refuse (`MISUSED`) a lab subcommand when a module the lab needs is not installed,
+    with the install command of the `lab` extra."""
+    from agboss_sql.lab import missing_requirements
+
+    missing = missing_requirements()
+    if missing:
+        raise CommandFailed(
+            f"needs the lab extra ({', '.join(missing)} is not installed): "
+            "`pip install '.[lab]'` in a checkout, or "
+            "`pip install 'dist/agboss_sql-<version>-py3-none-any.whl[lab]'`",
+            MISUSED,
+        )
 
 
 def add_url_argument(parser: argparse.ArgumentParser) -> None:
@@ -312,7 +334,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agboss_sql.demo import run_demo
+    from agboss_sql.lab.demo import run_demo
 
     url = database_url(args)
     print(f"demo on {shown(url)}", flush=True)
@@ -323,8 +345,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
-    from agboss_sql.runtime.worker import worker_arguments
-
+    # Unset options keep the defaults of the lab's `WorkerConfig` (imported only to run).
     add_url_argument(parser)
     parser.add_argument(
         "--config",
@@ -333,7 +354,25 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="a JSON file of worker settings (what `agboss-sql cluster` writes); "
         "its keys override the options",
     )
-    worker_arguments(parser)
+    parser.add_argument("--instance-id", default=None, help="this instance's id")
+    parser.add_argument("--lease-ms", type=int, help="lease length (default 30000)")
+    parser.add_argument(
+        "--max-concurrent-steps", type=int, help="step slots of this process (default 4)"
+    )
+    parser.add_argument("--step-ms", type=int, help="simulated work per step (ms, default 50)")
+    parser.add_argument(
+        "--shutdown-ms", type=int, help="graceful stop bound on SIGTERM (default 10000)"
+    )
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="read commands (JSON lines: start, cancel, resume, stop) from standard input; "
+        "standard input closing stops the worker (what `agboss-sql cluster` uses)",
+    )
+
+
+WORKER_OPTIONS = ("instance_id", "lease_ms", "max_concurrent_steps", "step_ms", "shutdown_ms")
+"""The `agboss-sql worker` options that set a field of the tree worker's `WorkerConfig`."""
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -342,9 +381,12 @@ def _worker(args: argparse.Namespace) -> int:
     import json
     import logging
 
-    from agboss_sql.runtime.worker import WorkerConfig, config_of, run_worker
+    from agboss_sql.lab.tree_worker import WorkerConfig, run_worker
 
-    config = config_of(args, database_url(args))
+    given_options = {
+        name: getattr(args, name) for name in WORKER_OPTIONS if getattr(args, name) is not None
+    }
+    config = WorkerConfig(url=database_url(args), **given_options)
     if args.config is not None:
         with open(args.config, encoding="utf-8") as handle:
             given = json.load(handle)
@@ -392,7 +434,7 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def _cluster(args: argparse.Namespace) -> int:
     import json
 
-    from agboss_sql.cluster import ClusterConfig, live_view, render_report, run_cluster
+    from agboss_sql.lab.cluster import ClusterConfig, live_view, render_report, run_cluster
 
     url = database_url(args)
     if url.startswith("sqlite") and "/.agboss/" in url:
@@ -562,10 +604,10 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
 def _bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agboss_sql.bench import run_bench
+    from agboss_sql.lab.bench import run_bench
 
     if args.scale:
-        from agboss_sql.bench import run_scale
+        from agboss_sql.lab.bench import run_scale
 
         sizes = [int(size) for size in args.scale.split(",")]
         print(asyncio.run(run_scale(database_url(args), sizes, ops=args.ops)))
@@ -611,8 +653,8 @@ def _faults_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _faults(args: argparse.Namespace) -> int:
-    from agboss_sql.testing.faults import SCENARIOS, FaultSettings, format_report, run_scenario
-    from agboss_sql.testing.faults.suite import DEFAULT_STORES, dialect_of
+    from agboss_sql.lab.faults import SCENARIOS, FaultSettings, format_report, run_scenario
+    from agboss_sql.lab.faults.suite import DEFAULT_STORES, dialect_of
 
     if args.list:
         for scenario in SCENARIOS.values():
@@ -689,17 +731,20 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "kills, a freeze and a cancel, then the run is audited from the database",
         _cluster_arguments,
         _cluster,
+        lab=True,
     ),
     "worker": Subcommand(
         "run one worker process (an application instance running trees, children, pauses "
         "and cancels on the shared database) until SIGTERM",
         _worker_arguments,
         _worker,
+        lab=True,
     ),
     "demo": Subcommand(
         "two instances keep both promises through a takeover (default: the local SQLite file)",
         _demo_arguments,
         _demo,
+        lab=True,
     ),
     "leases": Subcommand(
         "the lease log: recent moves, or one lease and its history (tell a zombie from a takeover)",
@@ -711,12 +756,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "migrated and its agboss tables emptied: use a database of its own)",
         _bench_arguments,
         _bench,
+        lab=True,
     ),
     "faults": Subcommand(
         "run the fault scenarios (real pod processes killed, frozen, stopped, cut off) "
         "and audit every promise after each",
         _faults_arguments,
         _faults,
+        lab=True,
     ),
 }
 """Every subcommand, by name, in the order `--help` lists them."""
@@ -742,7 +789,7 @@ def parser() -> argparse.ArgumentParser:
             name, help=subcommand.help, description=subcommand.help, parents=[common]
         )
         subcommand.arguments(sub)
-        sub.set_defaults(run=subcommand.run)
+        sub.set_defaults(run=subcommand.run, lab_command=subcommand.lab)
     return top
 
 
@@ -754,6 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     `INTERRUPTED` for Ctrl-C); with `--debug` the traceback follows the line."""
     args = parser().parse_args(argv)
     try:
+        if args.lab_command:
+            require_lab()
         status: int = args.run(args)
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
@@ -776,6 +825,7 @@ _EXTRAS = {
     "aiomysql": ("the MySQL/MariaDB driver", "mysql"),
     "pymysql": ("the MySQL/MariaDB driver", "mysql"),
     "langgraph": ("LangGraph's checkpoint package", "langgraph"),
+    "rich": ("the lab's live view", "lab"),
 }
 """A missing module, what it is and the extra that installs it."""
 

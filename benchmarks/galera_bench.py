@@ -30,12 +30,12 @@ from agboss_sql.contracts import (
     SystemClock,
     fenced_effect_key_of,
 )
+from agboss_sql.lab.business import insert_business_row
+from agboss_sql.lab.database import create_schema, truncate_all
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-from agboss_sql.testing.business import insert_business_row
-from agboss_sql.testing.database import create_schema, truncate_all
 
 TENANT = "bench"
 LEASE_MS = 60_000

@@ -24,8 +24,8 @@ from support.server_watch import (
     pytest_sessionstart,
 )
 
+from agboss_sql.lab.database import create_schema, truncate_all
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.testing.database import create_schema, truncate_all
 
 DATABASE_URL_ENV = "AGBOSS_TEST_DATABASE_URL"
 DATABASE_FIXTURE = "database_url"

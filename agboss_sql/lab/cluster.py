@@ -21,7 +21,7 @@ What it does:
 
 The audit rules (the fault suite's rules where they apply, read from the same rows):
 `one-holder`, `result-and-row`, `charged-once`, `child-once` (see
-`agboss_sql.testing.faults.audit`), and:
+`agboss_sql.lab.faults.audit`), and:
 
 - `tree-ends`: every tree ended (`succeeded`, `cancelled`, or `failed` with a reason);
   a succeeded tree decided to close (`END_DECISION_KEY`), charged every order of its
@@ -55,7 +55,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.runtime.worker import (
+from agboss_sql.lab.faults.audit import (
+    AuditFacts,
+    StoreHistory,
+    Violation,
+    _charged_once,
+    _child_once,
+    _one_holder,
+    _result_and_row,
+    read_sql_history,
+)
+from agboss_sql.lab.faults.harness import Cluster, Event, Pod, WaitTimeout
+from agboss_sql.lab.tree_worker import (
     BUSINESS_EFFECT,
     END_DECISION_KEY,
     STEP_EFFECT,
@@ -66,17 +77,6 @@ from agboss_sql.runtime.worker import (
     leaves_of,
 )
 from agboss_sql.sql.migrate import sync_url
-from agboss_sql.testing.faults.audit import (
-    AuditFacts,
-    StoreHistory,
-    Violation,
-    _charged_once,
-    _child_once,
-    _one_holder,
-    _result_and_row,
-    read_sql_history,
-)
-from agboss_sql.testing.faults.harness import Cluster, Event, Pod, WaitTimeout
 
 GRANTS = ("acquired", "taken-over", "reclaimed")
 
@@ -171,8 +171,8 @@ def run_cluster(
     out: Callable[[str], None] | None = None,
 ) -> Report:
     """Run the cluster (see the module) and answer its audited report."""
+    from agboss_sql.lab.business import create_business_table
     from agboss_sql.sql.migrate import upgrade
-    from agboss_sql.testing.business import create_business_table
 
     started = time.monotonic()
     if config.migrate:
@@ -320,7 +320,7 @@ def _submit(url: str, tenant: str, spec_of: dict[str, TreeSpec]) -> None:
         ExecutionRecordRepository,
         ExecutionTreeRepository,
     )
-    from agboss_sql.runtime.worker import submit_tree
+    from agboss_sql.lab.tree_worker import submit_tree
     from agboss_sql.sql import sql_stores
 
     async def submit() -> None:
@@ -344,9 +344,9 @@ def _submit(url: str, tenant: str, spec_of: dict[str, TreeSpec]) -> None:
 def _poll(engine: sa.Engine, tenant: str, prefix: str, state: _State) -> None:
     """The run's figures as the database has them now: tree statuses, orders charged,
     takeovers, leases lost and zombie writes refused."""
+    from agboss_sql.lab.business import business_rows
     from agboss_sql.sql.schema import execution_lease_events as events
     from agboss_sql.sql.schema import execution_records as records
-    from agboss_sql.testing.business import business_rows
 
     with engine.connect() as connection:
         rows = connection.execute(
@@ -477,7 +477,7 @@ class _Chaos:
     ) -> None:
         # A tree without a pause, seen running on some worker and with the fewest orders
         # charged (the most left to undo and to stop): cancelled from another worker.
-        from agboss_sql.testing.business import business_rows
+        from agboss_sql.lab.business import business_rows
 
         running: dict[str, str] = {}
         for event in events:

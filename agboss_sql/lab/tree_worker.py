@@ -47,7 +47,6 @@ database.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -1023,7 +1022,7 @@ class Worker:
 
         async def work(tx: Any) -> JsonValue:
             if business:
-                from agboss_sql.testing.business import insert_business_row
+                from agboss_sql.lab.business import insert_business_row
 
                 await insert_business_row(tx, row)
             return stored_output
@@ -1429,48 +1428,6 @@ async def run_worker(config: WorkerConfig, *, commands: bool = True) -> int:
     return 0
 
 
-def worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `agboss-sql worker` options (the URL option is the command's own)."""
-    defaults = WorkerConfig()
-    parser.add_argument("--instance-id", default=None, help="this instance's id")
-    parser.add_argument(
-        "--lease-ms", type=int, default=defaults.lease_ms, help="lease length (default 30000)"
-    )
-    parser.add_argument(
-        "--max-concurrent-steps",
-        type=int,
-        default=defaults.max_concurrent_steps,
-        help="step slots of this process (default 4)",
-    )
-    parser.add_argument(
-        "--step-ms", type=int, default=defaults.step_ms, help="simulated work per step (ms)"
-    )
-    parser.add_argument(
-        "--shutdown-ms",
-        type=int,
-        default=defaults.shutdown_ms,
-        help="graceful stop bound on SIGTERM (default 10000)",
-    )
-    parser.add_argument(
-        "--commands",
-        action="store_true",
-        help="read commands (JSON lines: start, cancel, resume, stop) from standard input; "
-        "standard input closing stops the worker (what `agboss-sql cluster` uses)",
-    )
-
-
-def config_of(args: argparse.Namespace, url: str) -> WorkerConfig:
-    """The worker config of parsed `agboss-sql worker` options."""
-    return WorkerConfig(
-        url=url,
-        instance_id=args.instance_id,
-        lease_ms=args.lease_ms,
-        max_concurrent_steps=args.max_concurrent_steps,
-        step_ms=args.step_ms,
-        shutdown_ms=args.shutdown_ms,
-    )
-
-
 def config_json(config: WorkerConfig) -> dict[str, Any]:
     """The config as JSON (what the cluster writes for each worker)."""
     return asdict(config)
@@ -1487,7 +1444,6 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "children_of",
-    "config_of",
     "descendants_of",
     "end_decision",
     "leaves_of",
@@ -1495,5 +1451,4 @@ __all__ = [
     "pause_id_of",
     "run_worker",
     "submit_tree",
-    "worker_arguments",
 ]

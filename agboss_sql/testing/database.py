@@ -1,14 +1,10 @@
-"""The database a test suite runs on: the project's schema and the suites' business table.
+"""The project's own tables on a test database: created (at the head revision), emptied,
+dropped.
 
-Two parts, composed here:
-
-- the project's own tables (`agboss_sql.sql.schema.metadata`): `create_project_schema`,
-  `drop_project_schema`, `empty_project_tables`, which know nothing of any test table;
-- the suites' business table (`agboss_sql.testing.business`), which is not part of the
-  project's schema.
-
-`create_schema`, `drop_schema` and `truncate_all` do both, as a suite needs them. The
-business table's names are importable from here too.
+`create_project_schema`, `drop_project_schema` and `empty_project_tables` work on
+`agboss_sql.sql.schema.metadata` alone and know nothing of any test table: a store
+author's suite adds its own business table beside them (the project's suites add theirs
+with `agboss_sql.lab.database`).
 """
 
 from __future__ import annotations
@@ -19,16 +15,6 @@ from alembic.runtime.migration import MigrationContext
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.migrate import VERSION_TABLE, head, sync_url
 from agboss_sql.sql.schema import metadata
-from agboss_sql.testing.business import (
-    _INSERT,
-    business_metadata,
-    business_rows,
-    committed_business_rows,
-    create_business_table,
-    drop_business_table,
-    empty_business_table,
-    insert_business_row,
-)
 
 
 def create_project_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
@@ -79,37 +65,9 @@ async def empty_project_tables(connection: SqlConnection) -> None:
         await connection.execute(delete)
 
 
-def create_schema(url: str | sa.URL, *, drop_first: bool = False) -> None:
-    """Create the project's schema and the business table on `url`."""
-    if drop_first:
-        drop_business_table(url)
-    create_project_schema(url, drop_first=drop_first)
-    create_business_table(url)
-
-
-def drop_schema(url: str | sa.URL) -> None:
-    """Drop the business table and the project's schema (with its version table)."""
-    drop_business_table(url)
-    drop_project_schema(url)
-
-
-async def truncate_all(connection: SqlConnection) -> None:
-    """Delete every row of every project table and of the business table."""
-    await empty_project_tables(connection)
-    await empty_business_table(connection)
-
-
 __all__ = [
-    "_INSERT",
-    "business_metadata",
-    "business_rows",
-    "committed_business_rows",
     "create_project_schema",
-    "create_schema",
     "drop_project_schema",
-    "drop_schema",
     "empty_project_tables",
-    "insert_business_row",
     "sync_url",
-    "truncate_all",
 ]

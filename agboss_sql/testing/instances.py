@@ -23,7 +23,7 @@ from typing import Any
 from agboss_sql.application import Application, DatabaseUrl
 from agboss_sql.contracts.clocks import Clock, StoreClock, VirtualClock
 from agboss_sql.memory import InMemoryBackend
-from agboss_sql.testing.database import create_schema
+from agboss_sql.testing.database import create_project_schema
 
 AppFactory = Callable[..., Application]
 
@@ -85,7 +85,7 @@ async def instances(
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="agboss-"))
             database_url = f"sqlite:///{Path(directory) / 'instances.sqlite'}"
         if database_url is not None:
-            create_schema(database_url)
+            create_project_schema(database_url)
         apps: list[Application] = []
         try:
             for index in range(n):

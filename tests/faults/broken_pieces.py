@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agboss_sql.contracts.types import FencedEffectKey, FencedEffectResult, FinishResult, JsonValue
+from agboss_sql.lab.faults.fixture import PodIdentity, PodStores, build_sql_store_set
 from agboss_sql.runtime import LeaseKeeper
 from agboss_sql.sql import SqlChildExecutionQueueRepository, SqlFencedEffectRepository
-from agboss_sql.testing.faults.fixture import PodIdentity, PodStores, build_sql_store_set
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fault_support import fault_url
 
-from agboss_sql.testing.faults import (
+from agboss_sql.lab.faults import (
     AuditFacts,
     FaultSettings,
     StoreHistory,
@@ -29,7 +29,7 @@ class Bite:
     piece: str
     scenario: str
     rule: str
-    stores: str = "agboss_sql.testing.faults.fixture:sql_store_set"
+    stores: str = "agboss_sql.lab.faults.fixture:sql_store_set"
     pieces: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fault_support import fault_url
 
-from agboss_sql.testing.faults import SHORT_SET, fault_suite
+from agboss_sql.lab.faults import SHORT_SET, fault_suite
 
 pytestmark = [pytest.mark.faults, pytest.mark.database]
 

@@ -18,12 +18,12 @@ from agboss_sql.contracts import (
     fenced_effect_key_of,
 )
 from agboss_sql.contracts.errors import ExecutionFencedError
+from agboss_sql.lab.faults import StoreHoldPoint, with_hold_points
+from agboss_sql.lab.faults.holds import HoldController, install
 from agboss_sql.memory import InMemoryBackend
 from agboss_sql.memory.fenced import InMemoryFencedEffectRepository
 from agboss_sql.memory.leases import InMemoryExecutionLeaseRepository
 from agboss_sql.memory.records import InMemoryExecutionTreeRepository
-from agboss_sql.testing.faults import StoreHoldPoint, with_hold_points
-from agboss_sql.testing.faults.holds import HoldController, install
 
 
 class Recorder:

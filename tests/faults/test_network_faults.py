@@ -59,18 +59,18 @@ from agboss_sql.contracts import (
     VirtualClock,
     fenced_effect_key_of,
 )
-from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.sql.effects import SqlFencedEffectRepository
-from agboss_sql.sql.leases import SqlExecutionLeaseRepository
-from agboss_sql.sql.schema import execution_leases
-from agboss_sql.sql.timeouts import Timeouts
-from agboss_sql.testing.database import (
+from agboss_sql.lab.database import (
     committed_business_rows,
     create_schema,
     insert_business_row,
     truncate_all,
 )
-from agboss_sql.testing.faults.proxy import TcpProxy
+from agboss_sql.lab.faults.proxy import TcpProxy
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.effects import SqlFencedEffectRepository
+from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+from agboss_sql.sql.schema import execution_leases
+from agboss_sql.sql.timeouts import Timeouts
 
 pytestmark = [pytest.mark.database, pytest.mark.faults]
 

@@ -1,6 +1,6 @@
 """The network scenarios of the fault suite: real pods, each behind its own proxy.
 
-Each scenario (`agboss_sql.testing.faults.network`) runs the fault suite's workload with
+Each scenario (`agboss_sql.lab.faults.network`) runs the fault suite's workload with
 three pod processes on the server under test, cuts one pod off (drop, black hole), slows
 every pod down, or cuts a pod's connection right after it sends COMMIT (the COMMIT lost,
 or only its reply), and then audits every promise from the database and the pods' logs.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import make_url
 
-from agboss_sql.testing.faults.network import (
+from agboss_sql.lab.faults.network import (
     NETWORK_SCENARIO_ACTS,
     run_network_scenario,
 )
-from agboss_sql.testing.faults.suite import format_report
+from agboss_sql.lab.faults.suite import format_report
 
 pytestmark = [pytest.mark.database, pytest.mark.faults, pytest.mark.slow]
 

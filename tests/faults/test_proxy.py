@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agboss_sql.testing.faults.proxy import ProxyControl, TcpProxy, _Framer
+from agboss_sql.lab.faults.proxy import ProxyControl, TcpProxy, _Framer
 
 pytestmark = pytest.mark.faults
 
@@ -203,7 +203,7 @@ async def test_controlled_from_another_process(echo_port: int) -> None:
         [
             sys.executable,
             "-m",
-            "agboss_sql.testing.faults.proxy",
+            "agboss_sql.lab.faults.proxy",
             "--url",
             f"postgresql://postgres@127.0.0.1:{echo_port}/db",
         ],
@@ -247,7 +247,7 @@ def test_fleet_drives_each_pod_from_a_plain_thread() -> None:
 
     from sqlalchemy.engine import make_url
 
-    from agboss_sql.testing.faults.network import ProxyFleet
+    from agboss_sql.lab.faults.network import ProxyFleet
 
     class Echo(socketserver.BaseRequestHandler):
         def handle(self) -> None:

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from agboss_sql.lab.database import create_schema, truncate_all
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.testing.database import create_schema, truncate_all
 
 GALERA_URLS_ENV = "AGBOSS_GALERA_URLS"
 

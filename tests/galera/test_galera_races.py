@@ -46,6 +46,7 @@ from agboss_sql.contracts import (
     VirtualClock,
     fenced_effect_key_of,
 )
+from agboss_sql.lab.business import committed_business_rows, insert_business_row
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.effects import SqlFencedEffectRepository
@@ -53,7 +54,6 @@ from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
 from agboss_sql.sql.rate_limits import SqlRateLimitRepository
 from agboss_sql.sql.schema import execution_leases
-from agboss_sql.testing.business import committed_business_rows, insert_business_row
 
 TENANT = "tenant-1"
 LEASE_MS = 30_000

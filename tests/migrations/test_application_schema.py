@@ -85,7 +85,7 @@ async def test_start_accepts_a_database_at_head_given_as_a_connection(empty_url:
 async def test_the_test_kits_schema_records_head_and_never_overwrites_an_older_revision(
     empty_url: str,
 ) -> None:
-    from agboss_sql.testing.database import create_schema, drop_schema
+    from agboss_sql.lab.database import create_schema, drop_schema
 
     create_schema(empty_url)
     assert migrate.current(empty_url) == migrate.head()

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from migration_support import connected, table_names
 
-from agboss_sql.bench import Bench, Measurement, bench_rows, fresh_tables, run_scale
 from agboss_sql.contracts.clocks import StoreClock, SystemClock
 from agboss_sql.contracts.types import ApplicationContext, ClaimedChild, QueuedChild
+from agboss_sql.lab.bench import Bench, Measurement, bench_rows, fresh_tables, run_scale
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agboss_sql.cluster import ClusterConfig, render_report, run_cluster
+from agboss_sql.lab.cluster import ClusterConfig, render_report, run_cluster
 
 
 def test_a_short_cluster_run_through_chaos_keeps_every_invariant(

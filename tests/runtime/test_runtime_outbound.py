@@ -27,6 +27,7 @@ from agboss_sql.contracts import (
     VirtualClock,
     fenced_effect_key_of,
 )
+from agboss_sql.lab.database import truncate_all
 from agboss_sql.memory import (
     InMemoryBackend,
     InMemoryExecutionLeaseRepository,
@@ -36,7 +37,6 @@ from agboss_sql.runtime.outbound import outbound_call
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
-from agboss_sql.testing.database import truncate_all
 
 TENANT = "tenant-1"
 LEASE_MS = 30_000

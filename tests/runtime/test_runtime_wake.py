@@ -37,12 +37,12 @@ from agboss_sql.contracts import (
     VirtualClock,
     WaitResult,
 )
+from agboss_sql.lab.database import truncate_all
 from agboss_sql.runtime import ChildWorker
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-from agboss_sql.testing.database import truncate_all
 
 PARENT = "parent"
 CLAIM_MS = 10_000

@@ -20,9 +20,8 @@ from agboss_sql.contracts.errors import ExecutionFencedError, NotPausedError
 from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.stores import CANCEL_REQUEST_KEY, COMPENSATED_PREFIX, UNWINDING_KEY
 from agboss_sql.contracts.types import ExecutionRecordStatus, PauseStatus
-from agboss_sql.runtime.slots import StepKind
-from agboss_sql.runtime.unwind import Unwinder
-from agboss_sql.runtime.worker import (
+from agboss_sql.lab.business import committed_business_rows
+from agboss_sql.lab.tree_worker import (
     END_DECISION_KEY,
     STEP_EFFECT,
     TreeSpec,
@@ -35,9 +34,10 @@ from agboss_sql.runtime.worker import (
     pause_id_of,
     submit_tree,
 )
+from agboss_sql.runtime.slots import StepKind
+from agboss_sql.runtime.unwind import Unwinder
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import execution_lease_events, fenced_effect_results
-from agboss_sql.testing.business import committed_business_rows
 
 Event = dict[str, Any]
 WAIT_S = 30.0
@@ -574,7 +574,7 @@ async def test_a_stop_whose_cancellation_a_library_turns_into_an_error_never_fai
 async def test_a_step_whose_store_keeps_failing_hands_the_tree_over_after_a_lease(
     workers: Workers, sql: SqlConnection
 ) -> None:
-    from agboss_sql.testing.faults.fixture import InjectedOutageError
+    from agboss_sql.lab.faults.fixture import InjectedOutageError
 
     a = await workers("wa", lease_ms=1_500)
     b = await workers("wb", lease_ms=1_500)
@@ -713,7 +713,7 @@ async def test_the_mid_undo_takeover_test_catches_compensations_that_are_not_dur
 ) -> None:
     """The same run with an unwinder that forgets its marks: wc runs wb's compensation a
     second time (the effect store replays its result, but the compensator was called)."""
-    import agboss_sql.runtime.worker as worker_module
+    import agboss_sql.lab.tree_worker as worker_module
 
     monkeypatch.setattr(worker_module, "Unwinder", ForgetfulUnwinder)
     tree = "tree-undo-forgetful"

@@ -161,7 +161,7 @@ async def test_instances_see_each_others_effects(sql_url: str, sql: SqlConnectio
         StepRef,
         fenced_effect_key_of,
     )
-    from agboss_sql.testing.business import committed_business_rows, insert_business_row
+    from agboss_sql.lab.business import committed_business_rows, insert_business_row
 
     template = Application("support", providers=sql_stores())
     async with instances(template, n=2, url=sql_url) as cluster:

@@ -19,14 +19,14 @@ import pytest_asyncio
 from support.nodes import node_url
 
 from agboss_sql.contracts.stores import CONTRACTS
-from agboss_sql.sql import sql_stores
-from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.testing.business import (
+from agboss_sql.lab.business import (
     committed_business_rows,
     insert_business_row,
 )
+from agboss_sql.lab.database import truncate_all
+from agboss_sql.sql import sql_stores
+from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.contracts import BusinessRows, Seam, StoreFactory, store_conformance
-from agboss_sql.testing.database import truncate_all
 
 STORE_TIME_CONTRACTS = frozenset({"execution_lease", "fenced_effect", "outbound_call"})
 """The contracts whose SQL store decides by the store's time; the others decide by the

@@ -10,10 +10,10 @@ import pytest
 from support.capabilities import embedded, require
 
 from agboss_sql.contracts import ApplicationContext, StoreClock, StoreTimeoutError
+from agboss_sql.lab.business import insert_business_row
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.timeouts import Timeouts
-from agboss_sql.testing.business import insert_business_row
 
 
 @pytest.fixture

@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import agboss_sql.bench
+import agboss_sql.lab.bench
 
-SOURCE = Path(agboss_sql.bench.__file__).read_text(encoding="utf-8")
+SOURCE = Path(agboss_sql.lab.bench.__file__).read_text(encoding="utf-8")
 
 
 def test_bench_does_not_import_the_test_kit() -> None:
     # A fresh interpreter: this test session imports the test kit on its own.
     probe = (
-        "import sys, agboss_sql.bench\n"
+        "import sys, agboss_sql.lab.bench\n"
         "kit = sorted(m for m in sys.modules if m.startswith('agboss_sql.testing'))\n"
         "print(kit)\n"
         "sys.exit(1 if kit else 0)\n"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agboss_sql.cluster import ClusterConfig, Report, audit_cluster
 from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
-from agboss_sql.runtime.worker import END_DECISION_KEY, TreeSpec
-from agboss_sql.testing.faults.audit import StoreHistory
+from agboss_sql.lab.cluster import ClusterConfig, Report, audit_cluster
+from agboss_sql.lab.faults.audit import StoreHistory
+from agboss_sql.lab.tree_worker import END_DECISION_KEY, TreeSpec
 
 TENANT = "t"
 TREE = "r-t00"

@@ -9,7 +9,7 @@ pytest is imported only when a class is built.
 
 from __future__ import annotations
 
-from agboss_sql.testing.faults.audit import (
+from agboss_sql.lab.faults.audit import (
     RULES,
     AuditFacts,
     StoreHistory,
@@ -17,9 +17,9 @@ from agboss_sql.testing.faults.audit import (
     audit,
     read_sql_history,
 )
-from agboss_sql.testing.faults.fixture import PodIdentity, PodStores, sql_store_set
-from agboss_sql.testing.faults.harness import Cluster, NetworkFault, UrlForPod, WaitTimeout
-from agboss_sql.testing.faults.holds import (
+from agboss_sql.lab.faults.fixture import PodIdentity, PodStores, sql_store_set
+from agboss_sql.lab.faults.harness import Cluster, NetworkFault, UrlForPod, WaitTimeout
+from agboss_sql.lab.faults.holds import (
     AFTER_COMMIT,
     AFTER_WORK,
     BEFORE_FENCE,
@@ -28,9 +28,9 @@ from agboss_sql.testing.faults.holds import (
     StoreHoldPoint,
     with_hold_points,
 )
-from agboss_sql.testing.faults.network import network_scenarios
-from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario, register
-from agboss_sql.testing.faults.suite import (
+from agboss_sql.lab.faults.network import network_scenarios
+from agboss_sql.lab.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario, register
+from agboss_sql.lab.faults.suite import (
     DEFAULT_STORES,
     DUMP_ENV,
     FaultSettings,

@@ -82,9 +82,9 @@ class StoreHistory:
 
 def read_sql_history(url: str) -> StoreHistory:
     """Read the project's tables (and the business table) on `url`."""
+    from agboss_sql.lab.database import business_rows
     from agboss_sql.sql import schema
     from agboss_sql.sql.migrate import sync_url
-    from agboss_sql.testing.database import business_rows
 
     engine = sa.create_engine(sync_url(url))
     try:
@@ -228,7 +228,7 @@ def _one_holder(history: StoreHistory) -> list[Violation]:
 
 
 def _result_and_row(history: StoreHistory) -> list[Violation]:
-    from agboss_sql.testing.faults.workload import EFFECT
+    from agboss_sql.lab.faults.workload import EFFECT
 
     results = {
         f"{r['step_execution_id']}|{r['step_idempotency_key']}"

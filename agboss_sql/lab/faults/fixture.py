@@ -24,8 +24,8 @@ from agboss_sql.contracts.stores import (
     PausedExecutionRepository,
 )
 from agboss_sql.contracts.types import ApplicationContext
+from agboss_sql.lab.faults.holds import with_hold_points
 from agboss_sql.sql.timeouts import Timeouts
-from agboss_sql.testing.faults.holds import with_hold_points
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ def build_sql_store_set(
     url: str, pod: PodIdentity, classes: dict[str, type[Any]] | None = None
 ) -> PodStores:
     """`sql_store_set` with some classes replaced (`classes` by contract key)."""
+    from agboss_sql.lab.database import insert_business_row
     from agboss_sql.sql import SqlConnection
-    from agboss_sql.testing.database import insert_business_row
 
     chosen = {**sql_store_classes(), **(classes or {})}
     held = {key: with_hold_points(cls) for key, cls in chosen.items()}

@@ -2,7 +2,7 @@
 signal them, and make sure none outlives a run.
 
 Each pod is a process in its own process group (`start_new_session`), started with
-`python -m agboss_sql.testing.faults.pod`. A reader thread per pod parses its stdout
+`python -m agboss_sql.lab.faults.pod`. A reader thread per pod parses its stdout
 (the echo of its event log) into one shared event list; `wait_for` blocks on a condition
 variable until an event matches or the bound ends. Nothing here sleeps to synchronise.
 
@@ -81,7 +81,7 @@ class Cluster:
     env: Mapping[str, str] | None = None
     command: Sequence[str] | None = None
     """The argv a pod is started with, its config file's path appended (default: the fault
-    suite's pod, `python -m agboss_sql.testing.faults.pod`)."""
+    suite's pod, `python -m agboss_sql.lab.faults.pod`)."""
     pods: list[Pod] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
@@ -126,7 +126,7 @@ class Cluster:
         command = list(
             self.command
             if self.command is not None
-            else (sys.executable, "-m", "agboss_sql.testing.faults.pod")
+            else (sys.executable, "-m", "agboss_sql.lab.faults.pod")
         )
         with open(pod.output_path, "wb") as output:
             pod.process = subprocess.Popen(

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from agboss_sql.testing.faults.proxy import After, TcpProxy
+from agboss_sql.lab.faults.proxy import After, TcpProxy
 
 T = TypeVar("T")
 
@@ -271,7 +271,7 @@ NETWORK_SCENARIO_ACTS: dict[str, tuple[str, Callable[[Any], None]]] = {
 
 def network_scenarios() -> dict[str, Any]:
     """The network scenarios as the fault suite's `Scenario`s (server databases only)."""
-    scenarios = importlib.import_module("agboss_sql.testing.faults.scenarios")
+    scenarios = importlib.import_module("agboss_sql.lab.faults.scenarios")
     return {
         name: scenarios.Scenario(
             name=name,
@@ -293,7 +293,7 @@ def _fleet_for(url: str) -> ProxyFleet:
 def run_network_scenario(url: str, name: str, **kwargs: Any) -> Any:
     """Run the network scenario `name` on `url` (the fault suite's `run_scenario`, each
     pod behind its own proxy); its `ScenarioResult`."""
-    suite = importlib.import_module("agboss_sql.testing.faults.suite")
+    suite = importlib.import_module("agboss_sql.lab.faults.suite")
     return suite.run_scenario(url, network_scenarios()[name], **kwargs)
 
 

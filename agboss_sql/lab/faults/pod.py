@@ -1,6 +1,6 @@
 """A pod: one real process running the fixture workload on a store set.
 
-    python -m agboss_sql.testing.faults.pod CONFIG.json
+    python -m agboss_sql.lab.faults.pod CONFIG.json
 
 The config (written by the harness) names the database URL, the store set factory
 (`module:function`, called as `factory(url, pod_identity)`), the pod's instance id, its
@@ -27,11 +27,11 @@ from typing import Any, TextIO
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.types import ApplicationContext
+from agboss_sql.lab.faults import holds
+from agboss_sql.lab.faults._clock import ScaledClock
+from agboss_sql.lab.faults.fixture import PodIdentity, PodStores
+from agboss_sql.lab.faults.workload import Workload, WorkloadConfig
 from agboss_sql.runtime import LeaseKeeper
-from agboss_sql.testing.faults import holds
-from agboss_sql.testing.faults._clock import ScaledClock
-from agboss_sql.testing.faults.fixture import PodIdentity, PodStores
-from agboss_sql.testing.faults.workload import Workload, WorkloadConfig
 
 
 def load(path: str) -> Any:
@@ -220,10 +220,10 @@ def _waiting_tasks() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m agboss_sql.testing.faults.pod CONFIG.json`."""
+    """Entry point: `python -m agboss_sql.lab.faults.pod CONFIG.json`."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m agboss_sql.testing.faults.pod CONFIG.json", file=sys.stderr)
+        print("usage: python -m agboss_sql.lab.faults.pod CONFIG.json", file=sys.stderr)
         return 2
     with open(args[0], encoding="utf-8") as handle:
         config = json.load(handle)

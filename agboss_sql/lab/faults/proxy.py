@@ -27,7 +27,7 @@ A PostgreSQL client's request for TLS or GSS encryption is answered "no" by the 
 itself (the protocol must stay readable); `url_for` also sets `sslmode=disable`.
 
 Another process controls a proxy through its control port (`serve_control()`; a client is
-`ProxyControl`), or runs one of its own: `python -m agboss_sql.testing.faults.proxy
+`ProxyControl`), or runs one of its own: `python -m agboss_sql.lab.faults.proxy
 --url URL` prints `{"port": …, "control_port": …, "url": …}` on one line and serves until
 its stdin closes or it is terminated.
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agboss_sql.testing.faults.holds import (
+from agboss_sql.lab.faults.holds import (
     AFTER_COMMIT,
     AFTER_WORK,
     BEFORE_FENCE,
@@ -21,8 +21,8 @@ from agboss_sql.testing.faults.holds import (
 )
 
 if TYPE_CHECKING:
-    from agboss_sql.testing.faults.harness import NetworkFault
-    from agboss_sql.testing.faults.suite import ScenarioRun
+    from agboss_sql.lab.faults.harness import NetworkFault
+    from agboss_sql.lab.faults.suite import ScenarioRun
 
 Act = Callable[["ScenarioRun"], None]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.testing.faults.audit import AuditFacts, Violation, audit, read_sql_history
-from agboss_sql.testing.faults.harness import (
+from agboss_sql.lab.faults.audit import AuditFacts, Violation, audit, read_sql_history
+from agboss_sql.lab.faults.harness import (
     Cluster,
     Event,
     NetworkFault,
@@ -26,9 +26,9 @@ from agboss_sql.testing.faults.harness import (
     UrlForPod,
     WaitTimeout,
 )
-from agboss_sql.testing.faults.scenarios import SCENARIOS, SHORT_SET, Scenario
+from agboss_sql.lab.faults.scenarios import SCENARIOS, SHORT_SET, Scenario
 
-DEFAULT_STORES = "agboss_sql.testing.faults.fixture:sql_store_set"
+DEFAULT_STORES = "agboss_sql.lab.faults.fixture:sql_store_set"
 DUMP_ENV = "AGBOSS_FAULT_DUMP_DIR"
 
 
@@ -145,9 +145,9 @@ def dialect_of(url: str) -> str:
 
 def reset_database(url: str) -> None:
     """The project's schema (and the business table) on `url`, with every row deleted."""
+    from agboss_sql.lab.database import business_metadata, create_schema
     from agboss_sql.sql.migrate import sync_url
     from agboss_sql.sql.schema import metadata
-    from agboss_sql.testing.database import business_metadata, create_schema
 
     create_schema(url)
     engine = sa.create_engine(sync_url(url))

@@ -48,12 +48,12 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     StepRef,
 )
+from agboss_sql.lab.faults.fixture import PodIdentity, PodStores
 from agboss_sql.runtime import ChildWorker, LeaseKeeper, RecoverySweep, compensate
 from agboss_sql.runtime.children import FinishReporting
 from agboss_sql.runtime.outbound import outbound_call
-from agboss_sql.testing.faults.fixture import PodIdentity, PodStores
 
-logger = logging.getLogger("agboss_sql.testing.faults")
+logger = logging.getLogger("agboss_sql.lab.faults")
 
 WOKEN_KEY = "@fault/woken"
 EFFECT = "charge"
