@@ -292,7 +292,15 @@ class Executor:
 
         async def sending(attempt: int) -> JsonValue:
             run.keeper.guard()
-            self.emit({"kind": "sent", "execution": run.execution, "call": key, "attempt": attempt})
+            self.emit(
+                {
+                    "kind": "sent",
+                    "execution": run.execution,
+                    "call": f"{run.execution}|{key}",
+                    "attempt": attempt,
+                    "epoch": run.lease.lease_epoch,
+                }
+            )
             return checked_json(f"the response of outbound call {key!r}", await send(attempt))
 
         async with self.slots.step(self._kind(run), run.depth):

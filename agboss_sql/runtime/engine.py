@@ -64,6 +64,7 @@ from agboss_sql.runtime._run import (
 from agboss_sql.runtime._runs import Runs
 from agboss_sql.runtime.children import (
     ChildWorker,
+    FinishReporting,
     cancel_and_wait,
     flush_bounded,
     release_bounded,
@@ -287,7 +288,7 @@ class Engine(Runs):
             accepts=lambda record: record.workflow in self.workflows,
         )
         self._children = ChildWorker(
-            self.queue,
+            FinishReporting(self.queue, self.emit),  # type: ignore[arg-type]
             self.leases,
             self.events,
             self.clock,
@@ -580,6 +581,17 @@ class Engine(Runs):
                 tenant_id, workflow_id, ExecutionRecordStatus.PAUSED, ExecutionRecordStatus.RUNNING
             )
         return True
+
+    def snapshot(self) -> dict[str, int]:
+        """What this instance is doing now: steps running and waiting for a slot, the slots,
+        leases held, children running here."""
+        return {
+            "busy": self.slots.busy,
+            "max": self.slots.max_steps,
+            "waiting": self.slots.waiting,
+            "leases": sum(1 for keeper in self._keepers if keeper.held),
+            "children": self._active_children,
+        }
 
     # -- passes, for tests and tools -----------------------------------------------------
 

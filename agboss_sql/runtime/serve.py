@@ -137,6 +137,12 @@ async def _commands(engine: Engine, stop: asyncio.Event) -> None:
         task.add_done_callback(tasks.discard)
 
 
+async def _status(engine: Engine, every_s: float = 0.5) -> None:
+    while True:
+        engine.emit({"kind": "status", **engine.snapshot()})
+        await asyncio.sleep(every_s)
+
+
 async def serve(
     workflows: Workflows,
     *,
@@ -170,6 +176,8 @@ async def serve(
     if on_ready is not None:
         on_ready(engine)
     helpers = [loop.create_task(_commands(engine, stop))] if commands else []
+    if events or commands:
+        helpers.append(loop.create_task(_status(engine)))
     try:
         await stop.wait()
     finally:
