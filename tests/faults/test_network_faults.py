@@ -44,6 +44,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
+from support.capabilities import lock_waits_in_whole_seconds, proxied_network_path
+from support.sql import lock_waits_sql
 
 from agboss_sql.contracts import (
     AgbossError,
@@ -97,7 +99,7 @@ ABANDONED: list[asyncio.Future[Any]] = []  # hung calls, cancelled and left behi
 @pytest.fixture(scope="module")
 def server_url(database_url: str) -> str:
     """The server under test, with a fresh schema; SQLite is skipped (no network)."""
-    if make_url(database_url).get_backend_name() == "sqlite":
+    if not proxied_network_path(database_url):
         pytest.skip("network faults need a server database (SQLite's live in the fault suite)")
     create_schema(database_url, drop_first=True)
     return database_url
@@ -225,7 +227,7 @@ def dialect_of(url: str) -> str:
 
 def lock_bound_ms(url: str, lock_ms: int) -> int:
     """MySQL/MariaDB's lock wait is set in whole seconds (rounded up)."""
-    if dialect_of(url) == "mysql":
+    if lock_waits_in_whole_seconds(url):
         return math.ceil(lock_ms / 1000) * 1000
     return lock_ms
 
@@ -315,19 +317,7 @@ async def acquired(leases: SqlExecutionLeaseRepository, execution: str) -> Execu
 async def wait_for_lock_waiters(direct: SqlConnection, count: int, timeout_s: float) -> int:
     """Poll the server until `count` sessions of this database wait on a row lock of the
     lease table (or `timeout_s` passes); the number seen last."""
-    if direct.dialect_name == "postgresql":
-        query = (
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-    else:
-        # MariaDB lists a waiting autocommit statement in no transaction table: count the
-        # sessions still running an UPDATE of the lease table (its one row is locked).
-        query = (
-            "SELECT count(*) FROM information_schema.processlist "
-            "WHERE db = DATABASE() AND command = 'Query' "
-            "AND info LIKE 'UPDATE agboss_execution_leases%%'"
-        )
+    query = lock_waits_sql(direct, "UPDATE agboss_execution_leases")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     seen = 0

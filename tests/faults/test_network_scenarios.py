@@ -9,7 +9,7 @@ or only its reply), and then audits every promise from the database and the pods
 from __future__ import annotations
 
 import pytest
-from sqlalchemy.engine import make_url
+from support.capabilities import proxied_network_path
 
 from agboss_sql.lab.faults.network import (
     NETWORK_SCENARIO_ACTS,
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.database, pytest.mark.faults, pytest.mark.slow]
     list(NETWORK_SCENARIO_ACTS),
 )
 def test_network_scenario(database_url: str, name: str) -> None:
-    if make_url(database_url).get_backend_name() == "sqlite":
+    if not proxied_network_path(database_url):
         pytest.skip("network faults need a server database")
     result = run_network_scenario(database_url, name)
     if not result.passed:
