@@ -20,6 +20,7 @@ from migration_support import (
     version_rows,
 )
 from sqlalchemy.ext.asyncio import create_async_engine
+from support.capabilities import column_compression, embedded_url
 
 from agboss_sql.lab.business import business_metadata
 from agboss_sql.sql import migrate
@@ -72,7 +73,7 @@ def _compression(url: str) -> dict[tuple[str, str], str]:
 def test_the_saver_values_are_compressed_with_lz4_on_postgresql(empty_url: str) -> None:
     """PostgreSQL with lz4: the migrations and `metadata.create_all` set the saver's value
     columns to lz4, and the downgrade sets them back; elsewhere nothing is asked."""
-    if not empty_url.startswith("postgresql"):
+    if not column_compression(empty_url):
         pytest.skip("column compression is PostgreSQL's")
     with connected(empty_url) as connection:
         has_lz4 = connection.execute(
@@ -311,7 +312,7 @@ def test_upgrade_waits_for_the_migration_lock(empty_url: str) -> None:
 
 
 def test_sqlite_migration_keeps_the_callers_busy_timeout(empty_url: str) -> None:
-    if not empty_url.startswith("sqlite"):
+    if not embedded_url(empty_url):
         pytest.skip("SQLite only: its lock wait is the connection's busy timeout")
     engine = sa.create_engine(
         migrate.sync_url(empty_url), poolclass=sa.NullPool, connect_args={"timeout": 2.5}

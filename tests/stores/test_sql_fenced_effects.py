@@ -24,6 +24,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection
+from support.capabilities import (
+    conditional_upsert_returns_row,
+    driver_sends_begin,
+    pool_reset_sends_rollback,
+    transaction_sends_begin,
+)
+from support.drivers import deadlock_error, lock_timeout_error
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -215,12 +222,13 @@ class RoundTrips:
         # The engine under `transaction()`'s connections: on SQLite the inline work
         # connection's, whose BEGIN IMMEDIATE/COMMIT/ROLLBACK the statement listener sees.
         engine = sql.transaction_engine
-        dialect = sql.dialect_name
+        sends_begin = driver_sends_begin(sql)
+        resets_with_rollback = pool_reset_sends_rollback(sql)
 
         def on_begin(_conn: Any) -> None:
             # psycopg opens the transaction with its own BEGIN before the first statement;
             # aiomysql runs with autocommit off and sends none.
-            if dialect == "postgresql":
+            if sends_begin:
                 self.sent.append("BEGIN")
 
         def on_cursor(*args: Any) -> None:
@@ -236,7 +244,7 @@ class RoundTrips:
         def on_reset(_dbapi: Any, _record: Any, _state: Any) -> None:
             # The pool's reset-on-return rollback: aiomysql sends it always; psycopg skips it
             # on an idle connection and SQLite's is no round trip.
-            if dialect == "mysql":
+            if resets_with_rollback:
                 self.sent.append("ROLLBACK(pool)")
 
         hooks: list[tuple[Any, str, Any]] = [(engine, "before_cursor_execute", on_cursor)]
@@ -677,17 +685,6 @@ async def test_a_cancelled_work_rolls_everything_back_and_lets_the_lock_go(
     assert renewed == LEASE_MS
 
 
-def _transient_conflict(dialect: str) -> Exception:
-    """The driver's own error for a transaction the database gave up (a deadlock)."""
-    if dialect == "postgresql":
-        import psycopg.errors
-
-        return psycopg.errors.DeadlockDetected("deadlock detected")
-    import pymysql.err
-
-    return pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
-
-
 async def test_a_transient_conflict_runs_the_whole_transaction_again(cluster: Cluster) -> None:
     """A deadlock undid the whole transaction: it runs again, work included, once."""
     if not cluster.sql.capabilities.row_locks:
@@ -702,7 +699,7 @@ async def test_a_transient_conflict_runs_the_whole_transaction_again(cluster: Cl
         runs.append(len(runs))
         await insert_business_row(tx, f"attempt-{len(runs)}")
         if len(runs) == 1:
-            raise _transient_conflict(cluster.sql.dialect_name)
+            raise deadlock_error(cluster.sql)
         return "paid"
 
     result = await cluster.effects(1).save_result_if_absent(key_of(lease), work)
@@ -957,7 +954,6 @@ async def test_statements_per_call(cluster: Cluster, clock: VirtualClock) -> Non
     async with sql.transaction() as warm:
         await warm.execute(sa.text("SELECT 1"))
     trips = RoundTrips(sql)
-    dialect = sql.dialect_name
     with trips.counting() as sent:
         await effects.save_result_if_absent(key_of(lease), Charge())
         first = list(sent)
@@ -969,18 +965,18 @@ async def test_statements_per_call(cluster: Cluster, clock: VirtualClock) -> Non
         with pytest.raises(ExecutionFencedError):
             await effects.save_result_if_absent(key_of(lease, step_key="s2"), Charge())
         refused = list(sent)
-    if dialect == "mysql":
-        # No BEGIN round trip (autocommit off); the duplicate claim is followed by a read. A
-        # committed transaction's connection is kept for the next one; a failed one's goes
-        # back to the pool, whose reset sends a ROLLBACK.
-        assert first == ["fence", "claim", "work", "store", "COMMIT"]
-        assert replay == ["fence", "claim", "read", "COMMIT"]
-        assert refused == ["fence", "diagnose", "ROLLBACK", "ROLLBACK(pool)"]
+    # aiomysql sends no BEGIN (autocommit off: the first statement starts the transaction).
+    begin = ["BEGIN"] if transaction_sends_begin(sql) else []
+    assert first == [*begin, "fence", "claim", "work", "store", "COMMIT"]
+    if conditional_upsert_returns_row(sql):
+        # The claim returns the row already there, so a replay reads nothing.
+        assert replay == [*begin, "fence", "claim", "COMMIT"]
     else:
-        # PostgreSQL and SQLite: the claim returns an existing row, so a replay reads nothing.
-        assert first == ["BEGIN", "fence", "claim", "work", "store", "COMMIT"]
-        assert replay == ["BEGIN", "fence", "claim", "COMMIT"]
-        assert refused == ["BEGIN", "fence", "diagnose", "ROLLBACK"]
+        assert replay == [*begin, "fence", "claim", "read", "COMMIT"]
+    # A committed transaction's connection is kept for the next one; a failed one's goes back
+    # to the pool, whose reset may send a ROLLBACK of its own.
+    reset = ["ROLLBACK(pool)"] if pool_reset_sends_rollback(sql) else []
+    assert refused == [*begin, "fence", "diagnose", "ROLLBACK", *reset]
 
 
 # the store
@@ -1010,7 +1006,7 @@ async def test_a_locked_database_past_its_bound_is_a_typed_timeout_not_a_retry(
     rows roll back with it, and a later call runs the work once."""
     lease = await cluster.acquire()
     runs: list[int] = []
-    timeout = _lock_timeout(cluster.sql.dialect_name)
+    timeout = lock_timeout_error(cluster.sql)
 
     async def work(tx: AsyncConnection) -> str:
         runs.append(len(runs))
@@ -1027,21 +1023,6 @@ async def test_a_locked_database_past_its_bound_is_a_typed_timeout_not_a_retry(
     result = await cluster.effects(1).save_result_if_absent(key_of(lease), work)
     assert result == FencedEffectResult("paid", False, None)
     assert await cluster.rows() == ["attempt-2"]
-
-
-def _lock_timeout(dialect: str) -> Exception:
-    """The driver's own error for a lock not granted within its bound."""
-    if dialect == "postgresql":
-        import psycopg.errors
-
-        return psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
-    if dialect == "mysql":
-        import pymysql.err
-
-        return pymysql.err.OperationalError(1205, "Lock wait timeout exceeded")
-    import sqlite3
-
-    return sqlite3.OperationalError("database is locked")
 
 
 async def test_a_full_sqlite_database_is_a_typed_error_and_nothing_is_half_written(
