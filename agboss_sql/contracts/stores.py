@@ -142,6 +142,16 @@ class FencedEffectRepository(FencingStore, Generic[Tx]):
         `work(tx)` in the transaction and store its (JSON) result. Any refusal or exception
         rolls everything back, the work's rows included."""
 
+    @abstractmethod
+    async def get_result(self, key: FencedEffectKey) -> FencedEffectResult[JsonValue] | None:
+        """The result stored under the key's identity (`fenced_key_identity_of`), answered
+        as `save_result_if_absent` answers a replay of the key (its value, `replayed=True`,
+        `replayed_from` the step that wrote it when it is another step; another
+        fingerprint under a business key is `IdempotencyKeyConflictError`), or `None` when
+        none is stored. The key is checked as a write checks it, before anything is read.
+        One read: no lease check (a zombie's read answers too), nothing locked, claimed or
+        written; a write still in flight or rolled back is not seen."""
+
 
 class OutboundCallRepository(FencingStore):
     """One send per key: an intent to call another system, moved by compare-and-set under

@@ -86,6 +86,16 @@ class InMemoryFencedEffectRepository(StoreClockStore, FencedEffectRepository[InM
             stored_value: T = json.loads(text)
             return FencedEffectResult(stored_value, False, None)
 
+    async def get_result(self, key: FencedEffectKey) -> FencedEffectResult[JsonValue] | None:
+        checked_fenced_key(key)
+        # No `atomic()`: a read waits for no write, and one read of a committed row is
+        # atomic on its own (a write in flight has staged its row, not stored it).
+        stored = self.memory.fenced_results.get(fenced_key_identity_of(key))
+        if stored is None:
+            return None
+        replayed_from = replayed_from_of(key, stored.facts)
+        return FencedEffectResult(json.loads(stored.value_json), True, replayed_from)
+
 
 def _call_out(call: OutboundCall) -> OutboundCall:
     """A copy the caller may change without changing the stored row."""

@@ -34,6 +34,9 @@ COMMIT = 4. A refusal sends the diagnosing read instead of the claim and ends
 in ROLLBACK (then, on MySQL/MariaDB, the ROLLBACK aiomysql sends when
 SQLAlchemy's pool takes the failed transaction's connection back; a committed
 one's connection is kept for the next transaction).
+
+`get_result` reads a stored result outside any transaction: one `SELECT` in
+autocommit, no fence and no lock, which sees committed rows only.
 """
 
 from __future__ import annotations
@@ -51,7 +54,12 @@ from agboss_sql.contracts.errors import CorruptStoredRowError
 from agboss_sql.contracts.keys import fenced_key_identity_of, replayed_from_of
 from agboss_sql.contracts.rules import checked_dependencies, checked_fenced_key
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
-from agboss_sql.contracts.types import ApplicationContext, FencedEffectKey, FencedEffectResult
+from agboss_sql.contracts.types import (
+    ApplicationContext,
+    FencedEffectKey,
+    FencedEffectResult,
+    JsonValue,
+)
 from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
 from agboss_sql.sql._fence import FenceStatements, fence_on, fence_params
 from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder, SqlConnection
@@ -107,11 +115,13 @@ class EffectStatements:
         # a duplicate is a unique violation and `read` gets the row.
         self.returns_claimed = b.capabilities.insert_or_lock_returning
         self.claim = ops.insert_or_lock(insert, ["identity_hash"], _STORED)
+        this_key = R.c.identity_hash == sa.bindparam("identity_hash")
         # The row is committed and never changes once it has a result: a shared lock
         # (compatible with the one the failed insert holds) is enough to read it.
-        self.read = ops.for_share(
-            sa.select(*_STORED).where(R.c.identity_hash == sa.bindparam("identity_hash"))
-        )
+        self.read = ops.for_share(sa.select(*_STORED).where(this_key))
+        # `get_result`'s read, outside any transaction: it locks nothing, and sees only
+        # committed rows (a claimed row of a write in flight is not seen).
+        self.get = sa.select(*_STORED).where(this_key)
         self.store = (
             sa.update(R)
             .where(R.c.identity_hash == sa.bindparam("identity_hash"))
@@ -170,18 +180,7 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
             await fence_on(connection, tx, self._fence, key, params)
             stored = await self._claim(tx, {**facts, **params})
             if stored is not None:
-                result, fingerprint, step_execution_id, step_key, step_name = stored
-                replayed_from = replayed_from_of(
-                    key,
-                    {
-                        "fingerprint": fingerprint,
-                        "step_execution_id": step_execution_id,
-                        "step_idempotency_key": step_key,
-                        "step_name": step_name,
-                    },
-                )
-                replayed: T = loads(result)
-                return FencedEffectResult(replayed, True, replayed_from)
+                return _replay_of(key, stored)
             value = await work(tx)
             # A value that is not JSON fails here, inside the transaction: all rolls back.
             text = dumps(value)
@@ -203,6 +202,22 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
                 if tries >= MAX_ATTEMPTS:
                     raise self.connection.conflicts_persisted(exc, tries) from exc
             await asyncio.sleep(min(0.2, 0.002 * 2**tries) * random.uniform(0.5, 1.5))
+
+    async def get_result(self, key: FencedEffectKey) -> FencedEffectResult[JsonValue] | None:
+        """The key's stored result, answered as `save_result_if_absent` answers its replay
+        (another fingerprint under a business key is `IdempotencyKeyConflictError`), or
+        `None`: one `SELECT` in autocommit, no fence, no lock; a result is seen once its
+        transaction committed."""
+        checked_fenced_key(key)
+        identity = fenced_key_identity_of(key)
+        row = (
+            await self.connection.execute(self._sql.get, {"identity_hash": identity_hash(identity)})
+        ).first()
+        if row is None:
+            return None
+        if row[0] is None:
+            raise CorruptStoredRowError(f"the stored result of {identity!r:.200} is missing")
+        return _replay_of(key, row)
 
     async def _claim(self, tx: AsyncConnection, params: dict[str, Any]) -> Any | None:
         """Claim the key's result row: `None` when this transaction claimed it (a new row,
@@ -231,6 +246,21 @@ class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection
                 f"the stored result of {params['identity']!r:.200} is missing"
             )
         return row
+
+
+def _replay_of(key: FencedEffectKey, stored: Any) -> FencedEffectResult[Any]:
+    """The replay of `key` from its stored row `(result, fingerprint, step…)`."""
+    result, fingerprint, step_execution_id, step_key, step_name = stored
+    replayed_from = replayed_from_of(
+        key,
+        {
+            "fingerprint": fingerprint,
+            "step_execution_id": step_execution_id,
+            "step_idempotency_key": step_key,
+            "step_name": step_name,
+        },
+    )
+    return FencedEffectResult(loads(result), True, replayed_from)
 
 
 class _ClaimLostError(Exception):

@@ -35,6 +35,7 @@ from support.drivers import deadlock_error, lock_timeout_error
 from agboss_sql.contracts import (
     ApplicationContext,
     CommitOutcomeUnknownError,
+    CorruptStoredRowError,
     ExecutionContext,
     ExecutionFencedError,
     ExecutionLease,
@@ -977,6 +978,72 @@ async def test_statements_per_call(cluster: Cluster, clock: VirtualClock) -> Non
     # to the pool, whose reset may send a ROLLBACK of its own.
     reset = ["ROLLBACK(pool)"] if pool_reset_sends_rollback(sql) else []
     assert refused == [*begin, "fence", "diagnose", "ROLLBACK", *reset]
+
+
+async def test_get_result_is_one_select_outside_any_transaction(
+    cluster: Cluster, clock: VirtualClock
+) -> None:
+    """A read sends one unlocking `SELECT` in autocommit whatever it finds (a result, nothing,
+    a conflict), with no fence and no transaction, and changes no row: not the lease's
+    mark or fence count (even at a token above the epoch), not the results."""
+    sql = cluster.sql
+    lease = await cluster.acquire()
+    effects = cluster.effects(2)
+    await effects.save_result_if_absent(
+        key_of(lease, business_key="b-1", fingerprint="fp"), Charge()
+    )
+    await effects.ping()
+
+    async def lease_row() -> Any:
+        L = execution_leases
+        return (await sql.execute(sa.select(L).where(L.c.execution_id == "tree-1"))).rows
+
+    before = (await lease_row(), await cluster.results())
+    texts: list[str] = []
+    remove = sql.add_statement_listener(lambda text, _params: texts.append(text))
+    trips = RoundTrips(sql)
+    try:
+        with trips.counting() as sent:
+            stored = await effects.get_result(key_of(lease, business_key="b-1", fingerprint="fp"))
+            assert stored == FencedEffectResult({"receipt": "r-1"}, True, None)
+            assert sent == ["read"]
+            sent.clear()
+            ahead = dataclasses.replace(key_of(lease, step_key="s2"), token=lease.lease_epoch + 5)
+            assert await effects.get_result(ahead) is None
+            assert sent == ["read"]
+            sent.clear()
+            with pytest.raises(IdempotencyKeyConflictError):
+                await effects.get_result(key_of(lease, business_key="b-1", fingerprint="fp-2"))
+            assert sent == ["read"]
+    finally:
+        remove()
+    assert len(texts) == 3 and not any(" FOR " in f" {text.upper()} " for text in texts), texts
+    assert (await lease_row(), await cluster.results()) == before
+
+
+async def test_get_result_of_a_row_without_its_result_is_corrupt(cluster: Cluster) -> None:
+    """A committed row always has its result: one without is reported, never read as
+    nothing stored nor as a stored `null`."""
+    lease = await cluster.acquire()
+    key = key_of(lease)
+    identity = fenced_key_identity_of(key)
+    await cluster.sql.execute(
+        sa.insert(fenced_effect_results).values(
+            identity_hash=identity_hash(identity),
+            identity=identity,
+            tenant_id=key.tenant_id,
+            scope_key=key.scope_key,
+            name=key.name,
+            step_execution_id=key.step.execution_id,
+            step_idempotency_key=key.step.idempotency_key,
+            step_name=key.step.name,
+            lease_execution_id=key.lease_execution_id,
+            token=key.token,
+            stored_at=START,
+        )
+    )
+    with pytest.raises(CorruptStoredRowError, match="missing"):
+        await cluster.effects(1).get_result(key)
 
 
 # the store

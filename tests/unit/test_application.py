@@ -49,6 +49,9 @@ class BillingEffects(FencedEffectRepository[Any]):
     ) -> FencedEffectResult[Any]:
         raise NotImplementedError
 
+    async def get_result(self, key: FencedEffectKey) -> FencedEffectResult[Any] | None:
+        raise NotImplementedError
+
 
 class UndeclaredCalls(InMemoryOutboundCallRepository):
     backend = None
