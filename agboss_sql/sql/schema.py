@@ -11,7 +11,8 @@ their exact characters, as on the other databases.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Blob, Ident, Json
 
 metadata = sa.MetaData(
     naming_convention={
@@ -20,23 +21,6 @@ metadata = sa.MetaData(
         "pk": "pk_%(table_name)s",
     }
 )
-
-
-def Ident(length: int = 255) -> sa.types.TypeEngine[str]:
-    """A bounded identifier compared by its exact characters on every database."""
-    return sa.String(length).with_variant(
-        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
-    )
-
-
-def Json() -> sa.types.TypeEngine[str]:
-    """JSON text of any size."""
-    return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
-
-
-def Blob() -> sa.types.TypeEngine[bytes]:
-    """Binary data of any size."""
-    return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
 def Flag() -> sa.Boolean:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Ident
 
 revision: str = "0002"
 down_revision: str | Sequence[str] | None = "0001"
@@ -19,23 +20,11 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _ident() -> sa.types.TypeEngine[str]:
-    return (
-        sa.String(length=255)
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mariadb"
-        )
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mysql"
-        )
-    )
-
-
 def upgrade() -> None:
     with op.batch_alter_table("agboss_child_executions", schema=None) as batch_op:
         batch_op.add_column(sa.Column("finished_attempt", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("finish_remaining", sa.Integer(), nullable=True))
-        batch_op.add_column(sa.Column("wake_claimed_by", _ident(), nullable=True))
+        batch_op.add_column(sa.Column("wake_claimed_by", Ident(), nullable=True))
         batch_op.add_column(sa.Column("wake_claimed_until", sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column("parent_woken_at", sa.BigInteger(), nullable=True))
         batch_op.create_index(
@@ -44,7 +33,7 @@ def upgrade() -> None:
             unique=False,
         )
     with op.batch_alter_table("agboss_paused_executions", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("taken_by", _ident(), nullable=True))
+        batch_op.add_column(sa.Column("taken_by", Ident(), nullable=True))
 
 
 def downgrade() -> None:

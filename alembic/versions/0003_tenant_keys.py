@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Ident
 
 revision: str = "0003_tenant_keys"
 down_revision: str | Sequence[str] | None = "0002"
@@ -25,28 +26,16 @@ NAMING = {
 }
 
 
-def _ident() -> sa.types.TypeEngine[str]:
-    return (
-        sa.String(length=255)
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mariadb"
-        )
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mysql"
-        )
-    )
-
-
 def _entries(*primary_key: str) -> sa.Table:
     """The cost entries table keyed by `primary_key` (SQLite rebuilds it from this, so the
     change also runs offline)."""
     return sa.Table(
         "agboss_cost_entries",
         sa.MetaData(naming_convention=NAMING),
-        sa.Column("entry_id", _ident(), nullable=False),
-        sa.Column("tenant_id", _ident(), nullable=False),
-        sa.Column("execution_id", _ident(), nullable=False),
-        sa.Column("application", _ident(), nullable=False),
+        sa.Column("entry_id", Ident(), nullable=False),
+        sa.Column("tenant_id", Ident(), nullable=False),
+        sa.Column("execution_id", Ident(), nullable=False),
+        sa.Column("application", Ident(), nullable=False),
         sa.Column("tokens_in", sa.BigInteger(), nullable=False),
         sa.Column("tokens_out", sa.BigInteger(), nullable=False),
         sa.Column("cost_micros", sa.BigInteger(), nullable=False),
@@ -62,13 +51,13 @@ def _reservations(with_tenant: bool) -> sa.Table:
     """The budget reservations table, with or without its tenant column."""
     columns: list[sa.Column[object]] = [
         sa.Column("scope", sa.String(length=16), nullable=False),
-        sa.Column("key", _ident(), nullable=False),
+        sa.Column("key", Ident(), nullable=False),
         sa.Column("reserved_micros", sa.BigInteger(), nullable=False),
     ]
     key = ["scope", "key"]
     if with_tenant:
         columns.append(
-            sa.Column("tenant_id", _ident(), nullable=False, server_default=sa.text("''"))
+            sa.Column("tenant_id", Ident(), nullable=False, server_default=sa.text("''"))
         )
         key.append("tenant_id")
     return sa.Table(
@@ -91,7 +80,7 @@ def upgrade() -> None:
         "agboss_cost_reservations", copy_from=_reservations(False)
     ) as batch_op:
         batch_op.add_column(
-            sa.Column("tenant_id", _ident(), nullable=False, server_default=sa.text("''"))
+            sa.Column("tenant_id", Ident(), nullable=False, server_default=sa.text("''"))
         )
         batch_op.drop_constraint("pk_agboss_cost_reservations", type_="primary")
         batch_op.create_primary_key("pk_agboss_cost_reservations", ["scope", "key", "tenant_id"])

@@ -19,36 +19,13 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import context, op
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Blob, Ident, Json
 
 revision: str = "0004_saver_keys"
 down_revision: str | Sequence[str] | None = "0003_tenant_keys"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
-
-
-def _ident(length: int) -> sa.types.TypeEngine[str]:
-    return (
-        sa.String(length=length)
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mariadb"
-        )
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mysql"
-        )
-    )
-
-
-def _text() -> sa.types.TypeEngine[str]:
-    return sa.Text()
-
-
-def _blob() -> sa.types.TypeEngine[bytes]:
-    return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-
-
-def _json() -> sa.types.TypeEngine[str]:
-    return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def _sha256(column: str) -> str:
@@ -72,27 +49,27 @@ def _new_tables() -> dict[str, list[sa.SchemaItem]]:
     """The three tables as this revision leaves them (columns, then constraints)."""
     return {
         "agboss_checkpoints": [
-            sa.Column("thread_hash", _ident(64), nullable=False),
-            sa.Column("ns_hash", _ident(64), nullable=False),
-            sa.Column("checkpoint_id", _ident(64), nullable=False),
-            sa.Column("thread_id", _text(), nullable=False),
-            sa.Column("checkpoint_ns", _text(), nullable=False),
-            sa.Column("parent_checkpoint_id", _ident(64), nullable=True),
-            sa.Column("run_hash", _ident(64), nullable=True),
+            sa.Column("thread_hash", Ident(64), nullable=False),
+            sa.Column("ns_hash", Ident(64), nullable=False),
+            sa.Column("checkpoint_id", Ident(64), nullable=False),
+            sa.Column("thread_id", sa.Text(), nullable=False),
+            sa.Column("checkpoint_ns", sa.Text(), nullable=False),
+            sa.Column("parent_checkpoint_id", Ident(64), nullable=True),
+            sa.Column("run_hash", Ident(64), nullable=True),
             sa.Column("checkpoint_type", sa.String(length=64), nullable=False),
-            sa.Column("checkpoint", _blob(), nullable=False),
-            sa.Column("metadata", _json(), nullable=False),
+            sa.Column("checkpoint", Blob(), nullable=False),
+            sa.Column("metadata", Json(), nullable=False),
             sa.PrimaryKeyConstraint(
                 "thread_hash", "ns_hash", "checkpoint_id", name=op.f("pk_agboss_checkpoints")
             ),
         ],
         "agboss_checkpoint_blobs": [
-            sa.Column("thread_hash", _ident(64), nullable=False),
-            sa.Column("ns_hash", _ident(64), nullable=False),
-            sa.Column("channel_hash", _ident(64), nullable=False),
-            sa.Column("version", _ident(128), nullable=False),
+            sa.Column("thread_hash", Ident(64), nullable=False),
+            sa.Column("ns_hash", Ident(64), nullable=False),
+            sa.Column("channel_hash", Ident(64), nullable=False),
+            sa.Column("version", Ident(128), nullable=False),
             sa.Column("value_type", sa.String(length=64), nullable=False),
-            sa.Column("value", _blob(), nullable=True),
+            sa.Column("value", Blob(), nullable=True),
             sa.PrimaryKeyConstraint(
                 "thread_hash",
                 "ns_hash",
@@ -102,16 +79,16 @@ def _new_tables() -> dict[str, list[sa.SchemaItem]]:
             ),
         ],
         "agboss_checkpoint_writes": [
-            sa.Column("thread_hash", _ident(64), nullable=False),
-            sa.Column("ns_hash", _ident(64), nullable=False),
-            sa.Column("checkpoint_id", _ident(64), nullable=False),
-            sa.Column("task_hash", _ident(64), nullable=False),
+            sa.Column("thread_hash", Ident(64), nullable=False),
+            sa.Column("ns_hash", Ident(64), nullable=False),
+            sa.Column("checkpoint_id", Ident(64), nullable=False),
+            sa.Column("task_hash", Ident(64), nullable=False),
             sa.Column("idx", sa.Integer(), autoincrement=False, nullable=False),
-            sa.Column("task_id", _text(), nullable=False),
-            sa.Column("channel", _text(), nullable=False),
-            sa.Column("task_path", _text(), nullable=False),
+            sa.Column("task_id", sa.Text(), nullable=False),
+            sa.Column("channel", sa.Text(), nullable=False),
+            sa.Column("task_path", sa.Text(), nullable=False),
             sa.Column("value_type", sa.String(length=64), nullable=False),
-            sa.Column("value", _blob(), nullable=True),
+            sa.Column("value", Blob(), nullable=True),
             sa.PrimaryKeyConstraint(
                 "thread_hash",
                 "ns_hash",
@@ -180,30 +157,30 @@ def downgrade() -> None:
     op.drop_index(_RUN_INDEX, table_name="agboss_checkpoints")
     for table in _new_tables():
         op.drop_table(table)
-    ident = _ident(255)
+    ident = Ident(255)
     op.create_table(
         "agboss_checkpoint_blobs",
         sa.Column("thread_id", ident, nullable=False),
-        sa.Column("ns_hash", _ident(64), nullable=False),
-        sa.Column("channel", _ident(255), nullable=False),
-        sa.Column("version", _ident(128), nullable=False),
+        sa.Column("ns_hash", Ident(64), nullable=False),
+        sa.Column("channel", Ident(255), nullable=False),
+        sa.Column("version", Ident(128), nullable=False),
         sa.Column("value_type", sa.String(length=64), nullable=False),
-        sa.Column("value", _blob(), nullable=True),
+        sa.Column("value", Blob(), nullable=True),
         sa.PrimaryKeyConstraint(
             "thread_id", "ns_hash", "channel", "version", name=op.f("pk_agboss_checkpoint_blobs")
         ),
     )
     op.create_table(
         "agboss_checkpoint_writes",
-        sa.Column("thread_id", _ident(255), nullable=False),
-        sa.Column("ns_hash", _ident(64), nullable=False),
-        sa.Column("checkpoint_id", _ident(64), nullable=False),
-        sa.Column("task_id", _ident(255), nullable=False),
+        sa.Column("thread_id", Ident(255), nullable=False),
+        sa.Column("ns_hash", Ident(64), nullable=False),
+        sa.Column("checkpoint_id", Ident(64), nullable=False),
+        sa.Column("task_id", Ident(255), nullable=False),
         sa.Column("idx", sa.Integer(), autoincrement=False, nullable=False),
-        sa.Column("channel", _text(), nullable=False),
-        sa.Column("task_path", _text(), nullable=False),
+        sa.Column("channel", sa.Text(), nullable=False),
+        sa.Column("task_path", sa.Text(), nullable=False),
         sa.Column("value_type", sa.String(length=64), nullable=False),
-        sa.Column("value", _blob(), nullable=True),
+        sa.Column("value", Blob(), nullable=True),
         sa.PrimaryKeyConstraint(
             "thread_id",
             "ns_hash",
@@ -215,15 +192,15 @@ def downgrade() -> None:
     )
     op.create_table(
         "agboss_checkpoints",
-        sa.Column("thread_id", _ident(255), nullable=False),
-        sa.Column("ns_hash", _ident(64), nullable=False),
-        sa.Column("checkpoint_id", _ident(64), nullable=False),
-        sa.Column("checkpoint_ns", _text(), nullable=False),
-        sa.Column("parent_checkpoint_id", _ident(64), nullable=True),
-        sa.Column("run_hash", _ident(64), nullable=True),
+        sa.Column("thread_id", Ident(255), nullable=False),
+        sa.Column("ns_hash", Ident(64), nullable=False),
+        sa.Column("checkpoint_id", Ident(64), nullable=False),
+        sa.Column("checkpoint_ns", sa.Text(), nullable=False),
+        sa.Column("parent_checkpoint_id", Ident(64), nullable=True),
+        sa.Column("run_hash", Ident(64), nullable=True),
         sa.Column("checkpoint_type", sa.String(length=64), nullable=False),
-        sa.Column("checkpoint", _blob(), nullable=False),
-        sa.Column("metadata", _json(), nullable=False),
+        sa.Column("checkpoint", Blob(), nullable=False),
+        sa.Column("metadata", Json(), nullable=False),
         sa.PrimaryKeyConstraint(
             "thread_id", "ns_hash", "checkpoint_id", name=op.f("pk_agboss_checkpoints")
         ),

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Ident, Json
 
 revision: str = "0007_mesh_tenant_keys"
 down_revision: str | Sequence[str] | None = "0006_galera"
@@ -25,37 +26,18 @@ NAMING = {
 }
 
 
-def _ident() -> sa.types.TypeEngine[str]:
-    return (
-        sa.String(length=255)
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mariadb"
-        )
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=255), "mysql"
-        )
-    )
-
-
-def _json() -> sa.types.TypeEngine[str]:
-    # As 0001 declares the column.
-    return (
-        sa.Text().with_variant(mysql.LONGTEXT(), "mariadb").with_variant(mysql.LONGTEXT(), "mysql")
-    )
-
-
 def _requests(*primary_key: str) -> sa.Table:
     """The mesh requests table keyed by `primary_key` (SQLite rebuilds it from this, so the
     change also runs offline)."""
     return sa.Table(
         "agboss_mesh_requests",
         sa.MetaData(naming_convention=NAMING),
-        sa.Column("idempotency_key", _ident(), nullable=False),
-        sa.Column("tenant_id", _ident(), nullable=False),
+        sa.Column("idempotency_key", Ident(), nullable=False),
+        sa.Column("tenant_id", Ident(), nullable=False),
         sa.Column("fingerprint", sa.Text(), nullable=False),
         sa.Column("received_at", sa.BigInteger(), nullable=False),
         sa.Column("completed", sa.Boolean(), nullable=False),
-        sa.Column("response", _json(), nullable=True),
+        sa.Column("response", Json(), nullable=True),
         sa.PrimaryKeyConstraint(*primary_key, name="pk_agboss_mesh_requests"),
     )
 

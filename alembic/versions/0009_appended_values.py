@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import context, op
-from sqlalchemy.dialects import mysql
+
+from agboss_sql.sql._column_types import Ident
 
 revision: str = "0009_appended_values"
 down_revision: str | Sequence[str] | None = "0008_lz4_values"
@@ -26,21 +27,9 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _ident(length: int) -> sa.types.TypeEngine[str]:
-    return (
-        sa.String(length=length)
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mariadb"
-        )
-        .with_variant(
-            mysql.VARCHAR(charset="utf8mb4", collation="utf8mb4_bin", length=length), "mysql"
-        )
-    )
-
-
 def upgrade() -> None:
     with op.batch_alter_table("agboss_checkpoint_blobs") as batch:
-        batch.add_column(sa.Column("base_version", _ident(128), nullable=True))
+        batch.add_column(sa.Column("base_version", Ident(128), nullable=True))
 
 
 def downgrade() -> None:
