@@ -87,7 +87,12 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "SqlExecutionLeaseRepository.finish",
     ),
     "agboss_sql.sql.queue": (
-        "QueueStatements.__init__",
+        "QueueStatements._build_enqueue_and_lists",
+        "QueueStatements._build_claims",
+        "QueueStatements._build_restarts",
+        "QueueStatements._build_finishes",
+        "QueueStatements._build_waits",
+        "QueueStatements._build_wakes",
         "SqlChildExecutionQueueRepository.claim",
         "SqlChildExecutionQueueRepository._claim_locked",
         "SqlChildExecutionQueueRepository.restart",

@@ -61,7 +61,9 @@ TESTS = (
 )
 GALERA_TESTS = ("tests/galera",)
 
-_Q = "agboss_sql.sql.queue.xǁQueueStatementsǁ__init____mutmut_"
+_QC = "agboss_sql.sql.queue.xǁQueueStatementsǁ_build_claims__mutmut_"
+_QS = "agboss_sql.sql.queue.xǁQueueStatementsǁ_build_restarts__mutmut_"
+_QF = "agboss_sql.sql.queue.xǁQueueStatementsǁ_build_finishes__mutmut_"
 _QR = "agboss_sql.sql.queue.xǁSqlChildExecutionQueueRepositoryǁ"
 _L = "agboss_sql.sql.leases.xǁLeaseStatementsǁ__init____mutmut_"
 _LR = "agboss_sql.sql.leases.xǁSqlExecutionLeaseRepositoryǁ"
@@ -78,9 +80,9 @@ NOT_EXECUTED_ON_SQLITE: dict[str, list[str]] = {
     # then move then read), no `INSERT … ON CONFLICT … RETURNING` (the fenced effect's
     # claim inserts, then reads the row a unique violation names).
     "mysql": [
-        *_names(_Q, (111, 118, 123, 127)),  # lock_next (next_row)
-        *_names(_Q, (141, 142, 143, 144, 146, 150)),  # claim_locked
-        *_names(_Q, (210, 212)),  # read_claimed
+        *_names(_QC, (55, 62, 67, 71)),  # lock_next (next_row)
+        *_names(_QC, (85, 86, 87, 88, 90, 94)),  # claim_locked
+        *_names(_QS, (46, 48)),  # read_claimed
         *_names(_QR + "_claim_locked__mutmut_", (1, 2, 5, 10, 11, 12, 20, 26, 34, 35, 36, 39)),
         *_names(_QR + "_claim_locked__mutmut_", (56, 57)),
         *_names(_QR + "_restart_then_read__mutmut_", (5, 6, 12, 13, 14)),
@@ -94,7 +96,7 @@ NOT_EXECUTED_ON_SQLITE: dict[str, list[str]] = {
     ],
     # A cluster that certifies write sets (Galera) only.
     "galera": [
-        *_names(_Q, (371, 373, 377, 378)),  # count_sibling_finish
+        *_names(_QF, (106, 108, 112, 113)),  # count_sibling_finish
         _QR + "_finish__mutmut_71",  # its first sibling
     ],
     # The claim's retry after a certification conflict and its spread past the head of
@@ -105,8 +107,8 @@ NOT_EXECUTED_ON_SQLITE: dict[str, list[str]] = {
     ],
     # Conditions that matter only with concurrent writers (SQLite runs one at a time).
     "concurrency": [
-        *_names(_Q, (65, 78)),  # LIMIT 1 of the claim's scalar subquery
-        _Q + "101",  # the claim's `status = 'queued'` re-check
+        *_names(_QC, (9, 22)),  # LIMIT 1 of the claim's scalar subquery
+        _QC + "45",  # the claim's `status = 'queued'` re-check
     ],
 }
 """The mutants of the SQLite run's "not executed on SQLite" list, by mutmut's numbering of
