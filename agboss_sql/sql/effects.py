@@ -49,20 +49,18 @@ from typing import Any, ClassVar, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import CorruptStoredRowError
 from agboss_sql.contracts.keys import fenced_key_identity_of, replayed_from_of
-from agboss_sql.contracts.rules import checked_dependencies, checked_fenced_key
+from agboss_sql.contracts.rules import checked_fenced_key
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     FencedEffectKey,
     FencedEffectResult,
     JsonValue,
 )
-from agboss_sql.sql._base import SqlStore, dumps, identity_hash, loads
-from agboss_sql.sql._fence import FenceStatements, fence_on, fence_params
-from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder, SqlConnection
+from agboss_sql.sql._base import FencedStore, dumps, identity_hash, loads
+from agboss_sql.sql._fence import fence_on, fence_params
+from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import fenced_effect_results
 
@@ -129,22 +127,15 @@ class EffectStatements:
         )
 
 
-class SqlFencedEffectRepository(SqlStore, FencedEffectRepository[AsyncConnection]):
+class SqlFencedEffectRepository(
+    FencedStore[EffectStatements], FencedEffectRepository[AsyncConnection]
+):
     """Fenced effects on SQL: the lease check, the scope's mark, the stored result and the
     work's business rows in one transaction that locks the lease row first."""
 
     lease_repository: ClassVar[type[ExecutionLeaseRepository] | None] = SqlExecutionLeaseRepository
 
-    def __init__(
-        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        connection, self.store_clock, application = checked_dependencies(
-            self, connection, SqlConnection, clock, application, clock_kind="store"
-        )
-        self._attach(connection, application)
-        database_time = self.store_clock.is_database_time
-        self._fence = connection.prepared(FenceStatements, database_time=database_time)
-        self._sql = connection.prepared(EffectStatements, database_time=database_time)
+    statements = EffectStatements
 
     async def save_result_if_absent(
         self, key: FencedEffectKey, work: Callable[[AsyncConnection], Awaitable[T]]
