@@ -22,7 +22,7 @@ from support.sql import explain_prefix
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver, _core, _writes
-from agboss_sql.sql.checkpoint._statements import BLOB_KEY, CHECKPOINT_KEY, keyed_params
+from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 

@@ -96,17 +96,18 @@ store's time (a lease that names no holder is a `ValueError` before any statemen
 overwrite the new holder's checkpoint.
 
 Modules: `saver` (the saver: its synchronous methods and lifecycle on the async core),
-`_aio` (the async core: deleting, copying and pruning threads, on `_writes` and `_reads`),
-`_core` (the state, keys and atomic write those share), `_statements` (its statements),
-`_appends` (values stored as appends), `_values` (kept values), `_decoded` (decoded lists),
-`_lease` (the writer's lease in a config), `_bridge` (the event loop the synchronous methods
-run on).
+`_aio` (the async core: deleting, copying and pruning threads, on `_writes` and
+`_reads`), `_core` (the state, keys and atomic write those share), `_statements` (its
+statements: the reads, listing and deletes, on `_write_statements`; the rows as they bind
+in `_layout`), `_appends` (values stored as appends), `_values` (kept values), `_decoded`
+(decoded lists), `_lease` (the writer's lease in a config), `_bridge` (the event loop the
+synchronous methods run on).
 """
 
 from __future__ import annotations
 
+from agboss_sql.sql.checkpoint._layout import LIST_PAGE, MAX_ROWS
 from agboss_sql.sql.checkpoint._lease import LEASE_KEY
-from agboss_sql.sql.checkpoint._statements import LIST_PAGE, MAX_ROWS
 from agboss_sql.sql.checkpoint.saver import SqlCheckpointSaver
 
 __all__ = ["LEASE_KEY", "LIST_PAGE", "MAX_ROWS", "SqlCheckpointSaver"]

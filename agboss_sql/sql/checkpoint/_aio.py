@@ -10,14 +10,9 @@ from typing import Any
 
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint._core import _key_text, _text
+from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, chunks, keyed_params
 from agboss_sql.sql.checkpoint._reads import SaverReads
-from agboss_sql.sql.checkpoint._statements import (
-    BLOB_KEY,
-    CHECKPOINT_KEY,
-    CheckpointStatements,
-    chunks,
-    keyed_params,
-)
+from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._writes import SaverWrites
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints

@@ -27,7 +27,7 @@ from agboss_sql.sql.checkpoint._core import (
     _text,
     _value_keys,
 )
-from agboss_sql.sql.checkpoint._statements import (
+from agboss_sql.sql.checkpoint._layout import (
     BLOB_KEY,
     BLOB_ROW,
     CHECKPOINT_KEY,
@@ -36,11 +36,10 @@ from agboss_sql.sql.checkpoint._statements import (
     MAX_LOOKUPS,
     MAX_ROWS,
     WRITE_ROW,
-    CheckpointStatements,
-    ListShape,
     chunks,
     keyed_params,
 )
+from agboss_sql.sql.checkpoint._statements import CheckpointStatements, ListShape
 from agboss_sql.sql.checkpoint._values import ValueKey, fetched_entries
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
 from agboss_sql.sql.schema import checkpoint_blobs

@@ -1,4 +1,5 @@
-"""The saver's statements, built once per dialect and kind of store time.
+"""The saver's statements, built once per dialect and kind of store time: the writes
+(`_write_statements`) and, here, the reads, the listing, and the deletes and copies.
 
 What differs per database comes from the dialect (`connection.dialect`) and its
 `Capabilities`: where data-modifying statements fold into `WITH` (`dml_in_with`), a
@@ -7,101 +8,34 @@ write is one statement; elsewhere it is one transaction of several.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.sql._fence import FenceStatements
+from agboss_sql.sql.checkpoint._layout import (
+    BLOB_KEY,
+    BLOB_ROW,
+    CHECKPOINT_KEY,
+    CHECKPOINT_ROW,
+    LISTED,
+    WRITE_ROW,
+    _bind,
+)
+from agboss_sql.sql.checkpoint._write_statements import WriteStatements
 from agboss_sql.sql.connection import SqlBuilder
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
-from agboss_sql.sql.schema import execution_leases as L
-from agboss_sql.sql.statements import Script
-
-T = TypeVar("T")
-
-MAX_ROWS = 32
-"""Rows per multi-row statement (inserts and keyed look-ups); more take several."""
-
-LIST_PAGE = 100
-"""Checkpoints read per statement while listing one namespace of a thread."""
-
-MAX_CHECKPOINT_ID = 64
-"""Characters of a checkpoint id (the width of its columns)."""
-MAX_VERSION = 128
-"""Characters of a channel version (the width of its column)."""
-
-CHECKPOINT_KEY = ("thread_hash", "ns_hash", "checkpoint_id")
-BLOB_KEY = ("thread_hash", "ns_hash", "channel_hash", "version")
-WRITE_KEY = ("thread_hash", "ns_hash", "checkpoint_id", "task_hash", "idx")
-BLOB_VALUES = ("channel_hash", "version", "value_type", "value", "base_version")
-CHECKPOINT_VALUES = (
-    "thread_id",
-    "checkpoint_ns",
-    "parent_checkpoint_id",
-    "run_hash",
-    "checkpoint_type",
-    "checkpoint",
-    "metadata",
-)
-LISTED = (
-    "thread_id",
-    "checkpoint_ns",
-    "ns_hash",
-    "checkpoint_id",
-    "parent_checkpoint_id",
-    "checkpoint_type",
-    "checkpoint",
-    "metadata",
-    "thread_hash",
-)
-
-# Rows of the checkpoint-with-writes read: the checkpoint, its pending writes, then the
-# values it was expected to read (`read`).
-CHECKPOINT_ROW = 0
-WRITE_ROW = 1
-BLOB_ROW = 2
-
-MAX_LOOKUPS = 64
-"""Keyed look-ups per statement where values and pending writes are read together (a page of
-`list`): at most four parameters each."""
 
 
-def _bind(name: str, column: sa.Column[Any]) -> sa.BindParameter[Any]:
-    return sa.bindparam(name, type_=column.type)
-
-
-def _bound(table: sa.Table, columns: Sequence[str], prefix: str) -> dict[str, Any]:
-    return {column: _bind(f"{prefix}{column}", table.c[column]) for column in columns}
-
-
-def chunks(items: Sequence[T], size: int = MAX_ROWS) -> Iterator[Sequence[T]]:
-    """`items` in runs of at most `size`, one per multi-row statement."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-class CheckpointStatements:
+class CheckpointStatements(WriteStatements):
     """The saver's statements for one dialect and one kind of store time. Statements whose
     shape depends on a count (rows of a multi-row insert or look-up, metadata filters) are
     built on first use and kept, one per count."""
 
     def __init__(self, b: SqlBuilder) -> None:
-        self.ops = b.ops
-        self.fold: bool = b.capabilities.dml_in_with
-        self.scripts: bool = b.capabilities.scripts
+        super().__init__(b)
         self.json_exact: bool = b.capabilities.json_key_exact
-        self._cache: dict[tuple[Any, ...], Any] = {}
-
-        # The fence the fenced-effect store makes first (`_fence`): it raises the scope's
-        # high-water mark to the token while the lease is held at that token and live by the
-        # store's time; one row matched means held. It is the first statement of a fenced
-        # write, so the lease row is locked before anything else is written.
-        self.fences = FenceStatements(b)
-        self.fence = self.fences.fence
-        if self.fold:
-            self._fenced: Any = self._fence_held()
 
         # The checkpoint with its pending writes, in one statement. The latest is the row off
         # the key's end (`ORDER BY … DESC LIMIT 1`, not `max()`, which PostgreSQL aggregated
@@ -128,11 +62,6 @@ class CheckpointStatements:
         self.prune_checkpoints, self.prune_writes, self.orphan_head = self._prunes()
 
     # --- the statements built once ---------------------------------------------------------
-
-    def _fence_held(self) -> Any:
-        """Folding dialects: the fence as a `WITH` part, true when it held."""
-        fence = self.fence.returning(L.c.lease_epoch).cte("agboss_fence")
-        return sa.exists(sa.select(fence.c.lease_epoch))
 
     @staticmethod
     def _latest_id() -> Any:
@@ -359,198 +288,6 @@ class CheckpointStatements:
         keys = [column.name for column in table.primary_key.columns]
         return self.ops.skip_duplicates(self.ops.insert(table).from_select(columns, source), keys)
 
-    def cached(self, key: tuple[Any, ...], build: Any) -> Any:
-        found = self._cache.get(key)
-        if found is None:
-            found = self._cache[key] = build()
-        return found
-
-    def _bases(self, count: int, lock: bool = True) -> Any:
-        """The rows of `count` base values (`a<i>_channel_hash`, `a<i>_version`) of the put's
-        thread namespace that are stored whole (an append is no base: one stored under a
-        version this saver wrote whole, by another saver first, must not become one), with
-        a shared lock (`lock`): a delete of one waits for the put's commit."""
-        b = checkpoint_blobs
-        locking = self.ops.for_share if lock else (lambda select: select)
-        return locking(
-            sa.select(b.c.version).where(
-                b.c.thread_hash == _bind("p_thread_hash", b.c.thread_hash),
-                b.c.ns_hash == _bind("p_ns_hash", b.c.ns_hash),
-                b.c.base_version.is_(None),
-                sa.or_(
-                    *(
-                        sa.and_(
-                            b.c.channel_hash == _bind(f"a{i}_channel_hash", b.c.channel_hash),
-                            b.c.version == _bind(f"a{i}_version", b.c.version),
-                        )
-                        for i in range(count)
-                    )
-                ),
-            )
-        )
-
-    def lock_bases(self, count: int) -> Any:
-        """Lock the rows of `count` base values a put's appends name (see `_bases`): the
-        put writes only if every one is there."""
-        return self.cached(("lock bases", count), lambda: self._bases(count))
-
-    def _guard(self, fenced: bool, bases: int) -> Any:
-        """Folding dialects: the condition a guarded put writes under, one object per kind
-        so the blobs and the checkpoint share its `WITH` parts: the fence held (`fenced`),
-        and every one of `bases` base values there (and locked until the commit)."""
-
-        def build() -> Any:
-            conditions = [self._fenced] if fenced else []
-            if bases:
-                held = self._bases(bases, lock=False).cte("agboss_bases")
-                count = sa.select(sa.func.count()).select_from(held).scalar_subquery()
-                conditions.append(count == bases)
-            return sa.and_(*conditions)
-
-        return self.cached(("guard", fenced, bases), build)
-
-    def blob_insert(self, count: int, *, fenced: bool, bases: int = 0) -> Any:
-        """Insert `count` blobs of one thread namespace, skipping versions already stored;
-        `fenced`, `bases` (folding dialects only): a `WITH` part written only under the
-        guard (`_guard`)."""
-        return self.cached(
-            ("blobs", count, fenced, bases), lambda: self._blob_insert(count, fenced, bases)
-        )
-
-    def _blob_insert(self, count: int, fenced: bool, bases: int = 0) -> Any:
-        shared = _bound(checkpoint_blobs, ("thread_hash", "ns_hash"), "p_")
-        rows = [{**shared, **_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_")} for i in range(count)]
-        statement = self.ops.insert(checkpoint_blobs)
-        if fenced or bases:
-            table = sa.values(
-                *(sa.column(c, checkpoint_blobs.c[c].type) for c in BLOB_VALUES), name="rows"
-            )
-            table = table.data([tuple(row[c] for c in BLOB_VALUES) for row in rows])
-            selected = sa.select(
-                shared["thread_hash"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
-            ).where(self._guard(fenced, bases))
-            statement = statement.from_select(["thread_hash", "ns_hash", *BLOB_VALUES], selected)
-        else:
-            statement = statement.values(rows)
-        return self.ops.skip_duplicates(statement, BLOB_KEY)
-
-    def checkpoint_upsert(self, *, fenced: bool, bases: int = 0) -> Any:
-        """Insert a checkpoint or replace its body and metadata (LangGraph may save one id
-        again); `fenced`, `bases` (folding dialects only): written only under the guard
-        (`_guard`), and returning the key then."""
-        return self.cached(
-            ("checkpoint", fenced, bases), lambda: self._checkpoint_upsert(fenced, bases)
-        )
-
-    def _checkpoint_upsert(self, fenced: bool, bases: int = 0, script: bool = False) -> Any:
-        """`script`: guarded by `_bases_there` (a script's check), and returning nothing."""
-        row = _bound(checkpoints, (*CHECKPOINT_KEY, *CHECKPOINT_VALUES), "p_")
-        statement = self.ops.insert(checkpoints)
-        guarded = (fenced or bool(bases)) and not script
-        if fenced or bases or script:
-            condition = self._bases_there(bases) if script else self._guard(fenced, bases)
-            statement = statement.from_select(list(row), sa.select(*row.values()).where(condition))
-        else:
-            statement = statement.values(row)
-        statement = self.ops.replace_duplicates(
-            statement, CHECKPOINT_KEY, ("run_hash", "checkpoint_type", "checkpoint", "metadata")
-        )
-        return statement.returning(checkpoints.c.checkpoint_id) if guarded else statement
-
-    def put(self, blob_count: int, *, fenced: bool, bases: int = 0) -> Any:
-        """Folding dialects: the blobs (at most `MAX_ROWS`) and the checkpoint in one statement,
-        fenced or not, naming `bases` base values or none; a guarded put (fenced, or with
-        bases) returns the checkpoint's key if it wrote."""
-        return self.cached(
-            ("put", blob_count, fenced, bases), lambda: self._put(blob_count, fenced, bases)
-        )
-
-    def _put(self, blob_count: int, fenced: bool, bases: int) -> Any:
-        statement = self.checkpoint_upsert(fenced=fenced, bases=bases)
-        if blob_count:
-            blobs = self._blob_insert(blob_count, fenced, bases).cte("agboss_new_blobs")
-            statement = statement.add_cte(blobs)
-        return statement
-
-    def put_script(self, blob_count: int, bases: int = 0) -> Script:
-        """Dialects that take scripts: the blobs (1 to `MAX_ROWS`) and the checkpoint, one
-        transaction in one text. With `bases` (the base values the appends among the blobs
-        name): both are written only if every base is there, each locked (shared) by the
-        first statement that reads it until the commit, and the script's rows are one, the
-        number of bases there: fewer than `bases` means nothing was written."""
-        script: Script = self.cached(
-            ("put script", blob_count, bases),
-            lambda: (
-                Script(
-                    self._script_blob_insert(blob_count, bases),
-                    self._checkpoint_upsert(False, bases, script=True),
-                    sa.select(sa.func.count()).select_from(self._bases(bases).subquery("held")),
-                )
-                if bases
-                else Script(
-                    self.blob_insert(blob_count, fenced=False),
-                    self.checkpoint_upsert(fenced=False),
-                )
-            ),
-        )
-        return script
-
-    def _bases_there(self, bases: int) -> Any:
-        """Scripts: every one of `bases` base values there, locked (shared) as read."""
-        held = self._bases(bases).subquery("held")
-        return sa.select(sa.func.count()).select_from(held).scalar_subquery() == bases
-
-    def _script_blob_insert(self, count: int, bases: int) -> Any:
-        shared = _bound(checkpoint_blobs, ("thread_hash", "ns_hash"), "p_")
-        rows = [_bound(checkpoint_blobs, BLOB_VALUES, f"b{i}_") for i in range(count)]
-        # The rows as a derived table of labelled selects (MariaDB's VALUES names no columns).
-        selects = [sa.select(*(row[c].label(c) for c in BLOB_VALUES)) for row in rows]
-        table = (selects[0] if count == 1 else sa.union_all(*selects)).subquery("new_rows")
-        selected = sa.select(
-            shared["thread_hash"], shared["ns_hash"], *(table.c[c] for c in BLOB_VALUES)
-        ).where(self._bases_there(bases))
-        statement = self.ops.insert(checkpoint_blobs).from_select(
-            ["thread_hash", "ns_hash", *BLOB_VALUES], selected
-        )
-        return self.ops.skip_duplicates(statement, BLOB_KEY)
-
-    def writes_insert(self, count: int, *, replace: bool, fenced: bool) -> Any:
-        """Insert `count` pending writes of one checkpoint and task: skipping keys already
-        written, or (`replace`) overwriting them; `fenced` (folding dialects only): written
-        only when the fence held, returning a row per write then."""
-        return self.cached(
-            ("writes", count, replace, fenced), lambda: self._writes(count, replace, fenced)
-        )
-
-    def _writes(self, count: int, replace: bool, fenced: bool) -> Any:
-        shared = _bound(
-            checkpoint_writes,
-            ("thread_hash", "ns_hash", "checkpoint_id", "task_hash", "task_id", "task_path"),
-            "p_",
-        )
-        per_row = ("idx", "channel", "value_type", "value")
-        rows = [{**shared, **_bound(checkpoint_writes, per_row, f"w{i}_")} for i in range(count)]
-        columns = list(rows[0])
-        statement = self.ops.insert(checkpoint_writes)
-        if fenced:
-            table = sa.values(
-                *(sa.column(c, checkpoint_writes.c[c].type) for c in per_row), name="rows"
-            )
-            table = table.data([tuple(row[c] for c in per_row) for row in rows])
-            selected = sa.select(
-                *(table.c[c] if c in per_row else shared[c] for c in columns)
-            ).where(self._fenced)
-            statement = statement.from_select(columns, selected)
-        else:
-            statement = statement.values(rows)
-        if replace:
-            statement = self.ops.replace_duplicates(
-                statement, WRITE_KEY, ("channel", "value_type", "value")
-            )
-        else:
-            statement = self.ops.skip_duplicates(statement, WRITE_KEY)
-        return statement.returning(checkpoint_writes.c.idx) if fenced else statement
-
     def keyed(self, table: sa.Table, columns: Sequence[str], key: Sequence[str], count: int) -> Any:
         """Select `columns` of the rows with any of `count` keys (`k<i>_<column>`): a
         `UNION ALL` of one look-up per key, so every dialect probes the primary key once per
@@ -669,15 +406,3 @@ class ListShape:
     before: bool
     limit: bool
     filters: int
-
-
-def keyed_params(
-    keys: Sequence[Sequence[Any]], columns: Sequence[str], *, prefix: str = "k"
-) -> dict[str, Any]:
-    """The parameters of a keyed statement (`keyed`, `keyed_delete`; `values_and_writes` with
-    its prefixes) for `keys`."""
-    params: dict[str, Any] = {}
-    for i, key in enumerate(keys):
-        for column, value in zip(columns, key, strict=True):
-            params[f"{prefix}{i}_{column}"] = value
-    return params

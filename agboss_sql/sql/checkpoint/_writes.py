@@ -32,15 +32,15 @@ from agboss_sql.sql.checkpoint._core import (
     _value_keys,
     _written_channel_hash,
 )
-from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
-from agboss_sql.sql.checkpoint._statements import (
+from agboss_sql.sql.checkpoint._layout import (
     BLOB_VALUES,
     MAX_CHECKPOINT_ID,
     MAX_ROWS,
     MAX_VERSION,
-    CheckpointStatements,
     chunks,
 )
+from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
+from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._values import Stored, ValueKey
 from agboss_sql.sql.connection import Exec, SqlConnection
 
