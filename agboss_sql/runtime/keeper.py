@@ -341,14 +341,19 @@ class LeaseKeeper:
 
     async def _lose(self, why: str) -> None:
         if self._mark_lost(why):
-            # The event was spawned; let it be written before the loser goes on.
-            await asyncio.gather(*self._background, return_exceptions=True)
+            # The event was spawned; let it be written before the loser goes on. Waited
+            # for, never gathered: the loser may be the watchdog, which `stop()` cancels,
+            # and a cancelled gather would cancel the event's write with it.
+            await self._wait_background()
 
     async def flush(self) -> None:
         """Wait for the lease log writes this keeper started in the background (the `lost`
         event of a loss found outside a renewal): call it before closing the stores."""
+        await self._wait_background()
+
+    async def _wait_background(self) -> None:
         if self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+            await asyncio.wait(list(self._background))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

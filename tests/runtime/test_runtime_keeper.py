@@ -368,3 +368,34 @@ async def test_renewals_are_logged_only_when_asked(world: World) -> None:
     assert await quiet.confirm_now() and await loud.confirm_now()
     assert await kinds(world, "tree-1") == [("acquired", "a", 1)]
     assert await kinds(world, "tree-2") == [("acquired", "a", 1), ("renewed", "a", 1)]
+
+
+async def test_the_lost_event_is_written_even_when_stop_comes_while_it_is_being_written(
+    world: World,
+) -> None:
+    # A holder frozen past its trust window: the watchdog loses the lease and waits for the
+    # `lost` event's write; the run sees the loss and stops the keeper meanwhile. The stop
+    # cancels the watchdog, never the event's write (an operator tells a zombie from a
+    # takeover by that event).
+    a = world.instance("a")
+    written = asyncio.Event()
+    gate = asyncio.Event()
+    save = a.events.save
+
+    async def slow_save(event: Any) -> None:
+        if event.kind is LeaseEventKind.LOST:
+            await gate.wait()
+        await save(event)
+        written.set()
+
+    a.events.save = slow_save  # type: ignore[method-assign]
+    keeper = keeper_of(world, a)
+    assert await keeper.take(TENANT, "tree-1") is not None
+    keeper.start()
+    await world.clock.advance(LEASE_MS)  # frozen: no renewal answered, the window is over
+    await settle()
+    assert keeper.lost
+    await keeper.stop()  # the run's hand-over, while the event's write waits
+    gate.set()
+    await asyncio.wait_for(written.wait(), 5)  # bounded: the write only awaits the gate
+    assert [k for k, _, _ in await kinds(world)] == ["acquired", "lost"]
