@@ -35,6 +35,7 @@ from agboss_sql.contracts.clocks import Clock, SystemClock
 from agboss_sql.contracts.errors import (
     DuplicateExecutionError,
     NotPausedError,
+    StoreUnavailableError,
 )
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import (
@@ -267,14 +268,7 @@ class Engine(Runs):
         )
         if not self.work:
             return
-        for definition in self.workflows:
-            await self.tree.save_if_absent(
-                REGISTRY_TENANT,
-                REGISTRY_ROOT,
-                definition.name,
-                {"first_by": self.instance_id, "at": self.clock.now()},
-            )
-            self._known.add(definition.name)
+        await self._register()
         self._sweep = RecoverySweep(
             self.records,
             self.leases,
@@ -308,6 +302,27 @@ class Engine(Runs):
         self.emit(
             {"kind": "ready", "instance": self.instance_id, "workflows": self.workflows.names}
         )
+
+    async def _register(self) -> None:
+        """Write this app's workflow names where `start` anywhere looks them up; a store
+        outage (another process opening the same SQLite file, a server restarting) is tried
+        again for up to one lease."""
+        began = self.clock.monotonic()
+        for definition in self.workflows:
+            while True:
+                try:
+                    await self.tree.save_if_absent(
+                        REGISTRY_TENANT,
+                        REGISTRY_ROOT,
+                        definition.name,
+                        {"first_by": self.instance_id, "at": self.clock.now()},
+                    )
+                    break
+                except StoreUnavailableError:
+                    if self.clock.monotonic() - began >= self.lease_ms:
+                        raise
+                    await self.clock.sleep(self.poll_ms)
+            self._known.add(definition.name)
 
     async def close(self) -> None:
         """Stop within `shutdown_ms`: start nothing new, cancel every run here and release
@@ -535,8 +550,15 @@ class Engine(Runs):
             raise AmbiguousPauseError(
                 f"run {workflow_id!r} waits on {len(candidates)} pauses: name one with pause="
             )
-        await self.pauses.resolve(tenant_id, candidates[0], decision)
-        self.emit({"kind": "resolved", "tree": workflow_id})
+        resolved = await self.pauses.resolve(tenant_id, candidates[0], decision)
+        self.emit(
+            {
+                "kind": "resolved",
+                "tree": workflow_id,
+                "pause": resolved.pause_id,
+                "decision": resolved.decision,
+            }
+        )
         await self._after_resolve(tenant_id, workflow_id)
 
     async def _after_resolve(self, tenant_id: str, workflow_id: str) -> None:

@@ -1,0 +1,705 @@
+"""`agboss-sql cluster --workload tree|module:attr`: worker processes running a workflow
+app on one database, chaos, and an audit read from the stores.
+
+A workload is a `ClusterWorkload`: the app the workers load (`module:attr` of a
+`Workflows`) and the runs to start. `tree` is the lab's demo tree (`tree_app`); any app
+written on the public API can be one (`examples/order_saga` has one).
+
+The run: the workers start (each `python -m agboss_sql.lab.app_worker`, an `Engine` taking
+commands on standard input); the runs are started, handed to the workers in turn; every
+pause is answered by two workers at once that are not the one that paused (one answer
+wins); as the work progresses one run is cancelled from a worker that is not running it,
+one worker is SIGKILLed and replaced, and another is frozen (SIGSTOP) past its leases and
+thawed (it comes back a zombie). When every run has ended, the workers are stopped
+(SIGTERM) and the run is audited from the database — the rules read the stores' rows, not
+the workload:
+
+- `one-holder`, `epochs-increase`, `zombie-fenced`: one holder per epoch, epochs granted
+  in rising order, nothing stored by the frozen worker under a lease taken over from it;
+- `effect-once`: no business row written twice, no outbound attempt sent twice;
+- `child-once`: every child finished, each by one finish of its current attempt;
+- `run-ends`: every run ended; a succeeded run decided to close and undid nothing; a
+  cancelled run decided to cancel, unwound, and stored each undo once;
+- `pause-once`: every pause of an ended run is answered or cancelled, and resolved once;
+- `graceful-stop`: every worker stopped (exit 0) within the shutdown bound;
+- and the workload's own rules, if it has some (the tree: every leaf of a succeeded tree
+  charged once; every order of a cancelled tree refunded once).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from agboss_sql.lab.cluster import (
+    ClusterConfig,
+    _epochs_increase,
+    _held_by,
+    _shown,
+    _taken_over,
+    _zombie_fenced,
+)
+from agboss_sql.lab.faults.audit import StoreHistory, Violation, _one_holder, read_sql_history
+from agboss_sql.lab.faults.harness import Cluster, Event, Pod, WaitTimeout
+from agboss_sql.sql.migrate import sync_url
+
+END_KEY = "@agboss/end"
+UNDO_EFFECT = "wf.undo"
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """One run the cluster starts: its workflow, input and id."""
+
+    workflow: str
+    input: Any
+    id: str
+
+
+@dataclass(frozen=True)
+class ClusterWorkload:
+    """What the cluster runs: the app the workers load (`module:attr`), the runs to start
+    (`runs(config, run_id)`), how far the work is (`progress(history)`, 0 to 1: the chaos
+    is timed by it), and the workload's own audit rules, if any."""
+
+    name: str
+    app: str
+    runs: Callable[[ClusterConfig, str], list[ClusterRun]]
+    progress: Callable[[sa.Connection, list[ClusterRun]], float] | None = None
+    audit: Callable[[StoreHistory, list[ClusterRun]], list[Violation]] | None = None
+    business_table: bool = False
+    """The workload writes the lab's business table (created before the run)."""
+
+
+def load_workload(spec: str) -> ClusterWorkload:
+    """`tree`, or `module:attr` naming a `ClusterWorkload`."""
+    if spec == "tree":
+        from agboss_sql.lab import tree_app
+
+        chosen: ClusterWorkload = tree_app.workload
+        return chosen
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--workload {spec!r} must be `tree` or package.module:attribute")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    found: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    if not isinstance(found, ClusterWorkload):
+        raise ValueError(
+            f"--workload {spec!r} is a {type(found).__name__}, not a ClusterWorkload "
+            "(agboss_sql.lab.workload_cluster): give the app and the runs to start"
+        )
+    return found
+
+
+@dataclass
+class WorkloadReport:
+    """The audited outcome of a run (`ok` only when no rule was violated)."""
+
+    ok: bool
+    url: str
+    workload: str
+    tenant: str
+    workers: int
+    runs: dict[str, int]
+    effects_stored: int
+    undos: int
+    children_finished: int
+    pauses_answered: int
+    takeovers: int
+    leases_lost: int
+    zombie_writes_refused: int
+    chaos: list[str]
+    wall_s: float
+    violations: list[str] = field(default_factory=list)
+    frozen_leases_taken_over: int = 0
+    run_dir: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class State:
+    """What the orchestrator knows while the run goes on."""
+
+    alive: dict[str, str] = field(default_factory=dict)
+    slots: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    chaos: list[str] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+    progress: float = 0.0
+    takeovers: int = 0
+    refused: int = 0
+    lost: int = 0
+    running: dict[str, str] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def run_workload_cluster(
+    config: ClusterConfig,
+    workload: ClusterWorkload,
+    *,
+    view: Callable[[State, ClusterConfig], None] | None = None,
+    out: Callable[[str], None] | None = None,
+) -> WorkloadReport:
+    """Run the cluster on `workload` (see the module) and answer its audited report."""
+    from agboss_sql.sql.migrate import upgrade
+
+    started = time.monotonic()
+    if config.migrate:
+        upgrade(config.url)
+    if workload.business_table:
+        from agboss_sql.lab.business import create_business_table
+
+        create_business_table(config.url)
+    run_id = uuid.uuid4().hex[:8]
+    tenant = f"cluster-{run_id}"
+    runs = workload.runs(config, run_id)
+    run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="agboss-cluster-"))
+    names = iter(f"w{n}" for n in range(1, 100))
+
+    def base() -> dict[str, Any]:
+        return {
+            "instance_id": next(names),
+            "app": workload.app,
+            "lease_ms": config.lease_ms,
+            "max_concurrent_steps": config.max_concurrent_steps,
+            "shutdown_ms": int(config.shutdown_s * 1000 * 0.8),
+        }
+
+    cluster = Cluster(
+        run_dir,
+        config.url,
+        [base() for _ in range(config.workers)],
+        command=(sys.executable, "-m", "agboss_sql.lab.app_worker"),
+    )
+    state = State()
+    engine = sa.create_engine(sync_url(config.url))
+    slow_stops: list[str] = []
+    chaos = _Chaos(config, tenant, runs)
+    try:
+        cluster.start()
+        for pod in cluster.pods:
+            _wait_ready(cluster, pod, config.timeout_s)
+            state.alive[pod.instance_id] = "up"
+        for index, run in enumerate(runs):
+            live = [p for p in cluster.pods if p.alive]
+            cluster.send(
+                live[index % len(live)],
+                {
+                    "cmd": "start",
+                    "workflow": run.workflow,
+                    "input": run.input,
+                    "id": run.id,
+                    "tenant": tenant,
+                },
+            )
+        deadline = time.monotonic() + config.timeout_s
+        seen = 0
+        last_poll = 0.0
+        while time.monotonic() < deadline:
+            events = cluster.snapshot()
+            for event in events[seen:]:
+                _observe(state, event)
+            seen = len(events)
+            _answer_pauses(cluster, state, tenant)
+            now = time.monotonic()
+            if now - last_poll > 0.25:
+                last_poll = now
+                _poll(engine, tenant, state, workload, runs)
+                if sum(state.statuses[s] for s in ("succeeded", "cancelled", "failed")) >= len(
+                    runs
+                ):
+                    break
+            chaos.act(cluster, state, engine)
+            if view is not None:
+                view(state, config)
+            time.sleep(0.1)
+        chaos.thaw(cluster, state)
+        for pod in cluster.pods:
+            if pod.alive and not cluster.stop(pod, config.shutdown_s):
+                slow_stops.append(pod.instance_id)
+        for event in cluster.snapshot()[seen:]:
+            _observe(state, event)
+        if view is not None:
+            view(state, config)
+    finally:
+        cluster.close()
+        engine.dispose()
+    history = _mine(read_sql_history(config.url), tenant, runs)
+    (run_dir / "history.json").write_text(json.dumps(asdict(history), default=str), "utf-8")
+    events = cluster.snapshot()
+    with open(run_dir / "events.jsonl", "w", encoding="utf-8") as log:
+        for event in events:
+            log.write(json.dumps(event, default=str) + "\n")
+    report = audit_workload(
+        history,
+        events,
+        config=config,
+        workload=workload,
+        tenant=tenant,
+        runs=runs,
+        frozen=(chaos.frozen_id, chaos.held, chaos.thawed_at),
+        slow_stops=slow_stops,
+        chaos=state.chaos,
+        wall_s=time.monotonic() - started,
+    )
+    report.run_dir = str(run_dir)
+    if out is not None:
+        out(f"run directory: {run_dir}")
+    return report
+
+
+def _wait_ready(cluster: Cluster, pod: Pod, timeout_s: float) -> None:
+    """Wait for the worker's `ready`; a worker that exits first fails now, quoting the
+    first line of what it wrote on standard error."""
+    deadline = time.monotonic() + min(timeout_s, 60.0)
+    while True:
+        try:
+            cluster.wait_for(
+                lambda e: e.get("pod") == pod.instance_id and e.get("kind") == "ready",
+                0.5,
+                f"{pod.instance_id} ready",
+            )
+            return
+        except WaitTimeout:
+            if not pod.alive:
+                text = pod.output_path.read_text(encoding="utf-8", errors="replace").strip()
+                last = text.splitlines()[-1] if text else "(no output)"
+                raise RuntimeError(
+                    f"worker {pod.instance_id} exited before it was ready: {last}"
+                ) from None
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _observe(state: State, event: Event) -> None:
+    kind, pod = event.get("kind"), event.get("pod")
+    if not isinstance(pod, str):
+        return
+    if kind == "status":
+        state.slots[pod] = (int(event["busy"]), int(event["max"]), int(event["waiting"]))
+    elif kind == "stopped":
+        state.alive[pod] = "stopped"
+    elif kind == "tree-run":
+        state.running[str(event["tree"])] = pod
+    elif kind == "tree-end":
+        state.running.pop(str(event["tree"]), None)
+
+
+def _answer_pauses(cluster: Cluster, state: State, tenant: str) -> None:
+    """Each pause is answered by two live workers that did not pause it, at once: one
+    answer resolves it, the other is refused (`NotPausedError`)."""
+    for event in cluster.snapshot():
+        if event.get("kind") != "paused":
+            continue
+        tree = str(event["tree"])
+        mark = f"{tree}|{event.get('pause')}"
+        if mark in state.answered:
+            continue
+        others = [p for p in cluster.pods if p.alive and p.instance_id != event.get("pod")]
+        if not others:
+            continue
+        state.answered.add(mark)
+        for pod in others[:2]:
+            cluster.send(
+                pod,
+                {
+                    "cmd": "resume",
+                    "id": tree,
+                    "tenant": tenant,
+                    "decision": {"approved": True, "by": pod.instance_id},
+                },
+            )
+
+
+def _poll(
+    engine: sa.Engine, tenant: str, state: State, workload: ClusterWorkload, runs: list[ClusterRun]
+) -> None:
+    from agboss_sql.sql.schema import execution_lease_events as events
+    from agboss_sql.sql.schema import execution_records as records
+    from agboss_sql.sql.schema import fenced_effect_results as results
+
+    with engine.connect() as connection:
+        rows = connection.execute(
+            sa.select(records.c.status, sa.func.count())
+            .where(records.c.tenant_id == tenant)
+            .group_by(records.c.status)
+        )
+        state.statuses = Counter({str(status): int(count) for status, count in rows})
+        kinds = connection.execute(
+            sa.select(events.c.kind, events.c.reason).where(
+                events.c.tenant_id == tenant, events.c.kind.in_(("taken-over", "lost"))
+            )
+        ).all()
+        stored = int(
+            connection.execute(
+                sa.select(sa.func.count()).where(results.c.tenant_id == tenant)
+            ).scalar_one()
+        )
+        progress = None if workload.progress is None else workload.progress(connection, runs)
+    state.takeovers = sum(1 for kind, _ in kinds if kind == "taken-over")
+    state.lost = sum(1 for kind, _ in kinds if kind == "lost")
+    state.refused = sum(
+        1 for kind, why in kinds if kind == "lost" and str(why or "").startswith("refused by")
+    )
+    ended = sum(state.statuses[s] for s in ("succeeded", "cancelled", "failed"))
+    if progress is not None:
+        state.progress = progress
+    else:
+        state.progress = max(ended / max(1, len(runs)), min(1.0, stored / (6 * len(runs))))
+
+
+class _Chaos:
+    """Cancel at 15% of the work, SIGKILL at 30%, SIGSTOP for two leases at 45%."""
+
+    def __init__(self, config: ClusterConfig, tenant: str, runs: list[ClusterRun]) -> None:
+        self.config = config
+        self.tenant = tenant
+        self.runs = runs
+        self.cancelled = not config.cancel
+        self.killed = not config.chaos
+        self.frozen: Pod | None = None
+        self.frozen_id: str | None = None
+        self.held: list[tuple[str, str, int]] = []
+        self.freeze_done = not config.chaos
+        self.thaw_at: float | None = None
+        self.thawed_at: int | None = None
+
+    def act(self, cluster: Cluster, state: State, engine: sa.Engine) -> None:
+        share = state.progress
+        if not self.cancelled and share >= 0.15:
+            self.cancelled = self._cancel(cluster, state)
+        if not self.killed and share >= 0.30:
+            self.killed = True
+            alive = [p for p in cluster.pods if p.alive]
+            victim = max(alive, key=lambda p: len(_held_by(engine, self.tenant, p.instance_id)))
+            cluster.kill(victim)
+            state.alive[victim.instance_id] = "killed"
+            state.slots.pop(victim.instance_id, None)
+            replacement = cluster.add(
+                {
+                    **json.loads(cluster.pods[0].config_path.read_text()),
+                    "instance_id": f"w{len(cluster.pods) + 1}",
+                }
+            )
+            state.alive[replacement.instance_id] = "up"
+            state.chaos.append(
+                f"SIGKILL {victim.instance_id} at {share:.0%} of the work; "
+                f"{replacement.instance_id} started"
+            )
+        if not self.freeze_done and self.frozen is None and share >= 0.45:
+            alive = [p for p in cluster.pods if p.alive]
+            holding = {p.instance_id: _held_by(engine, self.tenant, p.instance_id) for p in alive}
+            pod = max(alive, key=lambda p: len(holding[p.instance_id]))
+            held = holding[pod.instance_id]
+            if not held and share < 0.9:
+                return  # nobody holds a lease this instant: a freeze would lose nothing
+            cluster.signal(pod, signal.SIGSTOP)
+            self.frozen, self.frozen_id, self.held = pod, pod.instance_id, held
+            self.thaw_at = time.monotonic() + 2 * self.config.lease_ms / 1000
+            state.alive[pod.instance_id] = "frozen"
+            state.chaos.append(
+                f"SIGSTOP {pod.instance_id} at {share:.0%} of the work, holding "
+                f"{len(held)} leases, for {2 * self.config.lease_ms} ms"
+            )
+        if (
+            self.frozen is not None
+            and self.thaw_at is not None
+            and time.monotonic() >= self.thaw_at
+        ):
+            self.thaw(cluster, state)
+
+    def thaw(self, cluster: Cluster, state: State) -> None:
+        if self.frozen is None or self.freeze_done:
+            return
+        self.thawed_at = time.time_ns() // 1_000_000
+        cluster.signal(self.frozen, signal.SIGCONT)
+        state.alive[self.frozen.instance_id] = "up (thawed)"
+        state.chaos.append(f"SIGCONT {self.frozen.instance_id}")
+        self.freeze_done = True
+
+    def _cancel(self, cluster: Cluster, state: State) -> bool:
+        """Cancel a running run from a worker that is not running it. False when no run
+        is seen running yet (tried again at the next tick)."""
+        candidates = [r.id for r in self.runs if r.id in state.running]
+        if not candidates:
+            return False
+        for run_id in candidates:
+            holder = state.running.get(run_id)
+            others = [p for p in cluster.pods if p.alive and p.instance_id != holder]
+            for pod in others:
+                since = cluster.mark()
+                cluster.send(pod, {"cmd": "cancel", "id": run_id, "tenant": self.tenant})
+                try:
+                    answer = cluster.wait_for(
+                        _cancel_answer(pod.instance_id, run_id), 10, "cancel", since=since
+                    )
+                except WaitTimeout:
+                    continue
+                if answer.get("kind") == "cancel-requested":
+                    state.chaos.append(f"cancel {run_id} from {pod.instance_id} (run on {holder})")
+                    return True
+                state.chaos.append(f"cancel {run_id} from {pod.instance_id}: too late")
+                break
+        return True
+
+
+def _cancel_answer(instance_id: str, run_id: str) -> Callable[[Event], bool]:
+    def match(event: Event) -> bool:
+        return (
+            event.get("pod") == instance_id
+            and event.get("kind") in ("cancel-requested", "cancel-too-late")
+            and event.get("tree") == run_id
+        )
+
+    return match
+
+
+def _mine(history: StoreHistory, tenant: str, runs: list[ClusterRun]) -> StoreHistory:
+    prefixes = tuple(r.id for r in runs)
+
+    def mine(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if r.get("tenant_id") == tenant]
+
+    return StoreHistory(
+        lease_events=mine(history.lease_events),
+        leases=mine(history.leases),
+        results=mine(history.results),
+        business_rows=[r for r in history.business_rows if r.startswith(prefixes)],
+        outbound=mine(history.outbound),
+        children=mine(history.children),
+        records=mine(history.records),
+        tree_keys=mine(history.tree_keys),
+        pauses=mine(history.pauses),
+    )
+
+
+# -- the audit ---------------------------------------------------------------------------
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, str | bytes):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def audit_workload(
+    history: StoreHistory,
+    events: list[Event],
+    *,
+    config: ClusterConfig,
+    workload: ClusterWorkload,
+    tenant: str,
+    runs: list[ClusterRun],
+    frozen: tuple[str | None, list[tuple[str, str, int]], int | None],
+    slow_stops: list[str],
+    chaos: list[str],
+    wall_s: float,
+) -> WorkloadReport:
+    """The report of a run, every rule checked from the rows (see the module)."""
+    from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
+
+    violations: list[Violation] = []
+    violations += _one_holder(history)
+    violations += _epochs_increase(history)
+    frozen_pod, held, thawed_at = frozen
+    if frozen_pod is not None:
+        violations += _zombie_fenced(history, frozen_pod, held, thawed_at)
+    violations += _effect_once(history, events)
+    violations += _child_once(history, events)
+    keys: dict[str, dict[str, Any]] = defaultdict(dict)
+    for row in history.tree_keys:
+        keys[str(row["root_execution_id"])][str(row["key"])] = _value(row["value"])
+    records = {str(r["execution_id"]): r for r in history.records}
+    undos: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in history.results:
+        if row["name"] == UNDO_EFFECT:
+            undos[str(row["step_execution_id"])].append(row)
+    statuses: Counter[str] = Counter()
+    for run in runs:
+        record = records.get(run.id)
+        status = None if record is None else str(record["status"])
+        statuses[status or "missing"] += 1
+        decided = keys[run.id].get(END_KEY)
+        decision = decided.get("decision") if isinstance(decided, dict) else None
+        if status == "succeeded":
+            if decision != "close":
+                violations.append(
+                    Violation("run-ends", f"{run.id} succeeded, decided {decision!r}")
+                )
+            if undos.get(run.id) or UNWINDING_KEY in keys[run.id]:
+                violations.append(Violation("run-ends", f"{run.id} succeeded but undid steps"))
+        elif status == "cancelled":
+            if decision != "cancel":
+                violations.append(
+                    Violation("run-ends", f"{run.id} cancelled, decided {decision!r}")
+                )
+            if UNWINDING_KEY not in keys[run.id]:
+                violations.append(Violation("run-ends", f"{run.id} cancelled without unwinding"))
+            marked = {
+                k[len(COMPENSATED_PREFIX) :]
+                for k in keys[run.id]
+                if k.startswith(COMPENSATED_PREFIX)
+            }
+            stored = Counter(str(r["step_idempotency_key"]) for r in undos.get(run.id, []))
+            for key in sorted(marked):
+                if stored[f"undo/{key}"] != 1:
+                    violations.append(
+                        Violation("run-ends", f"{run.id}: undo {key} marked done but not stored")
+                    )
+        elif status == "failed":
+            outcome = _value(record.get("outcome")) if record else None
+            if not (isinstance(outcome, dict) and outcome.get("error")):
+                violations.append(Violation("run-ends", f"{run.id} failed without an error"))
+        else:
+            violations.append(Violation("run-ends", f"run {run.id} did not end (status {status})"))
+    violations += _pause_once(history, events, records)
+    for pod in slow_stops:
+        violations.append(
+            Violation("graceful-stop", f"{pod} did not stop (exit 0) within the shutdown bound")
+        )
+    if workload.audit is not None:
+        violations += workload.audit(history, runs)
+    lost = [e for e in history.lease_events if e["kind"] == "lost"]
+    return WorkloadReport(
+        ok=not violations,
+        url=_shown(config.url),
+        workload=workload.name,
+        tenant=tenant,
+        workers=config.workers,
+        runs=dict(statuses),
+        effects_stored=sum(1 for r in history.results if r["name"] != UNDO_EFFECT),
+        undos=sum(len(rows) for rows in undos.values()),
+        children_finished=sum(1 for r in history.children if r["status"] == "finished"),
+        pauses_answered=sum(1 for p in history.pauses if p["status"] in ("resolved", "taken")),
+        takeovers=sum(1 for e in history.lease_events if e["kind"] == "taken-over"),
+        leases_lost=len(lost),
+        zombie_writes_refused=sum(
+            1 for e in lost if str(e.get("reason") or "").startswith("refused by the store")
+        ),
+        chaos=chaos,
+        wall_s=round(wall_s, 1),
+        violations=[str(v) for v in violations],
+        frozen_leases_taken_over=len(_taken_over(history, held)) if frozen_pod else 0,
+    )
+
+
+def _effect_once(history: StoreHistory, events: list[Event]) -> list[Violation]:
+    found = []
+    for row, count in sorted(Counter(history.business_rows).items()):
+        if count > 1:
+            found.append(Violation("effect-once", f"business row {row!r} written {count} times"))
+    sends = Counter((e["call"], e["attempt"]) for e in events if e.get("kind") == "sent")
+    for (call, attempt), count in sorted(sends.items()):
+        if count > 1:
+            found.append(
+                Violation(
+                    "effect-once", f"outbound call {call} attempt {attempt} sent {count} times"
+                )
+            )
+    return found
+
+
+def _child_once(history: StoreHistory, events: list[Event]) -> list[Violation]:
+    found = []
+    finishes: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        if event.get("kind") == "child-finish" and event.get("finished"):
+            finishes[str(event["child"])].append(event)
+    for row in history.children:
+        child = str(row["child_execution_id"])
+        if row["status"] != "finished":
+            found.append(Violation("child-once", f"child {child} is {row['status']}, not finished"))
+        counted = finishes.get(child, [])
+        if len(counted) > 1:
+            found.append(Violation("child-once", f"child {child} finished {len(counted)} times"))
+        for event in counted:
+            if event.get("attempt") is not None and int(event["attempt"]) != int(row["attempt"]):
+                found.append(
+                    Violation(
+                        "child-once",
+                        f"child {child} finished by attempt {event['attempt']}, but attempt "
+                        f"{row['attempt']} is its current one",
+                    )
+                )
+    return found
+
+
+def _pause_once(
+    history: StoreHistory, events: list[Event], records: dict[str, dict[str, Any]]
+) -> list[Violation]:
+    found = []
+    resolved = Counter(str(e["tree"]) for e in events if e.get("kind") == "resolved")
+    pauses_of: Counter[str] = Counter()
+    for pause in history.pauses:
+        root = str(pause["root_execution_id"])
+        pauses_of[root] += 1
+        record = records.get(root)
+        ended = record is not None and str(record["status"]) in ("succeeded", "cancelled", "failed")
+        if ended and pause["status"] not in ("taken", "cancelled"):
+            found.append(
+                Violation(
+                    "pause-once", f"{root} ended with pause {pause['pause_id']} {pause['status']}"
+                )
+            )
+    for root, count in sorted(resolved.items()):
+        if count > pauses_of[root]:
+            found.append(
+                Violation(
+                    "pause-once", f"{root}: {count} answers resolved {pauses_of[root]} pauses"
+                )
+            )
+    return found
+
+
+def render_workload_report(report: WorkloadReport) -> str:
+    """The report as text."""
+    lines = [
+        f"cluster on {report.url}: {report.workers} workers, workload {report.workload}, "
+        f"tenant {report.tenant}",
+        "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report.runs.items())),
+        f"effects and steps stored: {report.effects_stored}, undone: {report.undos}",
+        f"children finished: {report.children_finished}, pauses answered: {report.pauses_answered}",
+        f"takeovers: {report.takeovers}, leases lost: {report.leases_lost}, "
+        f"zombie writes refused by the store: {report.zombie_writes_refused}",
+        f"wall time: {report.wall_s} s (workers' output, events and rows: {report.run_dir})",
+        "chaos:",
+        *(f"  {c}" for c in report.chaos or ["(none)"]),
+    ]
+    if report.violations:
+        lines.append(f"BROKEN: {len(report.violations)} violations")
+        lines += [f"  {v}" for v in report.violations]
+    else:
+        lines.append("every invariant held")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ClusterRun",
+    "ClusterWorkload",
+    "State",
+    "WorkloadReport",
+    "audit_workload",
+    "load_workload",
+    "render_workload_report",
+    "run_workload_cluster",
+]
