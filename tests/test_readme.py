@@ -106,7 +106,7 @@ def check_outputs(outputs: dict[str, str]) -> None:
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     commands = marked_commands()
     installs = [c for c in commands if INSTALL_STEP.match(c)]
-    assert installs == ["python3 -m venv .venv", ".venv/bin/pip install -q ."], commands
+    assert installs == ["python3 -m venv .venv", ".venv/bin/pip install -q '.[lab]'"], commands
     env = env_without_database_url()
     outputs: dict[str, str] = {}
     for command in commands:

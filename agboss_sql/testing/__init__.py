@@ -1,3 +1,6 @@
-"""Proving a store set: the conformance suite, the interleaving explorer, the fault suite."""
+"""Proving a store set: the conformance suite (`testing.contracts`), the interleaving
+explorer (`testing.explorer`), several instances on one store (`testing.instances`) and the
+project's schema on a test database (`testing.database`). The fault suite is the lab's
+(`agboss_sql.lab.faults`)."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from agboss_sql.memory import (
 )
 from agboss_sql.memory._fencing import store_now
 from agboss_sql.memory.backend import LeaseRow
-from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory
+from agboss_sql.testing._case import BusinessRows, Seam, StoreFactory
 
 T = TypeVar("T")
 

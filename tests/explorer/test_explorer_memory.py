@@ -23,7 +23,7 @@ from agboss_sql.memory import (
     InMemoryFencedEffectRepository,
     InMemoryOutboundCallRepository,
 )
-from agboss_sql.testing.contracts._errors import StoreConformanceError
+from agboss_sql.testing._errors import StoreConformanceError
 from agboss_sql.testing.explorer import (
     OPTED_OUT_NOTE,
     WORLDS,

@@ -38,7 +38,7 @@ from agboss_sql.sql.schema import (
     fenced_effect_results,
     outbound_calls,
 )
-from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory
+from agboss_sql.testing._case import BusinessRows, Seam, StoreFactory
 from agboss_sql.testing.explorer import WORLDS, InterleavingFailure, explore
 
 pytestmark = [pytest.mark.database, pytest.mark.asyncio(loop_scope="session")]

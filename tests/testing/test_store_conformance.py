@@ -10,6 +10,7 @@ from conformance_runner import failures, memory_set, run_class
 
 from agboss_sql.memory import InMemoryBackend, InMemoryExecutionLeaseRepository
 from agboss_sql.testing import explorer
+from agboss_sql.testing._errors import CODES
 from agboss_sql.testing.contracts import (
     StoreConformanceError,
     StoreFactory,
@@ -20,7 +21,6 @@ from agboss_sql.testing.contracts import (
     generated_cases,
     store_conformance,
 )
-from agboss_sql.testing.contracts._errors import CODES
 
 
 def leases_only() -> dict[str, Any]:

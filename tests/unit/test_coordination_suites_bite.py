@@ -47,6 +47,7 @@ from agboss_sql.memory import (
     InMemoryPausedExecutionRepository,
     InMemoryRateLimitRepository,
 )
+from agboss_sql.testing._case import CaseContext, StoreFactory
 from agboss_sql.testing.contracts import (
     child_queue,
     cost_ledger,
@@ -57,7 +58,6 @@ from agboss_sql.testing.contracts import (
     paused_execution,
     rate_limit,
 )
-from agboss_sql.testing.contracts._case import CaseContext, StoreFactory
 
 SUITES = [
     child_queue,

@@ -29,13 +29,12 @@ from agboss_sql.lab.faults.holds import (
     with_hold_points,
 )
 from agboss_sql.lab.faults.network import network_scenarios
+from agboss_sql.lab.faults.run import FaultSettings, ScenarioRun
 from agboss_sql.lab.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario, register
 from agboss_sql.lab.faults.suite import (
     DEFAULT_STORES,
     DUMP_ENV,
-    FaultSettings,
     ScenarioResult,
-    ScenarioRun,
     fault_suite,
     format_report,
     run_scenario,

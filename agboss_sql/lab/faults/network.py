@@ -15,12 +15,13 @@ The network scenarios (`NETWORK_SCENARIO_ACTS`, built into the harness's `Scenar
 from __future__ import annotations
 
 import asyncio
-import importlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from agboss_sql.lab.faults.proxy import After, TcpProxy
+from agboss_sql.lab.faults.scenarios import Scenario
+from agboss_sql.lab.faults.suite import ScenarioResult, run_scenario
 
 T = TypeVar("T")
 
@@ -269,11 +270,10 @@ NETWORK_SCENARIO_ACTS: dict[str, tuple[str, Callable[[Any], None]]] = {
 """The network scenarios: name -> (what it proves, the harness's act)."""
 
 
-def network_scenarios() -> dict[str, Any]:
+def network_scenarios() -> dict[str, Scenario]:
     """The network scenarios as the fault suite's `Scenario`s (server databases only)."""
-    scenarios = importlib.import_module("agboss_sql.lab.faults.scenarios")
     return {
-        name: scenarios.Scenario(
+        name: Scenario(
             name=name,
             doc=doc,
             act=act,
@@ -290,11 +290,10 @@ def _fleet_for(url: str) -> ProxyFleet:
     return ProxyFleet()
 
 
-def run_network_scenario(url: str, name: str, **kwargs: Any) -> Any:
+def run_network_scenario(url: str, name: str, **kwargs: Any) -> ScenarioResult:
     """Run the network scenario `name` on `url` (the fault suite's `run_scenario`, each
     pod behind its own proxy); its `ScenarioResult`."""
-    suite = importlib.import_module("agboss_sql.lab.faults.suite")
-    return suite.run_scenario(url, network_scenarios()[name], **kwargs)
+    return run_scenario(url, network_scenarios()[name], **kwargs)
 
 
 __all__ = [

@@ -22,7 +22,7 @@ from agboss_sql.lab.faults.holds import (
 
 if TYPE_CHECKING:
     from agboss_sql.lab.faults.harness import NetworkFault
-    from agboss_sql.lab.faults.suite import ScenarioRun
+    from agboss_sql.lab.faults.run import ScenarioRun
 
 Act = Callable[["ScenarioRun"], None]
 

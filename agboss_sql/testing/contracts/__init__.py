@@ -14,7 +14,7 @@ run one store on its own.
 
 from __future__ import annotations
 
-from agboss_sql.testing.contracts._case import (
+from agboss_sql.testing._case import (
     START_MS,
     BusinessRows,
     Case,
@@ -22,7 +22,7 @@ from agboss_sql.testing.contracts._case import (
     Seam,
     StoreFactory,
 )
-from agboss_sql.testing.contracts._errors import StoreConformanceError
+from agboss_sql.testing._errors import StoreConformanceError
 from agboss_sql.testing.contracts._registry import SUITES
 from agboss_sql.testing.contracts.conformance import (
     NO_PROTECTION_CASE,

@@ -24,7 +24,7 @@ from agboss_sql.contracts.stores import (
     OutboundCallRepository,
 )
 from agboss_sql.contracts.types import ExecutionContext, ExecutionLease, FencedEffectKey, StepRef
-from agboss_sql.testing.contracts._case import CaseContext
+from agboss_sql.testing._case import CaseContext
 
 LEASE_MS = 30_000
 """The lease every fencing case takes."""

@@ -18,7 +18,7 @@ from typing import Any
 from agboss_sql.contracts.errors import InvalidNumberError, InvalidPayloadError
 from agboss_sql.contracts.rules import MAX_DURATION_MS, MAX_INT32, MAX_INT64, MAX_PAYLOAD_BYTES
 from agboss_sql.contracts.types import BudgetScope, CostEntry, CostTotal, QueuedChild
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
     FENCED_EFFECT,
     LEASE,

@@ -29,7 +29,7 @@ from agboss_sql.contracts.types import (
     OutboundCallStatus,
     QueuedChild,
 )
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
     FENCED_EFFECT,
     LEASE,

@@ -8,7 +8,7 @@ import re
 from types import ModuleType
 
 from agboss_sql.contracts.stores import CONTRACTS
-from agboss_sql.testing.contracts._case import Case
+from agboss_sql.testing._case import Case
 
 _PACKAGE = "agboss_sql.testing.contracts"
 

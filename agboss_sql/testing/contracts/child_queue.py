@@ -25,7 +25,7 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     WaitResult,
 )
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._limits import limit_cases
 from agboss_sql.testing.contracts._matrix import attempt_cases
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agboss_sql.contracts.types import LeaseCheck
+from agboss_sql.testing import _errors as codes
 from agboss_sql.testing import explorer
-from agboss_sql.testing.contracts import _errors as codes
-from agboss_sql.testing.contracts._case import (
+from agboss_sql.testing._case import (
     BusinessRows,
     Case,
     CaseContext,
@@ -38,7 +38,7 @@ from agboss_sql.testing.contracts._case import (
     StoreFactory,
     as_factory,
 )
-from agboss_sql.testing.contracts._errors import StoreConformanceError
+from agboss_sql.testing._errors import StoreConformanceError
 from agboss_sql.testing.contracts._registry import (
     FENCED_EFFECT,
     FENCING_STORES,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.stores import CostLedgerRepository
 from agboss_sql.contracts.types import BudgetScope, CostEntry, CostTotal
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "cost_ledger"

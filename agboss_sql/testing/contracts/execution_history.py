@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agboss_sql.contracts.stores import ExecutionHistoryRepository
 from agboss_sql.contracts.types import ExecutionSnapshot, HistoryCursor, JsonValue
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 
 CONTRACT = "execution_history"
 TENANT = "tenant-1"

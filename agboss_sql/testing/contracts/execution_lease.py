@@ -18,7 +18,7 @@ from typing import Any
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.contracts.types import ExecutionLease, LeaseHolder
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
     BOUNDARIES,
     DATABASE_LEASE_MS,

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
 from agboss_sql.contracts.types import ExecutionLeaseEvent, LeaseEventKind, LeaseHolder
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import OTHER_TENANT, TENANT, World, expect, fail
 
 CONTRACT = "execution_lease_event"

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from agboss_sql.contracts.errors import DuplicateExecutionError
 from agboss_sql.contracts.stores import ExecutionRecordRepository
 from agboss_sql.contracts.types import ExecutionRecord, ExecutionRecordStatus
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 
 CONTRACT = "execution_record"
 TENANT = "tenant-1"

@@ -19,7 +19,7 @@ from agboss_sql.contracts.stores import (
     ExecutionTreeRepository,
 )
 from agboss_sql.contracts.types import JsonValue
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 
 CONTRACT = "execution_tree"
 TENANT = "tenant-1"

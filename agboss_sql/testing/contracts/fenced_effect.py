@@ -26,7 +26,7 @@ from agboss_sql.contracts.types import (
     FencedEffectResult,
     LeaseHolder,
 )
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
     BOUNDARIES,
     DATABASE_LEASE_MS,

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError
 from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import MeshRequest
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._limits import limit_cases
 
 CONTRACT = "mesh_request"

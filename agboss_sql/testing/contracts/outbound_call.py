@@ -35,7 +35,7 @@ from agboss_sql.contracts.types import (
     OutboundCallSaved,
     OutboundCallStatus,
 )
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import (
     BOUNDARIES,
     DATABASE_LEASE_MS,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import JsonValue, PausedExecution, PauseStatus
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 
 CONTRACT = "paused_execution"
 TENANT = "tenant-1"

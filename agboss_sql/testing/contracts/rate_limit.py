@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from agboss_sql.contracts.stores import RateLimitRepository
 from agboss_sql.contracts.types import WindowResult
-from agboss_sql.testing.contracts._case import Case, CaseContext
+from agboss_sql.testing._case import Case, CaseContext
 
 CONTRACT = "rate_limit"
 TTL = 10_000

@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agboss_sql.testing.contracts._case import BusinessRows
-from agboss_sql.testing.contracts._errors import INVALID_OPTION, StoreConformanceError
+from agboss_sql.testing._case import BusinessRows
+from agboss_sql.testing._errors import INVALID_OPTION, StoreConformanceError
 from agboss_sql.testing.explorer._races import RACE_OUTCOME, RACES
 from agboss_sql.testing.explorer._search import (
     DEFAULT_DEPTH,

@@ -15,8 +15,8 @@ from typing import Any
 
 from agboss_sql.contracts.clocks import SkewedClock, StoreClock, VirtualClock
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
-from agboss_sql.testing.contracts._case import BusinessRows, Seam, StoreFactory, as_factory
-from agboss_sql.testing.contracts._errors import (
+from agboss_sql.testing._case import BusinessRows, Seam, StoreFactory, as_factory
+from agboss_sql.testing._errors import (
     INVALID_OPTION,
     OPTED_OUT_STORE,
     StoreConformanceError,

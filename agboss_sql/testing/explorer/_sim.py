@@ -49,7 +49,7 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     StepRef,
 )
-from agboss_sql.testing.contracts._case import BusinessRows
+from agboss_sql.testing._case import BusinessRows
 
 LEASE_MS = 30_000
 """The lease every simulated instance takes."""

@@ -1,4 +1,5 @@
-"""`StoreConformanceError`: a store set the conformance suite cannot run as given."""
+"""`StoreConformanceError`: a store set the conformance suite or the explorer cannot run
+as given."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The shape of a conformance case, shared by every contract suite.
+"""The shape of a conformance case, shared by every contract suite and by the explorer's
+worlds (`BusinessRows`, `Seam`, `StoreFactory`): beside both packages, so the explorer
+needs nothing of `testing.contracts`, which runs it.
 
 A contract suite is a module with `cases() -> list[Case]`. Each case is an
 async function of a `CaseContext`, which builds the store instances the case
