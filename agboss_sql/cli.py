@@ -11,7 +11,7 @@ do`, and exits 1 (2 for a misuse of the options, 130 when interrupted);
 `history`, `check`, `leases`) never create a database.
 
 The library's commands import nothing from `agboss_sql.lab`. The lab's (`cluster`,
-`worker`, `demo`, `bench`, `faults`: `lab=True` in the table) import it when they run,
+`demo`, `bench`, `faults`: `lab=True` in the table) import it when they run,
 and exit 2 naming the `lab` extra when a module it needs is not installed.
 """
 
@@ -21,6 +21,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 PROG = "agboss-sql"
 
@@ -345,60 +346,108 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _worker_arguments(parser: argparse.ArgumentParser) -> None:
-    # Unset options keep the defaults of the lab's `WorkerConfig` (imported only to run).
     add_url_argument(parser)
+    parser.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="the Workflows app to run, e.g. shop.app:app (importable from the current "
+        "directory or PYTHONPATH)",
+    )
     parser.add_argument(
         "--config",
         metavar="PATH",
         default=None,
-        help="a JSON file of worker settings (what `agboss-sql cluster` writes); "
-        "its keys override the options",
+        help="a JSON file of worker settings (url, app, instance_id, lease_ms, "
+        "max_concurrent_steps, shutdown_ms: what `agboss-sql cluster` writes); its keys "
+        "override the options",
     )
     parser.add_argument("--instance-id", default=None, help="this instance's id")
-    parser.add_argument("--lease-ms", type=int, help="lease length (default 30000)")
     parser.add_argument(
-        "--max-concurrent-steps", type=int, help="step slots of this process (default 4)"
+        "--lease-ms", type=int, default=30_000, help="lease length (default: %(default)s)"
     )
-    parser.add_argument("--step-ms", type=int, help="simulated work per step (ms, default 50)")
     parser.add_argument(
-        "--shutdown-ms", type=int, help="graceful stop bound on SIGTERM (default 10000)"
+        "--max-concurrent-steps",
+        type=int,
+        default=8,
+        help="steps at once in this process (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-ms",
+        type=int,
+        default=10_000,
+        help="graceful stop bound on SIGTERM (default: %(default)s)",
     )
     parser.add_argument(
         "--commands",
         action="store_true",
-        help="read commands (JSON lines: start, cancel, resume, stop) from standard input; "
-        "standard input closing stops the worker (what `agboss-sql cluster` uses)",
+        help="read commands (JSON lines: start, cancel, resume, stop) from standard input "
+        "and write events as JSON lines; standard input closing stops the worker (what "
+        "`agboss-sql cluster` uses)",
+    )
+    parser.add_argument(
+        "--events", action="store_true", help="write what the engine does as JSON lines"
     )
 
 
-WORKER_OPTIONS = ("instance_id", "lease_ms", "max_concurrent_steps", "step_ms", "shutdown_ms")
-"""The `agboss-sql worker` options that set a field of the tree worker's `WorkerConfig`."""
+WORKER_SETTINGS = ("url", "app", "instance_id", "lease_ms", "max_concurrent_steps", "shutdown_ms")
+"""The keys of a worker's `--config` file (others, such as the cluster's own, are ignored)."""
 
 
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
-    import dataclasses
     import json
     import logging
 
-    from agboss_sql.lab.tree_worker import WorkerConfig, run_worker
+    from agboss_sql.runtime.serve import load_workflows, serve
 
-    given_options = {
-        name: getattr(args, name) for name in WORKER_OPTIONS if getattr(args, name) is not None
-    }
-    config = WorkerConfig(url=database_url(args), **given_options)
+    settings = {name: getattr(args, name) for name in WORKER_SETTINGS}
     if args.config is not None:
         with open(args.config, encoding="utf-8") as handle:
             given = json.load(handle)
-        known = {f.name for f in dataclasses.fields(WorkerConfig)}
-        config = dataclasses.replace(config, **{k: v for k, v in given.items() if k in known})
-        config = dataclasses.replace(config, url=database_url_of(config.url))
+        settings.update({k: v for k, v in given.items() if k in WORKER_SETTINGS})
+    if not settings["app"]:
+        raise CommandFailed(
+            "no app to run: name the Workflows app with --app module:attr (e.g. "
+            "--app shop.app:app; examples/order_saga has one)",
+            MISUSED,
+        )
+    for name in ("lease_ms", "max_concurrent_steps", "shutdown_ms"):
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CommandFailed(f"--{name.replace('_', '-')} must be a positive integer", MISUSED)
+    url = database_url_of(settings["url"])
+    workflows = load_workflows(str(settings["app"]))
+    instance = settings["instance_id"]
     logging.basicConfig(
         level=logging.WARNING,
         stream=sys.stderr,
-        format=f"%(asctime)s {config.instance_id or 'worker'} %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s {instance or 'worker'} %(levelname)s %(name)s: %(message)s",
     )
-    return asyncio.run(run_worker(config, commands=args.commands))
+    quiet = args.commands or args.events
+
+    def ready(engine: Any) -> None:
+        if not quiet:
+            print(
+                f"worker {engine.instance_id} on {shown(url)}: running {workflows.names} "
+                f"(lease {settings['lease_ms']} ms, {settings['max_concurrent_steps']} steps "
+                "at once); SIGTERM or Ctrl-C stops it",
+                flush=True,
+            )
+
+    return asyncio.run(
+        serve(
+            workflows,
+            url=url,
+            instance_id=instance,
+            lease_ms=int(settings["lease_ms"]),
+            max_concurrent_steps=int(settings["max_concurrent_steps"]),
+            shutdown_ms=int(settings["shutdown_ms"]),
+            commands=args.commands,
+            events=args.events,
+            on_ready=ready,
+        )
+    )
 
 
 def database_url_of(url: str | None) -> str:
@@ -413,20 +462,48 @@ def database_url_of(url: str | None) -> str:
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     add_url_argument(parser)
-    parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
-    parser.add_argument("--trees", type=int, default=20, help="trees submitted (default 20)")
-    parser.add_argument("--fan-out", type=int, default=2, help="children per parent (default 2)")
-    parser.add_argument("--depth", type=int, default=2, help="depth of the leaves (default 2)")
     parser.add_argument(
-        "--pause-every", type=int, default=5, help="every Nth tree pauses for a decision (0: none)"
+        "--workload",
+        default="tree",
+        metavar="tree|MODULE:ATTR",
+        help="what the workers run: the demo tree, or a ClusterWorkload of your own app "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--lease-ms", type=int, default=3_000, help="lease length (default 3000)")
     parser.add_argument(
-        "--max-concurrent-steps", type=int, default=4, help="step slots per worker (default 4)"
+        "--workers", type=int, default=3, help="worker processes (default: %(default)s)"
     )
-    parser.add_argument("--step-ms", type=int, default=30, help="simulated work per step (ms)")
+    parser.add_argument("--trees", type=int, default=20, help="runs started (default: %(default)s)")
+    parser.add_argument(
+        "--fan-out", type=int, default=2, help="tree: children per parent (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--depth", type=int, default=2, help="tree: depth of the leaves (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--pause-every",
+        type=int,
+        default=5,
+        help="tree: every Nth tree pauses for a decision, 0 for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lease-ms", type=int, default=3_000, help="lease length (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-concurrent-steps",
+        type=int,
+        default=4,
+        help="step slots per worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=int,
+        default=30,
+        help="tree: simulated work per step, ms (default: %(default)s)",
+    )
     parser.add_argument("--no-chaos", action="store_true", help="no kill, no freeze, no cancel")
-    parser.add_argument("--timeout", type=float, default=240.0, help="bound of the run (s)")
+    parser.add_argument(
+        "--timeout", type=float, default=240.0, help="bound of the run, s (default: %(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-live", action="store_true", help="no live view")
 
@@ -434,31 +511,41 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def _cluster(args: argparse.Namespace) -> int:
     import json
 
-    from agboss_sql.lab.cluster import ClusterConfig, live_view, render_report, run_cluster
+    from agboss_sql.lab.cluster import (
+        ClusterConfig,
+        live_view,
+        load_workload,
+        render_report,
+        run_cluster,
+    )
 
     url = database_url(args)
     if url.startswith("sqlite") and "/.agboss/" in url:
         import os
 
         os.makedirs(".agboss", exist_ok=True)
-    config = ClusterConfig(
-        url=url,
-        workers=args.workers,
-        trees=args.trees,
-        fan_out=args.fan_out,
-        depth=args.depth,
-        pause_every=args.pause_every,
-        lease_ms=args.lease_ms,
-        max_concurrent_steps=args.max_concurrent_steps,
-        step_ms=args.step_ms,
-        chaos=not args.no_chaos,
-        cancel=not args.no_chaos,
-        timeout_s=args.timeout,
-    )
+    try:
+        workload = load_workload(args.workload)
+        config = ClusterConfig(
+            url=url,
+            workers=args.workers,
+            trees=args.trees,
+            fan_out=args.fan_out,
+            depth=args.depth,
+            pause_every=args.pause_every,
+            lease_ms=args.lease_ms,
+            max_concurrent_steps=args.max_concurrent_steps,
+            step_ms=args.step_ms,
+            chaos=not args.no_chaos,
+            cancel=not args.no_chaos,
+            timeout_s=args.timeout,
+        )
+    except (ValueError, ImportError) as exc:
+        raise CommandFailed(str(exc), MISUSED) from exc
     live = not args.json and not args.no_live and sys.stdout.isatty()
     update, close = live_view() if live else (None, None)
     try:
-        report = run_cluster(config, view=update)
+        report = run_cluster(config, workload, view=update)
     finally:
         if close is not None:
             close()
@@ -727,18 +814,18 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         _check,
     ),
     "cluster": Subcommand(
-        "the main job: N worker processes on one database run a workload of trees through "
-        "kills, a freeze and a cancel, then the run is audited from the database",
+        "the main job: N worker processes on one database run a workload (the demo tree, "
+        "or your app's) through kills, a freeze and a cancel, then the run is audited from "
+        "the database",
         _cluster_arguments,
         _cluster,
         lab=True,
     ),
     "worker": Subcommand(
-        "run one worker process (an application instance running trees, children, pauses "
-        "and cancels on the shared database) until SIGTERM",
+        "run a worker process of your workflow app (--app module:attr) on the shared "
+        "database until SIGTERM: it runs, resumes and takes over the app's workflows",
         _worker_arguments,
         _worker,
-        lab=True,
     ),
     "demo": Subcommand(
         "two instances keep both promises through a takeover (default: the local SQLite file)",

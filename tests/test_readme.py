@@ -83,7 +83,7 @@ def labels(report: str) -> list[str]:
 
 def check_cluster(out: str, url: str) -> None:
     """A cluster report on `url`, every invariant held, shaped as the README shows it."""
-    assert out.startswith(f"cluster on {url}: 3 workers, tenant cluster-"), out
+    assert out.startswith(f"cluster on {url}: 3 workers, workload tree, tenant cluster-"), out
     assert out.rstrip().endswith("\nevery invariant held"), out
     shown = [label for label in labels(readme_cluster_output()) if label]
     printed = set(labels(out))

@@ -1,9 +1,10 @@
 """The lab: what proves the library under real processes, signals and network cuts, and
 what measures it. Nothing in the library imports it (`tox -e lint` checks that).
 
-- `cluster`: `agboss-sql cluster`, worker processes on one database through kills, a
-  freeze and a cancel, audited from the database; `tree_worker` is the worker it starts
-  (`agboss-sql worker`), running the demo workload of trees;
+- `cluster`: `agboss-sql cluster`, worker processes (`agboss-sql worker`, the runtime's
+  `Engine`) running a workflow app on one database through kills, a freeze and a cancel,
+  audited from the database (`cluster_audit`); `tree_app` is the demo workload of trees,
+  written on the public workflow API like any user's app;
 - `demo`: `agboss-sql demo`, one takeover told step by step;
 - `faults`: the fault suite (pods, hold points, the TCP proxy, the scenarios, the audit,
   `fault_suite`), `agboss-sql faults`;

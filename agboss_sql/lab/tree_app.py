@@ -120,7 +120,7 @@ def _leaves(spec: dict[str, Any]) -> int:
 
 
 def _runs(config: Any, run_id: str) -> list[Any]:
-    from agboss_sql.lab.workload_cluster import ClusterRun
+    from agboss_sql.lab.workload import ClusterRun
 
     runs = []
     for index in range(config.trees):
@@ -197,7 +197,7 @@ def _audit(history: Any, runs: list[Any]) -> list[Any]:
 
 
 def _workload() -> Any:
-    from agboss_sql.lab.workload_cluster import ClusterWorkload
+    from agboss_sql.lab.workload import ClusterWorkload
 
     return ClusterWorkload(
         name="tree",

@@ -20,6 +20,11 @@ first wins, so a cancel either ends the tree cancelled or is told it came too la
 PAUSE_PREFIX = "@agboss/pause/"
 """Tree keys naming each pause of the root (`PAUSE_PREFIX + step key` -> its pause id)."""
 
+REGISTRY_TENANT = "@agboss"
+REGISTRY_ROOT = "@agboss/workflows"
+"""Where each worker writes the names of the workflows its app knows (tree keys), so a
+`start` anywhere can tell a name no worker knows from a workflow of another app."""
+
 STEP_EFFECT = "wf.step"
 EFFECT_EFFECT = "wf.effect"
 UNDO_EFFECT = "wf.undo"
@@ -99,6 +104,8 @@ def check_fingerprint(run: Run, key: str, fingerprint: str, stored: JsonValue) -
 
 
 __all__ = [
+    "REGISTRY_ROOT",
+    "REGISTRY_TENANT",
     "EFFECT_EFFECT",
     "END_DECISION_KEY",
     "HANDOVER",

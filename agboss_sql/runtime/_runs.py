@@ -9,7 +9,11 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from agboss_sql.contracts.errors import ExecutionCancelledError, ExecutionLeaseLostError
+from agboss_sql.contracts.errors import (
+    ExecutionCancelledError,
+    ExecutionLeaseLostError,
+    StoreUnavailableError,
+)
 from agboss_sql.contracts.types import (
     ChildExecution,
     ClaimedChild,
@@ -20,7 +24,15 @@ from agboss_sql.contracts.types import (
     PauseStatus,
 )
 from agboss_sql.runtime._collect import unwind
-from agboss_sql.runtime._run import HANDOVER, INPUT_KEY, PAUSE_PREFIX, Run, Suspended
+from agboss_sql.runtime._run import (
+    HANDOVER,
+    INPUT_KEY,
+    PAUSE_PREFIX,
+    REGISTRY_ROOT,
+    REGISTRY_TENANT,
+    Run,
+    Suspended,
+)
 from agboss_sql.runtime.children import ChildYielded, error_outcome
 from agboss_sql.runtime.context import WorkflowContext
 from agboss_sql.runtime.keeper import LeaseKeeper, current_keeper
@@ -67,6 +79,8 @@ class Runs:
         _active_children: int
         _pending_children: set[str]
         _stopping: bool
+        _known: set[str]
+        instance_id: str
 
         @property
         def executor(self) -> Executor: ...
@@ -86,6 +100,27 @@ class Runs:
         async def _after_resolve(self, tenant_id: str, workflow_id: str) -> None: ...
 
     # -- running roots -------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        """Write this app's workflow names where `start` anywhere looks them up; a store
+        outage (another process opening the same SQLite file, a server restarting) is tried
+        again for up to one lease."""
+        began = self.clock.monotonic()
+        for definition in self.workflows:
+            while True:
+                try:
+                    await self.tree.save_if_absent(
+                        REGISTRY_TENANT,
+                        REGISTRY_ROOT,
+                        definition.name,
+                        {"first_by": self.instance_id, "at": self.clock.now()},
+                    )
+                    break
+                except StoreUnavailableError:
+                    if self.clock.monotonic() - began >= self.lease_ms:
+                        raise
+                    await self.clock.sleep(self.poll_ms)
+            self._known.add(definition.name)
 
     def _keeper(self, root: str) -> LeaseKeeper:
         keeper = LeaseKeeper(

@@ -27,7 +27,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from agboss_sql.application import Application, DatabaseUrl
@@ -35,7 +34,6 @@ from agboss_sql.contracts.clocks import Clock, SystemClock
 from agboss_sql.contracts.errors import (
     DuplicateExecutionError,
     NotPausedError,
-    StoreUnavailableError,
 )
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.stores import (
@@ -61,6 +59,8 @@ from agboss_sql.runtime._run import (
     END_DECISION_KEY,
     INPUT_KEY,
     PAUSE_PREFIX,
+    REGISTRY_ROOT,
+    REGISTRY_TENANT,
 )
 from agboss_sql.runtime._runs import Runs
 from agboss_sql.runtime.children import (
@@ -79,6 +79,7 @@ from agboss_sql.runtime.errors import (
     WorkflowIdConflictError,
     WorkflowTimeoutError,
 )
+from agboss_sql.runtime.handle import WorkflowHandle
 from agboss_sql.runtime.keeper import LeaseKeeper
 from agboss_sql.runtime.slots import DEFAULT_AGING_MS, StepKind, StepSlots
 from agboss_sql.runtime.sweep import RecoverySweep
@@ -94,27 +95,6 @@ from agboss_sql.runtime.workflows import (
 logger = logging.getLogger("agboss_sql.runtime")
 
 DEFAULT_TENANT = "default"
-REGISTRY_TENANT = "@agboss"
-REGISTRY_ROOT = "@agboss/workflows"
-"""Where each worker writes the names of the workflows its app knows (tree keys), so a
-`start` anywhere can tell a name no worker knows from a workflow of another app."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowHandle:
-    """A started run: read its status or wait for its result from this instance."""
-
-    engine: Engine
-    tenant_id: str
-    workflow_id: str
-
-    async def status(self) -> WorkflowStatus:
-        return await self.engine.status(self.workflow_id, tenant_id=self.tenant_id)
-
-    async def result(self, *, timeout_s: float | None = None) -> JsonValue:
-        return await self.engine.result(
-            self.workflow_id, tenant_id=self.tenant_id, timeout_s=timeout_s
-        )
 
 
 def _positive(what: str, value: object) -> None:
@@ -302,27 +282,6 @@ class Engine(Runs):
         self.emit(
             {"kind": "ready", "instance": self.instance_id, "workflows": self.workflows.names}
         )
-
-    async def _register(self) -> None:
-        """Write this app's workflow names where `start` anywhere looks them up; a store
-        outage (another process opening the same SQLite file, a server restarting) is tried
-        again for up to one lease."""
-        began = self.clock.monotonic()
-        for definition in self.workflows:
-            while True:
-                try:
-                    await self.tree.save_if_absent(
-                        REGISTRY_TENANT,
-                        REGISTRY_ROOT,
-                        definition.name,
-                        {"first_by": self.instance_id, "at": self.clock.now()},
-                    )
-                    break
-                except StoreUnavailableError:
-                    if self.clock.monotonic() - began >= self.lease_ms:
-                        raise
-                    await self.clock.sleep(self.poll_ms)
-            self._known.add(definition.name)
 
     async def close(self) -> None:
         """Stop within `shutdown_ms`: start nothing new, cancel every run here and release

@@ -69,7 +69,8 @@ def test_cluster_migrates_runs_and_reports_as_json(
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True, report["violations"]
-    assert report["trees"] == {"succeeded": 3}
-    assert report["orders_charged"] == 6
+    assert report["runs"] == {"succeeded": 3}
+    assert report["workload"] == "tree"
     assert report["children_finished"] == 6
+    assert report["pauses_answered"] == 1
     assert report["violations"] == []

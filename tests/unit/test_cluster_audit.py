@@ -3,17 +3,19 @@ and the same history without the break passes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agboss_sql.contracts.stores import COMPENSATED_PREFIX, UNWINDING_KEY
-from agboss_sql.lab.cluster import ClusterConfig, Report, audit_cluster
+from agboss_sql.lab import tree_app
+from agboss_sql.lab.cluster import ClusterConfig, ClusterRun
+from agboss_sql.lab.cluster_audit import END_KEY, UNDO_EFFECT, Report, audit_cluster
 from agboss_sql.lab.faults.audit import StoreHistory
-from agboss_sql.lab.tree_worker import END_DECISION_KEY, TreeSpec
 
 TENANT = "t"
 TREE = "r-t00"
-SPEC = TreeSpec(fan_out=1, depth=1)
-LEAF = f"{TREE}.c0"
+LEAF = f"{TREE}/split#1.0"
+RUN = ClusterRun("tree", {"fan_out": 1, "depth": 1, "pause": False, "step_ms": 0}, TREE)
 
 
 def _event(execution: str, instance: str, epoch: int, kind: str, at: int = 0) -> dict[str, Any]:
@@ -38,21 +40,18 @@ def _result(execution: str, step: str, name: str, token: int = 1, at: int = 0) -
         "step_idempotency_key": step,
         "lease_execution_id": execution,
         "token": token,
-        "result": '{"value": null, "ms": 5}',
+        "result": '{"v": null}',
         "stored_at": at,
     }
 
 
+def _key(key: str, value: Any) -> dict[str, Any]:
+    return {"tenant_id": TENANT, "root_execution_id": TREE, "key": key, "value": json.dumps(value)}
+
+
 def _history(status: str = "succeeded") -> StoreHistory:
-    """One tree with one leaf, run by w1 without a hitch."""
-    rows = [f"{TREE}|reserve", f"{LEAF}|charge"]
-    results = [
-        _result(TREE, "plan", "step"),
-        _result(TREE, "reserve", "charge"),
-        _result(LEAF, "charge", "charge"),
-        _result(TREE, "close", "step"),
-    ]
-    return StoreHistory(
+    """One tree with one leaf, run by w1 without a hitch (or cancelled after its charge)."""
+    history = StoreHistory(
         lease_events=[
             _event(TREE, "w1", 1, "acquired"),
             _event(TREE, "w1", 1, "finished"),
@@ -63,35 +62,47 @@ def _history(status: str = "succeeded") -> StoreHistory:
             {"tenant_id": TENANT, "execution_id": e, "lease_epoch": 1, "holder_instance_id": "w1"}
             for e in (TREE, LEAF)
         ],
-        results=results,
-        business_rows=rows,
+        results=[
+            _result(TREE, "plan#1", "wf.step"),
+            _result(TREE, "reserve#1", "wf.effect"),
+            _result(LEAF, "charge#1", "wf.effect"),
+            _result(TREE, "close#1", "wf.step"),
+        ],
+        business_rows=[f"{TREE}|reserve", f"{LEAF}|charge"],
         children=[
             {"child_execution_id": LEAF, "status": "finished", "attempt": 1, "tenant_id": TENANT}
         ],
         records=[{"execution_id": TREE, "status": status, "outcome": None}],
-        tree_keys=[_decision("cancel" if status == "cancelled" else "close")],
+        tree_keys=[_key(END_KEY, {"decision": "cancel" if status == "cancelled" else "close"})],
     )
-
-
-def _decision(decision: str) -> dict[str, Any]:
-    """The tree's end decision, as the table returns it (JSON text)."""
-    return {
-        "root_execution_id": TREE,
-        "key": END_DECISION_KEY,
-        "value": f'{{"decision": "{decision}", "by": "w1", "at": 0}}',
-    }
+    if status == "cancelled":
+        history.results.pop()  # the close never ran
+        history.records[0]["outcome"] = {"error": {"code": "execution.cancelled"}}
+        history.tree_keys.append(_key(UNWINDING_KEY, {"compensators": []}))
+        for execution, step, row in (
+            (LEAF, "charge#1", "undo:charge"),
+            (TREE, "reserve#1", "undo:reserve"),
+        ):
+            key = f"{execution}/{step}"
+            history.tree_keys.append(_key(COMPENSATED_PREFIX + key, True))
+            history.results.append(_result(TREE, f"undo/{key}", UNDO_EFFECT))
+            history.business_rows.append(f"{execution}|{row}")
+    return history
 
 
 def _audit(
     history: StoreHistory,
+    events: list[dict[str, Any]] | None = None,
     frozen: tuple[str | None, list[tuple[str, str, int]], int | None] = (None, [], None),
 ) -> Report:
+    finish = {"kind": "child-finish", "child": LEAF, "attempt": 1, "finished": True, "pod": "w1"}
     return audit_cluster(
         history,
-        [{"kind": "child-finish", "child": LEAF, "attempt": 1, "finished": True, "pod": "w1"}],
+        [finish, *(events or [])],
         config=ClusterConfig(url="sqlite:///x.sqlite", fan_out=1, depth=1),
+        workload=tree_app.workload,
         tenant=TENANT,
-        spec_of={TREE: SPEC},
+        runs=[RUN],
         frozen=frozen,
         slow_stops=[],
         chaos=[],
@@ -100,58 +111,95 @@ def _audit(
 
 
 def _rules(report: Report) -> list[str]:
-    return [v.split("]")[0].lstrip("[") for v in report.violations]
+    return sorted({v.split("]")[0].lstrip("[") for v in report.violations})
 
 
-def test_a_clean_run_passes() -> None:
+def test_a_clean_run_passes_succeeded_and_cancelled() -> None:
     report = _audit(_history())
     assert report.ok, report.violations
-    assert report.orders_charged == 1 and report.steps_stored == 4
+    assert report.runs == {"succeeded": 1} and report.effects_stored == 4
+    cancelled = _audit(_history("cancelled"))
+    assert cancelled.ok, cancelled.violations
+    assert cancelled.undos == 2
 
 
-def test_an_order_charged_twice_is_reported() -> None:
+def test_a_business_row_written_twice_or_an_attempt_sent_twice_is_reported() -> None:
     history = _history()
     history.business_rows.append(f"{LEAF}|charge")
-    assert "charged-once" in _rules(_audit(history))
+    assert _rules(_audit(history)) == ["effect-once"]
+    sent = {"kind": "sent", "call": f"{LEAF}|notify#1", "attempt": 1}
+    assert _rules(_audit(_history(), [sent, {**sent, "pod": "w2"}])) == ["effect-once"]
+    assert _audit(_history(), [sent, {**sent, "attempt": 2}]).ok
 
 
-def test_a_succeeded_tree_missing_a_charge_is_reported() -> None:
+def test_a_child_not_finished_or_finished_twice_or_by_a_superseded_attempt_is_reported() -> None:
     history = _history()
-    history.business_rows.remove(f"{LEAF}|charge")
-    history.results = [r for r in history.results if r["step_execution_id"] != LEAF]
-    assert _rules(_audit(history)) == ["tree-ends"]
+    history.children[0]["status"] = "running"
+    assert "child-once" in _rules(_audit(history))
+    twice = {"kind": "child-finish", "child": LEAF, "attempt": 1, "finished": True}
+    assert _rules(_audit(_history(), [twice])) == ["child-once"]
+    history = _history()
+    history.children[0]["attempt"] = 2
+    assert _rules(_audit(history)) == ["child-once"]
 
 
-def test_a_cancelled_tree_must_refund_what_it_charged_and_undo_its_reserve() -> None:
-    history = _history("cancelled")
-    history.tree_keys += [
-        {"root_execution_id": TREE, "key": UNWINDING_KEY},
-        {"root_execution_id": TREE, "key": f"{COMPENSATED_PREFIX}reserve"},
-    ]
-    history.business_rows.append(f"{TREE}|undo:reserve")
-    history.results.append(_result(TREE, "undo:reserve", "charge"))
-    report = _audit(history)
-    assert _rules(report) == ["tree-ends"]
-    assert "refunded False" in report.violations[0]
-    history.business_rows.append(f"{TREE}|undo:charge:{LEAF}")
-    history.results.append(_result(TREE, f"undo:charge:{LEAF}", "charge"))
+def test_a_run_whose_end_disagrees_with_its_decision_or_that_did_not_end_is_reported() -> None:
+    history = _history()
+    history.tree_keys = [_key(END_KEY, {"decision": "cancel"})]
+    assert _rules(_audit(history)) == ["run-ends"]
+    assert _rules(_audit(_history("running"))) == ["run-ends"]
+
+
+def test_a_failed_run_needs_its_error() -> None:
+    history = _history("failed")
+    assert _rules(_audit(history)) == ["run-ends"]
+    history.records[0]["outcome"] = {"error": {"type": "ValueError", "message": "boom"}}
     assert _audit(history).ok
 
 
-def test_a_tree_whose_end_disagrees_with_its_decision_is_reported() -> None:
-    # A cancel that won, and the tree succeeded all the same.
+def test_a_cancelled_run_must_unwind_and_store_each_undo_it_marked() -> None:
+    history = _history("cancelled")
+    history.tree_keys = [k for k in history.tree_keys if k["key"] != UNWINDING_KEY]
+    assert "run-ends" in _rules(_audit(history))
+    history = _history("cancelled")
+    history.results = [
+        r for r in history.results if r["step_idempotency_key"] != f"undo/{LEAF}/charge#1"
+    ]
+    assert _rules(_audit(history)) == ["run-ends"]
+
+
+def test_a_succeeded_run_that_undid_a_step_is_reported() -> None:
     history = _history()
-    history.tree_keys = [_decision("cancel")]
-    report = _audit(history)
-    assert _rules(report) == ["tree-ends"]
-    assert "end decision is 'cancel'" in report.violations[0]
-    # No decision at all: the close never claimed the end.
-    history.tree_keys = []
-    assert _rules(_audit(history)) == ["tree-ends"]
+    history.results.append(_result(TREE, f"undo/{TREE}/reserve#1", UNDO_EFFECT))
+    assert "run-ends" in _rules(_audit(history))
 
 
-def test_a_tree_that_did_not_end_is_reported() -> None:
-    assert _rules(_audit(_history("queued"))) == ["tree-ends"]
+def test_the_tree_s_own_rules_charges_and_refunds() -> None:
+    history = _history()
+    history.business_rows.remove(f"{LEAF}|charge")
+    assert _rules(_audit(history)) == ["tree"]
+    history = _history("cancelled")
+    history.business_rows.remove(f"{LEAF}|undo:charge")
+    assert _rules(_audit(history)) == ["tree"]
+    history = _history("cancelled")
+    history.business_rows.remove(f"{TREE}|undo:reserve")
+    assert _rules(_audit(history)) == ["tree"]
+
+
+def test_a_pause_resolved_twice_or_left_pending_is_reported() -> None:
+    pause = {
+        "tenant_id": TENANT,
+        "root_execution_id": TREE,
+        "pause_id": f"{TREE}:approval#1",
+        "status": "taken",
+    }
+    history = _history()
+    history.pauses = [pause]
+    resolved = {"kind": "resolved", "tree": TREE}
+    assert _audit(history, [resolved]).ok
+    assert _rules(_audit(history, [resolved, {**resolved, "pod": "w3"}])) == ["pause-once"]
+    history.pauses = [{**pause, "status": "pending"}]
+    assert _rules(_audit(history)) == ["pause-once"]
 
 
 def test_an_epoch_logged_late_is_allowed_only_when_its_holder_logs_it_lost() -> None:
@@ -169,12 +217,6 @@ def test_an_epoch_logged_late_is_allowed_only_when_its_holder_logs_it_lost() -> 
     assert _audit(history).ok
 
 
-def test_a_takeover_missing_from_the_log_is_reported() -> None:
-    history = _history()
-    history.leases[0]["lease_epoch"] = 2
-    assert _rules(_audit(history)) == ["epochs-increase"]
-
-
 def test_a_zombie_that_stored_after_it_woke_or_never_saw_its_loss_is_reported() -> None:
     history = _history()
     history.lease_events[2:2] = [_event(TREE, "w2", 2, "taken-over", at=50)]
@@ -186,10 +228,8 @@ def test_a_zombie_that_stored_after_it_woke_or_never_saw_its_loss_is_reported() 
     ]
     history.lease_events.append(_event(TREE, "w2", 2, "finished", at=60))
     frozen = ("w1", [("w1", TREE, 1)], 100)
-    # w1 logged no loss after it woke: reported.
-    assert _rules(_audit(history, frozen)) == ["zombie-fenced"]
+    assert _rules(_audit(history, frozen=frozen)) == ["zombie-fenced"]
     history.lease_events.append(_event(TREE, "w1", 1, "lost", at=120))
-    assert _audit(history, frozen).ok
-    # And a write it stored at its old epoch after it woke is reported too.
-    history.results.append(_result(TREE, "late", "step", token=1, at=130))
-    assert "zombie-fenced" in _rules(_audit(history, frozen))
+    assert _audit(history, frozen=frozen).ok
+    history.results.append(_result(TREE, "late#1", "wf.step", token=1, at=130))
+    assert "zombie-fenced" in _rules(_audit(history, frozen=frozen))

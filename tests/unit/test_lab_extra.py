@@ -32,7 +32,7 @@ def test_rich_comes_with_the_lab_extra_only() -> None:
 
 
 def test_the_lab_commands_are_the_lab_s() -> None:
-    assert LAB_COMMANDS == ["cluster", "worker", "demo", "bench", "faults"]
+    assert LAB_COMMANDS == ["cluster", "demo", "bench", "faults"]
 
 
 @pytest.mark.parametrize("command", LAB_COMMANDS)
@@ -66,21 +66,23 @@ def test_the_library_commands_import_nothing_of_the_lab() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_worker_options_default_to_the_tree_worker_s(
-    capsys: pytest.CaptureFixture[str],
+def test_the_worker_runs_an_app_without_the_lab(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agboss_sql.lab.tree_worker import WorkerConfig
-
-    defaults = WorkerConfig()
-    args = cli.parser().parse_args(["worker"])
-    assert all(getattr(args, name) is None for name in cli.WORKER_OPTIONS)
+    # `worker` is the library's: without the lab's modules it still parses, checks its
+    # options and says what is missing (here: the app), never the lab extra.
+    for name in REQUIRES:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert cli.main(["worker"]) == cli.MISUSED
+    err = capsys.readouterr().err
+    assert err.startswith("agboss-sql worker: no app to run: name the Workflows app with --app")
+    assert "lab extra" not in err
     with pytest.raises(SystemExit):
         cli.main(["worker", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     for option, value in (
-        ("--lease-ms", defaults.lease_ms),
-        ("--max-concurrent-steps", defaults.max_concurrent_steps),
-        ("--step-ms", defaults.step_ms),
-        ("--shutdown-ms", defaults.shutdown_ms),
+        ("--lease-ms", 30000),
+        ("--max-concurrent-steps", 8),
+        ("--shutdown-ms", 10000),
     ):
-        assert re.search(rf"{option} \S+ [^-]*default {value}\b", help_text), option
+        assert re.search(rf"{option} \S+ [^-]*default: {value}\b", help_text), option

@@ -76,7 +76,7 @@ def test_an_upward_import_breaks_the_layers_and_the_lab_ban(tmp_path: Path) -> N
     found = verdicts(done.stdout)
     # The SQL stores and the lab importing each other is a cycle of agboss_sql's too.
     assert found == {LAYERS: "BROKEN", NO_LAB: "BROKEN", ACYCLIC: "BROKEN"}
-    assert "agboss_sql.sql.upward_import -> agboss_sql.lab.tree_worker" in done.stdout
+    assert "agboss_sql.sql.upward_import -> agboss_sql.lab.cluster" in done.stdout
 
 
 def test_an_import_cycle_breaks_the_acyclic_contract(tmp_path: Path) -> None:

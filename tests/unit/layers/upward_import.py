@@ -1,6 +1,6 @@
 """A fixture, never imported: copied into `agboss_sql/sql/` of a copy of the package, it
 makes the SQL stores import the lab, which both import contracts forbid."""
 
-from agboss_sql.lab.tree_worker import Worker
+from agboss_sql.lab.cluster import run_cluster
 
-__all__ = ["Worker"]
+__all__ = ["run_cluster"]
