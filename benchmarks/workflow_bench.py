@@ -221,25 +221,40 @@ def count_ours(connection: SqlConnection, counter: Counter) -> Callable[[], None
     return remove
 
 
-def count_dbos_server(engine: sa.Engine, counter: Counter) -> None:
+def count_dbos_server(engine: sa.Engine, counter: Counter) -> Callable[[], None]:
     """Count what DBOS's engine sends to PostgreSQL (`count_transactions`), and the
-    pre-ping of each checkout of a pooled connection (DBOS sets `pool_pre_ping`)."""
-    count_transactions(engine, counter, sends_begin=True)
+    pre-ping of each checkout of a pooled connection (DBOS sets `pool_pre_ping`). Returns
+    the function that stops counting."""
+    hooks = count_transactions(engine, counter, sends_begin=True)
     if engine.pool._pre_ping:
-        sa.event.listen(engine.pool, "checkout", lambda *_args: counter.sent(None))
+        hooks.append((engine.pool, "checkout", lambda *_args: counter.sent(None)))
+        sa.event.listen(*hooks[-1])
+
+    def remove() -> None:
+        for target, name, hook in hooks:
+            sa.event.remove(target, name, hook)
+
+    return remove
 
 
 # -- the contestants -------------------------------------------------------------------------
 
 
 class Contestant:
-    """Runs one workflow of `steps` steps per `run_one` call."""
+    """Runs one workflow of `steps` steps per `run_one` call. Its statements are counted
+    between `count_on()` and `count_off()` only: the timed runs carry no hooks."""
 
     name: str
     settings: dict[str, Any]
     counter: Counter
 
     async def run_one(self, index: int, steps: int) -> None:
+        raise NotImplementedError
+
+    def count_on(self) -> None:
+        raise NotImplementedError
+
+    def count_off(self) -> None:
         raise NotImplementedError
 
     async def settle(self) -> None:
@@ -292,7 +307,12 @@ class Ours(Contestant):
         connection = self.connection
         self.settings |= {"database": connection.dialect_name, "poll_ms": self.engine.poll_ms}
         self.settings |= await _our_pragmas(connection)
-        self._stop_counting = count_ours(connection, self.counter)
+
+    def count_on(self) -> None:
+        self._stop_counting = count_ours(self.connection, self.counter)
+
+    def count_off(self) -> None:
+        self._stop_counting()
 
     @property
     def connection(self) -> SqlConnection:
@@ -303,7 +323,6 @@ class Ours(Contestant):
         raise RuntimeError("the engine's application has no SQL connection")
 
     async def close(self) -> None:
-        self._stop_counting()
         await self.engine.close()
 
     async def run_one(self, index: int, steps: int) -> None:
@@ -331,6 +350,9 @@ class Ours(Contestant):
 
 
 async def _our_pragmas(connection: SqlConnection) -> dict[str, Any]:
+    if connection.dialect_name == "postgresql":
+        commit = (await connection.execute(sa.text("SHOW synchronous_commit"))).scalar()
+        return {"synchronous_commit": commit}
     if connection.dialect_name != "sqlite":
         return {}
     journal = (await connection.execute(sa.text("PRAGMA journal_mode"))).scalar()
@@ -353,6 +375,7 @@ class Floor(Contestant):
         self.leases = app.store(ExecutionLeaseRepository)
         self.effects: FencedEffectRepository[JsonValue] = app.store(FencedEffectRepository)
         self.run_id = run_id
+        self.ours = ours
         self.counter = ours.counter
         self.settings = {"as": "lease acquire, save_result_if_absent per step, lease finish"}
         self.unended = 0
@@ -386,6 +409,12 @@ class Floor(Contestant):
     async def unfinished(self) -> int:
         return self.unended
 
+    def count_on(self) -> None:
+        self.ours.count_on()
+
+    def count_off(self) -> None:
+        self.ours.count_off()
+
 
 class Dbos(Contestant):
     """DBOS Transact: `@DBOS.workflow()` of `@DBOS.step()` calls, on its system database."""
@@ -398,6 +427,9 @@ class Dbos(Contestant):
         self.counter = Counter()
         self.settings = {}
         self.handles: list[Any] = []
+        self.raw: list[sqlite3.Connection] = []
+        """DBOS's SQLite connections, traced while counting."""
+        self.tracing = False
 
     def launch(self) -> None:
         from dbos import DBOS
@@ -427,9 +459,7 @@ class Dbos(Contestant):
             config["system_database_engine"] = self._sqlite_engine()
         instance = DBOS(config=config)
         DBOS.launch()
-        engine = instance._sys_db.engine
-        if path is None:
-            count_dbos_server(engine, self.counter)
+        engine = self.engine = instance._sys_db.engine
         with engine.connect() as connection:
             if path is not None:
                 journal = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
@@ -449,15 +479,11 @@ class Dbos(Contestant):
 
     def _sqlite_engine(self) -> sa.Engine:
         """DBOS's own SQLite engine (its pool, `BEGIN IMMEDIATE`, busy timeout, foreign keys:
-        `dbos._sys_db_sqlite`) in WAL with `synchronous=NORMAL`, as ours runs, and SQLite's
-        trace of each statement for the count."""
+        `dbos._sys_db_sqlite`) in WAL with `synchronous=NORMAL`, as ours runs; each
+        connection kept, for SQLite's trace of its statements while counting."""
         engine = sa.create_engine(
             self.url, pool_timeout=30, max_overflow=0, pool_size=20, pool_pre_ping=True
         )
-        counter = self.counter
-
-        def trace(statement: str) -> None:
-            counter.statement(statement)
 
         @sa.event.listens_for(engine, "connect")
         def on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -466,9 +492,27 @@ class Dbos(Contestant):
             dbapi_conn.execute("PRAGMA foreign_keys=ON")
             dbapi_conn.execute("PRAGMA journal_mode=WAL")
             dbapi_conn.execute("PRAGMA synchronous=NORMAL")
-            dbapi_conn.set_trace_callback(trace)
+            self.raw.append(dbapi_conn)
+            if self.tracing:
+                dbapi_conn.set_trace_callback(self.counter.statement)
 
         return engine
+
+    def count_on(self) -> None:
+        if _sqlite_path(self.url) is None:
+            self._stop_counting = count_dbos_server(self.engine, self.counter)
+            return
+        self.tracing = True
+        for raw in self.raw:
+            raw.set_trace_callback(self.counter.statement)
+
+    def count_off(self) -> None:
+        if _sqlite_path(self.url) is None:
+            self._stop_counting()
+            return
+        self.tracing = False
+        for raw in self.raw:
+            raw.set_trace_callback(None)
 
     async def run_one(self, index: int, steps: int) -> None:
         handle = await self.DBOS.start_workflow_async(self.flow, steps)
@@ -601,11 +645,13 @@ async def count_statements(
     commits: dict[int, float] = {}
     for length in sorted({steps, 1}):
         counter.reset()
+        contestant.count_on()
         token = COUNTING.set(True)
         try:
             await drive(contestant, next(numbering) * 1000, COUNTED, 1, length)
         finally:
             COUNTING.reset(token)
+            contestant.count_off()
         sent[length] = counter.statements / COUNTED
         commits[length] = counter.commits / COUNTED
     added = max(1, steps - 1)
