@@ -103,10 +103,10 @@ def run_cluster(
     started = time.monotonic()
     if config.migrate:
         upgrade(config.url)
-    if workload.business_table:
-        from agboss_sql.lab.business import create_business_table
+    # The audit reads the lab's business table whether the workload writes it or not.
+    from agboss_sql.lab.business import create_business_table
 
-        create_business_table(config.url)
+    create_business_table(config.url)
     run_id = uuid.uuid4().hex[:8]
     tenant = f"cluster-{run_id}"
     runs = workload.runs(config, run_id)

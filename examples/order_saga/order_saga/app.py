@@ -7,6 +7,7 @@ Run them on as many workers as you like, all on one database:
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from agboss_sql.runtime import Child, WorkflowContext, Workflows
@@ -19,8 +20,15 @@ app = Workflows("order-saga")
 
 
 async def reserve_stock(order: dict[str, Any]) -> dict[str, Any]:
-    """Stand-in for a call to the inventory service."""
+    """Stand-in for a call to the inventory service (it takes a moment)."""
+    await asyncio.sleep(0.05)
     return {"reserved": order["items"]}
+
+
+async def pack(order_id: str, item: str) -> dict[str, Any]:
+    """Stand-in for the warehouse packing an item (it takes a moment)."""
+    await asyncio.sleep(0.1)
+    return {"packed": item}
 
 
 async def release_stock(reservation: dict[str, Any]) -> None:
@@ -51,6 +59,7 @@ async def record_shipment(tx: Any, order_id: str, item: str, by: str) -> dict[st
 @app.workflow
 async def ship(ctx: WorkflowContext, job: dict[str, Any]) -> dict[str, Any]:
     """Ship one item of an order (a child workflow: any worker runs it)."""
+    await ctx.step("pack", pack, job["order_id"], job["item"])
     here = ctx.instance_id  # not an argument: arguments are compared on replay
 
     async def record(tx: Any, order_id: str, item: str) -> dict[str, Any]:
