@@ -17,6 +17,9 @@ SQLAlchemy `AsyncConnection` whose statements run on a synchronous SQLAlchemy
 `Connection` over that stdlib connection, without a greenlet or a thread hop. One such
 transaction at a time per runner: the next waits for it (it would wait for the write
 lock anyway), up to `Timeouts.lock_ms`.
+
+SQLite has no transient conflicts and no session to lose: no failure here leaves an
+outcome in doubt, and no statement needs a client deadline.
 """
 
 from __future__ import annotations
@@ -31,15 +34,16 @@ from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import CursorResult
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import URL, CursorResult
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._progress import Progress, feed
-from agboss_sql.sql.statements import Result, StatementCache, Step
+from agboss_sql.sql._runner import Translate, driver_connection
+from agboss_sql.sql.statements import Result, StatementCache, Step, single
 
 T = TypeVar("T")
 
@@ -47,7 +51,8 @@ _MAX_BACKOFF_S = 0.005
 
 
 class InlineRunner:
-    """One SQLite connection, its steps never interleaved, run inline on the event loop."""
+    """One SQLite connection, its steps never interleaved, run inline on the event loop (a
+    `_runner.Runner`)."""
 
     def __init__(
         self, dialect: InlineDialect, path: str, timeouts: Timeouts, cache: StatementCache
@@ -69,6 +74,10 @@ class InlineRunner:
         self._work: _WorkConnection | None = None
         self._work_gate: asyncio.Lock | None = None
         self._work_engine: sa.Engine | None = None
+
+    def pin(self, capabilities: Capabilities) -> None:
+        """Use `capabilities` from now on."""
+        self.capabilities = capabilities
 
     def _connection(self) -> sqlite3.Connection:
         if self._raw is None:
@@ -110,7 +119,9 @@ class InlineRunner:
                     ) from exc
             delay = min(delay * 2, _MAX_BACKOFF_S)
 
-    async def run(self, step: Step[T], transaction: bool, progress: Progress) -> T:
+    async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
+        """Run `step` on the runner's connection once the steps before it ended (one lane:
+        `priority` changes nothing)."""
         if self._gate is None:
             self._gate = asyncio.Lock()
         # Steps of this connection never interleave (a step may wait for the write lock).
@@ -123,9 +134,12 @@ class InlineRunner:
         await asyncio.sleep(0)
         return answer
 
-    async def run_one(self, statement: Any, params: Mapping[str, Any]) -> Result:
+    async def run_one(
+        self, statement: Any, params: Mapping[str, Any], progress: Progress, priority: bool
+    ) -> Result:
         """One statement alone, in autocommit: `run` of a one-statement step without the
-        step (the hot path of single-statement operations: a lease renewal, a claim)."""
+        step (the hot path of single-statement operations: a lease renewal, a claim).
+        `progress` is left as it is: no failure of a lone statement here is in doubt."""
         if self._gate is None:
             self._gate = asyncio.Lock()
         async with self._gate:
@@ -183,6 +197,49 @@ class InlineRunner:
         """The runner's own stdlib connection (opened on first use)."""
         return self._connection()
 
+    async def drive(self, raw: Any, step: Step[T], transaction: bool, progress: Progress) -> T:
+        """Always `TypeError`: SQLite's steps run on the runner's own connection (`run`)."""
+        step.close()
+        raise TypeError("drive() takes a server connection; SQLite runs steps inline")
+
+    async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
+        """Run `step`'s statements in the caller's transaction: inline on the work
+        connection under an `InlineWorkConnection` (a locked database waited for as
+        `execute` does), else on the engine's aiosqlite connection."""
+        if isinstance(connection, InlineWorkConnection):
+            return await feed(self.cache, step, connection.raw, self.execute, Progress())
+        raw = await driver_connection(connection)
+        return await feed(self.cache, step, raw, _aiosqlite_execute, Progress())
+
+    async def execute_on(
+        self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
+    ) -> Result:
+        """`drive_on` of a one-statement step; on the work connection without the step (the
+        hot path of a fenced effect's own statements)."""
+        if isinstance(connection, InlineWorkConnection):
+            cache = self.cache
+            compiled = cache.compiled(statement)
+            sent = cache.params(compiled, params)
+            if cache.listeners:
+                cache.notify(compiled.sql, sent)
+            rows, count = await self.execute(connection.raw, compiled.sql, sent)
+            return Result(rows, count)
+        return await self.drive_on(connection, single(statement, params)())
+
+    def create_engine(self, url: URL, options: dict[str, Any]) -> AsyncEngine:
+        """The engine of `options` (aiosqlite connections from the dialect's inline
+        creator: no implicit transactions, busy timeout 0), its transactions opened with
+        the dialect's `BEGIN IMMEDIATE` (pysqlite's own BEGIN is deferred and would take the
+        write lock only at the first write)."""
+        engine = create_async_engine(url, **options)
+        begin = self.dialect.BEGIN
+
+        @sa.event.listens_for(engine.sync_engine, "begin")
+        def _begin(connection: Any) -> None:
+            connection.exec_driver_sql(begin)
+
+        return engine
+
     # --- transactions shared with the caller's own statements ---------------------------
 
     @property
@@ -234,16 +291,24 @@ class InlineRunner:
         return gate
 
     def transaction(
-        self,
-        engine: Callable[[], AsyncEngine],
-        translate: Callable[[Exception, Progress], Exception],
+        self, engine: Callable[[], AsyncEngine], translate: Translate
     ) -> InlineTransaction:
         """`BEGIN IMMEDIATE` on the work connection, the caller's statements (its
         `InlineWorkConnection`, and `feed` on `InlineWorkConnection.raw`), then `COMMIT`;
         `ROLLBACK` when the body raises or is cancelled. `engine()` is the async engine the
         connection names as its own (`AsyncConnection.engine`); `translate` types a failure
-        (the exception itself when it has no type of ours)."""
+        (the exception itself when it has no type of ours). A closed runner raises
+        `StoreUnavailableError` at once."""
+        if self.closed:
+            raise StoreUnavailableError("the connection is closed")
         return InlineTransaction(self, engine, translate)
+
+    def transaction_engine(self, engine: Callable[[], AsyncEngine]) -> sa.Engine:
+        """The work connection's engine (`work_engine`): its events see the caller's
+        statements only."""
+        if self.closed:
+            raise StoreUnavailableError("the connection is closed")
+        return self.work_engine
 
     def _roll_back(self, work: _WorkConnection) -> None:
         raw = work.raw
@@ -289,10 +354,7 @@ class InlineTransaction:
     __slots__ = ("engine", "gate", "progress", "runner", "translate", "work")
 
     def __init__(
-        self,
-        runner: InlineRunner,
-        engine: Callable[[], AsyncEngine],
-        translate: Callable[[Exception, Progress], Exception],
+        self, runner: InlineRunner, engine: Callable[[], AsyncEngine], translate: Translate
     ) -> None:
         self.runner = runner
         self.engine = engine
@@ -434,3 +496,15 @@ _STORE_OWNS_IT = (
     "this transaction ends with the store's operation (COMMIT when it succeeds, ROLLBACK "
     "when it raises): raise to roll it back"
 )
+
+
+async def _aiosqlite_execute(
+    raw: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    """One statement on an aiosqlite connection (the engine's)."""
+    cursor = await raw.execute(sql, params if params is not None else ())
+    try:
+        rows = await cursor.fetchall() if cursor.description is not None else None
+        return rows, cursor.rowcount
+    finally:
+        await cursor.close()

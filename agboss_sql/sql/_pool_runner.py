@@ -7,39 +7,51 @@ Each step gets one pooled connection; each statement is one await on it, inside
 - a pooled connection: `pool_ms`, then `StoreTimeoutError(what="pool")`;
 - connecting: `connect_ms` (the driver's own timeout too), then `what="connect"`;
 - a statement: the server ends it at `statement_ms` and a lock wait at `lock_ms` (set in
-  the session at connect); the client also gives up `GRACE_S` past `statement_ms`, for a
-  server that stopped answering (a black-holed connection). The connection is then
-  dropped, never reused: its protocol state is unknown. Giving up never waits on the
-  network: the dialects' connections drop themselves when a call is cancelled (psycopg
-  would otherwise ask the server to cancel the query, through the same dead link).
+  the session at connect); the client also gives up `GRACE_S` past `statement_ms`
+  (`_deadline.StatementDeadline`), for a server that stopped answering (a black-holed
+  connection). The connection is then dropped, never reused: its protocol state is
+  unknown. Giving up never waits on the network: the dialects' connections drop
+  themselves when a call is cancelled (psycopg would otherwise ask the server to cancel
+  the query, through the same dead link).
 
 Lease operations take their connections from a lane of their own (`priority=True`), so a
 holder's renewal never queues behind business work waiting on row locks.
+
+The work's transactions (`transaction()`: a fenced effect's own statements) run on a
+SQLAlchemy engine over the same driver, made by `create_engine`: its connections are
+opened under `connect_ms`, its statements bounded by the same client deadline (armed by
+the engine's cursor events), and the connection of a committed transaction is kept
+checked out for the next one (no pool round trip).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from agboss_sql._dialects import Capabilities, ServerDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.sql._deadline import (
+    GRACE_S,
+    DeadlinePassed,
+    StatementDeadline,
+    statement_bound_s,
+)
 from agboss_sql.sql._progress import Progress, feed, send
-from agboss_sql.sql.statements import Result, StatementCache, Step
+from agboss_sql.sql._runner import Translate, driver_connection
+from agboss_sql.sql.statements import Result, StatementCache, Step, single
 
 T = TypeVar("T")
 
-GRACE_S = 0.5
 PRIORITY_LANE_SIZE = 2
-
-
-class DeadlinePassed(Exception):
-    """The client stopped waiting for the server's answer to a statement."""
 
 
 class _Lane:
@@ -59,7 +71,7 @@ class _Lane:
 
 
 class PoolRunner:
-    """Pooled raw connections to one server database."""
+    """Pooled raw connections to one server database (a `_runner.Runner`)."""
 
     def __init__(
         self,
@@ -79,7 +91,14 @@ class PoolRunner:
         self.pinned = False
         self.closed = False
         self._lanes = {False: _Lane(pool_size), True: _Lane(PRIORITY_LANE_SIZE)}
-        self._statement_s = timeouts.statement_ms / 1000 + GRACE_S
+        self._statement_s = statement_bound_s(timeouts)
+        # Connections of the engine's committed transactions, kept for the next one.
+        self._kept: list[tuple[sa.Connection, AsyncConnection]] = []
+
+    def pin(self, capabilities: Capabilities) -> None:
+        """Use `capabilities` from now on: no server's answer changes them any more."""
+        self.capabilities = capabilities
+        self.pinned = True
 
     @property
     def open_connections(self) -> int:
@@ -234,37 +253,27 @@ class PoolRunner:
         return answer
 
     async def bounded(self, awaitable: Any, raw: Any) -> Any:
-        """Await `awaitable` (a call on `raw`) at most the statement bound; past it, the call
-        is cancelled (the driver drops the connection: see the dialects' `connect`), `raw`'s
-        socket closed, and `DeadlinePassed` raised. A timer, not a task per statement: the
-        bound costs next to nothing while the server answers."""
-        task = asyncio.current_task()
-        assert task is not None
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = asyncio.get_running_loop().call_later(self._statement_s, expire)
+        """Await `awaitable` (a call on `raw`) under the statement's client deadline; past
+        it, the call is cancelled (the driver drops the connection: see the dialects'
+        `connect`), `raw`'s socket closed, and `DeadlinePassed` raised. A cancellation by
+        the caller stays a cancellation (and closes `raw` too)."""
+        deadline = StatementDeadline(self._statement_s)
+        deadline.arm()
         try:
             return await awaitable
         except asyncio.CancelledError:
             self.dialect.abort(raw)
-            if not expired:
+            if not deadline.passed():
                 raise
-            if task.uncancel() > 0:
-                # Cancelled by its caller too, in the same instant (a process thawed after
-                # a freeze finds every deadline passed as its stop cancels it): the
-                # caller's cancellation wins, or the stop would never see its task end.
-                raise
-            raise DeadlinePassed(
-                f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
-                "(Timeouts.statement_ms)"
-            ) from None
+            raise self._deadline_passed() from None
         finally:
-            timer.cancel()
+            deadline.disarm()
+
+    def _deadline_passed(self) -> DeadlinePassed:
+        return DeadlinePassed(
+            f"no answer from {self._safe_url()} within {self.timeouts.statement_ms} ms "
+            "(Timeouts.statement_ms)"
+        )
 
     async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
         """Run `step` on a pooled connection, returned when the step ends, dropped when the
@@ -354,10 +363,159 @@ class PoolRunner:
             raise
         return answer
 
+    async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
+        """Run `step`'s statements on the driver connection under `connection`, in the
+        transaction the caller holds open on it, each under the client deadline; past it,
+        `connection` is invalidated (its socket is gone) and `DeadlinePassed` raised."""
+        raw = await driver_connection(connection)
+        try:
+            return await feed(self.cache, step, raw, self.bounded_execute, Progress())
+        except DeadlinePassed:
+            await connection.invalidate()
+            raise
+
+    async def execute_on(
+        self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
+    ) -> Result:
+        """`drive_on` of the one-statement step."""
+        return await self.drive_on(connection, single(statement, params)())
+
+    # --- the engine, for the work's transactions -----------------------------------------
+
+    def create_engine(self, url: URL, options: dict[str, Any]) -> AsyncEngine:
+        """The engine of `options` (their `async_creator` opens the driver's connections),
+        each connection opened within `connect_ms` and each statement under the client
+        deadline of `transaction()`."""
+        options = {**options, "async_creator": self._bounded_creator(options["async_creator"])}
+        engine = create_async_engine(url, **options)
+        _bound_statements(engine)
+        return engine
+
+    def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
+        """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
+        bound_ms = self.timeouts.connect_ms
+        where = self._safe_url()
+
+        async def bounded() -> Any:
+            try:
+                async with asyncio.timeout(bound_ms / 1000):
+                    return await create()
+            except TimeoutError:
+                raise StoreTimeoutError(
+                    "connect",
+                    bound_ms,
+                    f"no connection to {where} within {bound_ms} ms (Timeouts.connect_ms); "
+                    "nothing was sent",
+                ) from None
+
+        return bounded
+
+    def transaction_engine(self, engine: Callable[[], AsyncEngine]) -> sa.Engine:
+        """`engine().sync_engine`."""
+        return engine().sync_engine
+
+    @contextlib.asynccontextmanager
+    async def transaction(
+        self, engine: Callable[[], AsyncEngine], translate: Translate
+    ) -> AsyncIterator[AsyncConnection]:
+        """A transaction on a connection of `engine()` (SQLAlchemy's `BEGIN`/`COMMIT`/
+        `ROLLBACK`): the connection the last committed transaction kept, else one checked out
+        and begun in one hop into SQLAlchemy's greenlet. Each statement is under the client
+        deadline, COMMIT and ROLLBACK too; a connection a cancellation or a disconnect left
+        in doubt is dropped, never reused. Failures are typed by `translate`, but for a
+        transient conflict, which passes through for the caller's retry."""
+        progress = Progress()
+        progress.sent_write = True
+        deadline = StatementDeadline(self._statement_s)
+        kept = self._kept
+        try:
+            the_engine = engine()
+            if kept:
+                # A connection the last transaction left idle (no BEGIN is sent: the driver
+                # begins with the first statement).
+                sync, connection = kept.pop()
+                sync.info[_DEADLINE] = deadline
+                sync.begin()
+            else:
+                sync = await greenlet_spawn(_connect_and_begin, the_engine.sync_engine, deadline)
+                connection = AsyncConnection(the_engine, sync)
+            # The info dict lives with the driver connection, across checkouts: the
+            # deadline is this transaction's only while it runs.
+            info = sync.info
+            try:
+                try:
+                    yield connection
+                except BaseException as exc:
+                    _end_deadline(info, deadline)
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    else:
+                        with contextlib.suppress(Exception):
+                            await self._bounded_on(connection, connection.rollback)
+                    raise
+                _end_deadline(info, deadline)
+                progress.committing = True
+                try:
+                    await self._bounded_on(connection, connection.commit)
+                except BaseException as exc:
+                    if self._unusable_after(exc):
+                        await self._drop(connection)
+                    raise
+                if len(kept) < _KEPT_CONNECTIONS and not self.closed:
+                    # Kept checked out for the next transaction: no pool round trip.
+                    kept.append((sync, connection))
+                    return
+            finally:
+                _end_deadline(info, deadline)
+                if not sync.closed and (sync, connection) not in kept:
+                    await greenlet_spawn(sync.close)
+        except asyncio.CancelledError:
+            # The statement deadline cancelled the task: a typed error, unless its caller
+            # cancelled it too (then the caller's cancellation wins).
+            if not deadline.passed():
+                raise
+            raise translate(self._deadline_passed(), progress) from None
+        except Exception as exc:
+            if self.dialect.is_retryable(exc):
+                raise
+            raise translate(exc, progress) from exc
+
+    def _unusable_after(self, exc: BaseException) -> bool:
+        """Whether an engine connection must never be handed out again after `exc`: a
+        cancellation may have left it mid-statement (aiomysql then answers every later call
+        on it with "Cancelled during execution"), and a disconnect left nothing to reuse."""
+        if isinstance(exc, asyncio.CancelledError):
+            return True
+        return isinstance(exc, Exception) and self.dialect.is_disconnect(exc)
+
+    async def _drop(self, connection: AsyncConnection) -> None:
+        """Close the driver connection under `connection` at once (no ROLLBACK on it: the
+        server rolls the session's transaction back when the socket closes) and invalidate
+        it, so the pool opens a fresh one; each part bounded by `GRACE_S`."""
+        with contextlib.suppress(Exception):
+            raw = (await connection.get_raw_connection()).driver_connection
+            await asyncio.wait_for(self.dialect.close(raw), GRACE_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.invalidate(), GRACE_S)
+
+    async def _bounded_on(self, connection: AsyncConnection, call: Callable[[], Any]) -> None:
+        """`await call()` (a COMMIT or ROLLBACK on `connection`) under the client deadline;
+        past it, `connection` is invalidated."""
+        raw = await driver_connection(connection)
+        try:
+            await self.bounded(call(), raw)
+        except DeadlinePassed:
+            await connection.invalidate()
+            raise
+
+    # --- closing ----------------------------------------------------------------------
+
     def _safe_url(self) -> str:
         return self.url.render_as_string(hide_password=True)
 
     async def close(self) -> None:
+        """Close the idle connections of both lanes and the engine connections kept for the
+        next transaction; checkouts waiting for a connection fail at once."""
         self.closed = True
         for lane in self._lanes.values():
             idle, lane.idle = lane.idle, []
@@ -368,3 +526,59 @@ class PoolRunner:
             for raw in idle:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.dialect.close(raw), GRACE_S)
+        kept, self._kept = self._kept, []
+        for sync, _ in kept:
+            with contextlib.suppress(Exception):
+                await greenlet_spawn(sync.close)
+
+
+_DEADLINE = "agboss.deadline"
+"""The key of the running transaction's `StatementDeadline` in its connection's `info`."""
+
+_KEPT_CONNECTIONS = 1
+"""How many of the engine's connections `transaction()` keeps checked out while idle, for the
+next transaction (the rest of the pool stays free for other users of the engine)."""
+
+
+def _connect_and_begin(engine: sa.Engine, deadline: StatementDeadline) -> sa.Connection:
+    """A pooled connection with `deadline` as its statements' deadline, in a transaction
+    (run in SQLAlchemy's greenlet)."""
+    connection = engine.connect()
+    try:
+        connection.info[_DEADLINE] = deadline
+        connection.begin()
+    except BaseException:
+        connection.info.pop(_DEADLINE, None)
+        connection.close()
+        raise
+    return connection
+
+
+def _end_deadline(info: dict[Any, Any], deadline: StatementDeadline) -> None:
+    """No statement deadline for this transaction any more (none is in flight)."""
+    info.pop(_DEADLINE, None)
+    deadline.disarm()
+
+
+def _bound_statements(engine: AsyncEngine) -> None:
+    """Arm the running transaction's `StatementDeadline` as each statement on the engine's
+    connections is sent, and disarm it when the statement answered or failed. A statement
+    still unanswered when it goes off cancels the transaction's task; the driver drops the
+    connection (see the dialects' `connect`), and `transaction()` turns the cancellation
+    into a typed error. A statement the server ends at its own timeout answers first."""
+
+    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _arm(connection: Any, *_args: Any) -> None:
+        deadline = connection.info.get(_DEADLINE)
+        if deadline is not None:
+            deadline.arm()
+
+    def _disarm(connection: Any, *_args: Any) -> None:
+        if connection is None:
+            return
+        deadline = connection.info.get(_DEADLINE)
+        if deadline is not None:
+            deadline.disarm()
+
+    sa.event.listen(engine.sync_engine, "after_cursor_execute", _disarm)
+    sa.event.listen(engine.sync_engine, "handle_error", lambda context: _disarm(context.connection))

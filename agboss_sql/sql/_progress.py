@@ -14,15 +14,14 @@ Execute = Callable[[Any, str, Mapping[str, Any] | None], Awaitable[tuple[Any, in
 
 class Progress:
     """How far one attempt of a step got: statements answered, whether a statement that
-    may write was sent, and whether COMMIT was sent."""
+    may write was sent, and whether COMMIT was sent. A new one is all at its start."""
 
-    __slots__ = ("applied", "committing", "in_script", "sent_write")
-
-    def __init__(self) -> None:
-        self.applied = 0
-        self.sent_write = False
-        self.committing = False
-        self.in_script = False  # a `Script` was sent and has not answered
+    # Class defaults, no `__init__`: one is made per call, on its hot path, and most are
+    # never written to (a SQLite statement, a step that answers).
+    applied: int = 0
+    sent_write: bool = False
+    committing: bool = False
+    in_script: bool = False  # a `Script` was sent and has not answered
 
 
 async def feed(

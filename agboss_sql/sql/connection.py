@@ -13,14 +13,15 @@ connection, inside `BEGIN … COMMIT` when the step needs a transaction. A
 single-statement operation is sent alone, in autocommit: no `BEGIN`/`COMMIT`
 round trips around it.
 
-The statements are compiled by `statements.StatementCache`; a runner sends them:
-`_inline_runner.InlineRunner` for SQLite, `_pool_runner.PoolRunner` for a server.
-Transient conflicts (deadlock, serialization failure) roll the step back and run it
-again with backoff, for at most `Timeouts.retry_ms`; they never surface as a wrong
-answer. Every wait is bounded by `Timeouts` and ends in a typed error: a
-`StoreTimeoutError` naming the wait, a `StoreUnavailableError` when nothing was applied,
-or a `CommitOutcomeUnknownError` when the answer to COMMIT (or to an autocommit write)
-never came — such a step is never run again blindly.
+The statements are compiled by `statements.StatementCache`; a runner sends them, through
+one interface (`_runner.Runner`): `_inline_runner.InlineRunner` for SQLite,
+`_pool_runner.PoolRunner` for a server, chosen once by the dialect. Transient conflicts
+(deadlock, serialization failure) roll the step back and run it again with backoff
+(`_backoff`), for at most `Timeouts.retry_ms`; they never surface as a wrong answer.
+Every wait is bounded by `Timeouts` and ends in a typed error: a `StoreTimeoutError`
+naming the wait, a `StoreUnavailableError` when nothing was applied, or a
+`CommitOutcomeUnknownError` when the answer to COMMIT (or to an autocommit write) never
+came — such a step is never run again blindly.
 
 What each call sends (what the statement listener sees), on every dialect
 unless noted:
@@ -54,17 +55,15 @@ unless noted:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agboss_sql._dialects import (
     Capabilities,
@@ -80,9 +79,12 @@ from agboss_sql.contracts.errors import (
     StoreTimeoutError,
     StoreUnavailableError,
 )
-from agboss_sql.sql._inline_runner import InlineRunner, InlineWorkConnection
-from agboss_sql.sql._pool_runner import GRACE_S, DeadlinePassed, PoolRunner
-from agboss_sql.sql._progress import Progress, feed
+from agboss_sql.sql._backoff import back_off
+from agboss_sql.sql._deadline import DeadlinePassed
+from agboss_sql.sql._inline_runner import InlineRunner
+from agboss_sql.sql._pool_runner import PoolRunner
+from agboss_sql.sql._progress import Progress
+from agboss_sql.sql._runner import Runner
 from agboss_sql.sql.statements import (
     Compiled,
     Exec,
@@ -92,7 +94,6 @@ from agboss_sql.sql.statements import (
     StatementListener,
     Step,
     Suffixed,
-    single,
 )
 
 T = TypeVar("T")
@@ -138,7 +139,7 @@ class SqlConnection:
         self.backend = self.dialect_name if database is None else f"{self.dialect_name}:{database}"
         self._pool_size = pool_size
         self._cache = StatementCache(self.ops)
-        self._runner: InlineRunner | PoolRunner
+        self._runner: Runner
         if self.ops.CAPABILITIES.inline:
             self._runner = InlineRunner(
                 inline_dialect(backend), self.url.database or "", self.timeouts, self._cache
@@ -148,7 +149,6 @@ class SqlConnection:
                 server_dialect(backend), self.url, self.timeouts, self._cache, pool_size
             )
         self._engine: AsyncEngine | None = None
-        self._kept: list[tuple[sa.Connection, AsyncConnection]] = []
         self._closed = False
 
     @property
@@ -165,9 +165,7 @@ class SqlConnection:
     def pin_capabilities(self, capabilities: Capabilities) -> None:
         """Use `capabilities` from now on, whatever the server can do: to run a weaker
         server's statements (MySQL 8's, without `RETURNING`) on a stronger one (MariaDB)."""
-        self._runner.capabilities = capabilities
-        if isinstance(self._runner, PoolRunner):
-            self._runner.pinned = True
+        self._runner.pin(capabilities)
 
     def for_another_loop(self) -> SqlConnection:
         """A new connection to the same database with the same settings, for use on another
@@ -202,17 +200,19 @@ class SqlConnection:
     ) -> Result:
         """Send one statement alone, in autocommit (retried on transient conflicts)."""
         runner = self._runner
-        if isinstance(runner, InlineRunner):
-            # SQLite has no transient conflicts (a locked database is waited for inside the
-            # runner): nothing to run again, so no step to build.
-            try:
-                return await runner.run_one(statement, params or {})
-            except Exception as exc:
-                raise self.translate(exc, False, Progress()) from exc
-        return await self._attempts(
-            lambda progress: runner.run_one(statement, params or {}, progress, priority),
+        sent = params or {}
+        started = time.monotonic()
+        progress = Progress()
+        try:
+            return await runner.run_one(statement, sent, progress, priority)
+        except Exception as exc:
+            failure = exc
+        return await self._after(
+            failure,
+            progress,
+            lambda again: runner.run_one(statement, sent, again, priority),
             transaction=False,
-            retryable=True,
+            started=started,
         )
 
     async def insert_if_absent(self, statement: Any, params: Mapping[str, Any]) -> bool:
@@ -235,46 +235,56 @@ class SqlConnection:
         autocommit. A factory (a callable returning a fresh step) is re-run on a transient
         conflict; a bare generator cannot be re-run and is tried once. `priority` takes a
         server connection from the lane kept for lease operations."""
-        factory = step if callable(step) else None
         runner = self._runner
+        progress = Progress()
+        if not callable(step):
+            try:
+                return await runner.run(step, transaction, progress, priority)
+            except Exception as exc:
+                raise self.translate(exc, transaction, progress) from exc
+        factory = step
+        started = time.monotonic()
+        try:
+            return await runner.run(factory(), transaction, progress, priority)
+        except Exception as exc:
+            failure = exc
+        return await self._after(
+            failure,
+            progress,
+            lambda again: runner.run(factory(), transaction, again, priority),
+            transaction=transaction,
+            started=started,
+        )
 
-        def once(progress: Progress) -> Awaitable[T]:
-            current = factory() if factory is not None else step
-            if isinstance(runner, InlineRunner):
-                return runner.run(current, transaction, progress)  # type: ignore[arg-type]
-            return runner.run(current, transaction, progress, priority)  # type: ignore[arg-type]
-
-        return await self._attempts(once, transaction=transaction, retryable=factory is not None)
-
-    async def _attempts(
+    async def _after(
         self,
+        exc: Exception,
+        progress: Progress,
         once: Callable[[Progress], Awaitable[T]],
         *,
         transaction: bool,
-        retryable: bool,
+        started: float,
     ) -> T:
-        """`once(progress)` until it answers; when `retryable`, again after a transient
-        conflict that applied nothing (`_may_retry`), at most `MAX_ATTEMPTS` times within
-        `Timeouts.retry_ms`; its errors translated (`translate`)."""
-        attempt = 0
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + self.timeouts.retry_ms / 1000
+        """The attempts after a first one (begun at `started`, on `time.monotonic()`) that
+        failed with `exc`, having got as far as `progress`: `once(progress)` again after
+        each transient conflict that applied nothing (`_may_retry`), with backoff, until it
+        answers, at most `MAX_ATTEMPTS` attempts in all within `Timeouts.retry_ms` of
+        `started`; the last failure raised typed (`translate`, or `conflicts_persisted` for
+        a conflict that outlasted them). Kept off the first attempt's path."""
+        give_up_at = started + self.timeouts.retry_ms / 1000
+        attempt = 1
         while True:
+            if not self._may_retry(exc, transaction, progress):
+                raise self.translate(exc, transaction, progress) from exc
+            if attempt >= MAX_ATTEMPTS or time.monotonic() >= give_up_at:
+                raise self.conflicts_persisted(exc, attempt) from exc
+            await back_off(attempt)
             attempt += 1
             progress = Progress()
             try:
                 return await once(progress)
-            except Exception as exc:
-                if (
-                    not retryable
-                    or attempt >= MAX_ATTEMPTS
-                    or loop.time() >= give_up_at
-                    or not self._may_retry(exc, transaction, progress)
-                ):
-                    if retryable and self._may_retry(exc, transaction, progress):
-                        raise self.conflicts_persisted(exc, attempt) from exc
-                    raise self.translate(exc, transaction, progress) from exc
-            await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
+            except Exception as failed:
+                exc = failed
 
     def _may_retry(self, exc: Exception, transaction: bool, progress: Progress) -> bool:
         """Whether running the step again can apply none of it twice."""
@@ -360,46 +370,23 @@ class SqlConnection:
     async def drive(self, raw: Any, step: Step[T], transaction: bool) -> T:
         """Run `step` on the raw server connection `raw` (in a transaction of its own when
         `transaction`, rolled back when the step or a statement raises). After a cancellation
-        no `ROLLBACK` is sent (the connection may be mid-statement): close `raw`."""
-        runner = self._runner
-        if not isinstance(runner, PoolRunner):
-            raise TypeError("drive() takes a server connection; SQLite runs steps inline")
-        return await runner.drive(raw, step, transaction, Progress())
+        no `ROLLBACK` is sent (the connection may be mid-statement): close `raw`. On SQLite,
+        `TypeError` (its steps run inline, on the runner's own connection)."""
+        return await self._runner.drive(raw, step, transaction, Progress())
 
     async def drive_on(self, connection: AsyncConnection, step: Step[T]) -> T:
         """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
-        transaction the caller holds open on it (for work that shares our transaction)."""
-        runner = self._runner
-        progress = Progress()
-        if isinstance(connection, InlineWorkConnection):
-            assert isinstance(runner, InlineRunner)
-            return await feed(self._cache, step, connection.raw, runner.execute, progress)
-        raw = await _driver_connection(connection)
-        try:
-            if isinstance(runner, PoolRunner):
-                return await feed(self._cache, step, raw, runner.bounded_execute, progress)
-            return await feed(self._cache, step, raw, _aiosqlite_execute, progress)
-        except DeadlinePassed:
-            # The socket is gone: SQLAlchemy must not hand this connection out again.
-            await connection.invalidate()
-            raise
+        transaction the caller holds open on it (for work that shares our transaction), each
+        under the same bounds as a step's; a server connection past its statement deadline
+        is invalidated (SQLAlchemy never hands it out again)."""
+        return await self._runner.drive_on(connection, step)
 
     async def execute_on(
         self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
     ) -> Result:
         """`drive_on` of a one-statement step, without the step: one statement in the
         caller's transaction (the hot path of a fenced effect's own statements)."""
-        if isinstance(connection, InlineWorkConnection):
-            runner = self._runner
-            assert isinstance(runner, InlineRunner)
-            cache = self._cache
-            compiled = cache.compiled(statement)
-            sent = cache.params(compiled, params)
-            if cache.listeners:
-                cache.notify(compiled.sql, sent)
-            rows, count = await runner.execute(connection.raw, compiled.sql, sent)
-            return Result(rows, count)
-        return await self.drive_on(connection, single(statement, params)())
+        return await self._runner.execute_on(connection, statement, params)
 
     # --- SQLAlchemy engine, for work that wants an AsyncConnection -------------------------
 
@@ -420,14 +407,7 @@ class SqlConnection:
                 "max_overflow": 0,  # `pool_size` caps the work's connections too
                 **self.ops.engine_options(self.url, self.timeouts),
             }
-            if not self.capabilities.inline:
-                options["async_creator"] = self._bounded_creator(options["async_creator"])
-            self._engine = create_async_engine(self.url, **options)
-            begin = self.ops.BEGIN
-            if begin != "BEGIN":
-                _begin_with(self._engine, begin)
-            if not self.capabilities.inline:
-                _statement_deadlines(self._engine, self.timeouts)
+            self._engine = self._runner.create_engine(self.url, options)
         return self._engine
 
     @property
@@ -436,31 +416,7 @@ class SqlConnection:
         out, for its events: `engine.sync_engine` on a server; on SQLite, the engine of
         the inline work connection (its events see the caller's statements only: the
         `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` go to the statement listeners)."""
-        runner = self._runner
-        if isinstance(runner, InlineRunner):
-            if self._closed:
-                raise StoreUnavailableError("the connection is closed")
-            return runner.work_engine
-        return self.engine.sync_engine
-
-    def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
-        """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
-        bound_ms = self.timeouts.connect_ms
-        where = self._safe_url()
-
-        async def bounded() -> Any:
-            try:
-                async with asyncio.timeout(bound_ms / 1000):
-                    return await create()
-            except TimeoutError:
-                raise StoreTimeoutError(
-                    "connect",
-                    bound_ms,
-                    f"no connection to {where} within {bound_ms} ms (Timeouts.connect_ms); "
-                    "nothing was sent",
-                ) from None
-
-        return bounded
+        return self._runner.transaction_engine(self._the_engine)
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A SQLAlchemy connection in a transaction that took the write lock first on SQLite
@@ -473,118 +429,15 @@ class SqlConnection:
         calls run at once on the loop's thread, on the runner's work connection): one such
         transaction at a time per `SqlConnection`, the next waiting up to `lock_ms`. Its
         `BEGIN IMMEDIATE`/`COMMIT`/`ROLLBACK` are seen by the statement listeners; on a
-        server they are SQLAlchemy's and are not."""
-        runner = self._runner
-        if isinstance(runner, InlineRunner):
-            if self._closed:
-                raise StoreUnavailableError("the connection is closed")
-            return runner.transaction(self._the_engine, self._translate_in_transaction)
-        return self._server_transaction()
+        server they are SQLAlchemy's and are not. On a server, the connection of a committed
+        transaction is kept checked out for the next one."""
+        return self._runner.transaction(self._the_engine, self._translate_in_transaction)
 
     def _the_engine(self) -> AsyncEngine:
         return self.engine
 
     def _translate_in_transaction(self, exc: Exception, progress: Progress) -> Exception:
         return self.translate(exc, True, progress)
-
-    @contextlib.asynccontextmanager
-    async def _server_transaction(self) -> AsyncIterator[AsyncConnection]:
-        progress = Progress()
-        progress.sent_write = True
-        deadline = _Deadline()
-        engine = self.engine
-        kept = self._kept
-        try:
-            if kept:
-                # A connection the last transaction left idle (no BEGIN is sent: the driver
-                # begins with the first statement).
-                sync, connection = kept.pop()
-                sync.info[_DEADLINE] = deadline
-                sync.begin()
-            else:
-                # Checkout and BEGIN in one hop into SQLAlchemy's greenlet.
-                sync = await greenlet_spawn(_connect_and_begin, engine.sync_engine, deadline)
-                connection = AsyncConnection(engine, sync)
-            # The info dict lives with the driver connection, across checkouts: the
-            # deadline is this transaction's only while it runs.
-            info = sync.info
-            try:
-                try:
-                    yield connection
-                except BaseException as exc:
-                    _end_deadline(info, deadline)
-                    if self._unusable_after(exc):
-                        await self._drop(connection)
-                    else:
-                        with contextlib.suppress(Exception):
-                            await self._bounded_on(connection, connection.rollback)
-                    raise
-                _end_deadline(info, deadline)
-                progress.committing = True
-                try:
-                    await self._bounded_on(connection, connection.commit)
-                except BaseException as exc:
-                    if self._unusable_after(exc):
-                        await self._drop(connection)
-                    raise
-                if len(kept) < _KEPT_CONNECTIONS and not self._closed:
-                    # Kept checked out for the next transaction: no pool round trip.
-                    kept.append((sync, connection))
-                    return
-            finally:
-                _end_deadline(info, deadline)
-                if not sync.closed and (sync, connection) not in kept:
-                    await greenlet_spawn(sync.close)
-        except asyncio.CancelledError as exc:
-            if not deadline.expired:
-                raise
-            # Our own statement deadline cancelled the task: a typed error, unless its
-            # caller cancelled it too (then the caller's cancellation wins).
-            task = asyncio.current_task()
-            if task is not None and task.uncancel() > 0:
-                raise
-            raise self.translate(DeadlinePassed(str(exc)), True, progress) from None
-        except Exception as exc:
-            if self.ops.is_retryable(exc):
-                raise
-            raise self.translate(exc, True, progress) from exc
-
-    def _unusable_after(self, exc: BaseException) -> bool:
-        """Whether a server connection must never be handed out again after `exc`: a
-        cancellation may have left it mid-statement (aiomysql then answers every later call
-        on it with "Cancelled during execution"), and a disconnect left nothing to reuse."""
-        if self.capabilities.inline:
-            return False
-        if isinstance(exc, asyncio.CancelledError):
-            return True
-        return isinstance(exc, Exception) and self.ops.is_disconnect(exc)
-
-    async def _drop(self, connection: AsyncConnection) -> None:
-        """Close the driver connection under `connection` at once (no ROLLBACK on it: the
-        server rolls the session's transaction back when the socket closes) and invalidate
-        it, so the pool opens a fresh one; each part bounded by `GRACE_S`."""
-        runner = self._runner
-        with contextlib.suppress(Exception):
-            raw = (await connection.get_raw_connection()).driver_connection
-            if isinstance(runner, PoolRunner):
-                await asyncio.wait_for(runner.dialect.close(raw), GRACE_S)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(connection.invalidate(), GRACE_S)
-
-    async def _bounded_on(
-        self, connection: AsyncConnection, call: Callable[[], Awaitable[None]]
-    ) -> None:
-        """`await call()` (a COMMIT or ROLLBACK on `connection`), bounded like a statement."""
-        runner = self._runner
-        if isinstance(runner, PoolRunner):
-            raw = await _driver_connection(connection)
-            try:
-                await runner.bounded(call(), raw)
-            except DeadlinePassed:
-                await connection.invalidate()
-                raise
-        else:
-            await call()
 
     def is_transient(self, exc: BaseException) -> bool:
         """A conflict that undid the whole transaction: running it again is safe."""
@@ -603,7 +456,7 @@ class SqlConnection:
             except Exception as exc:
                 if attempt >= attempts or not self.ops.is_retryable(exc):
                     raise
-            await asyncio.sleep(min(0.2, 0.002 * 2**attempt) * random.uniform(0.5, 1.5))
+            await back_off(attempt)
 
     async def ping(self) -> None:
         """Return when the database answers a trivial statement."""
@@ -616,10 +469,6 @@ class SqlConnection:
             return
         self._closed = True
         await self._runner.close()
-        kept, self._kept = self._kept, []
-        for sync, _ in kept:
-            with contextlib.suppress(Exception):
-                await greenlet_spawn(sync.close)
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -637,109 +486,6 @@ class SqlConnection:
 
     def __repr__(self) -> str:
         return f"SqlConnection({self.url.render_as_string(hide_password=True)!r})"
-
-
-async def _aiosqlite_execute(
-    raw: Any, sql: str, params: Mapping[str, Any] | None
-) -> tuple[list[Any] | None, int]:
-    cursor = await raw.execute(sql, params if params is not None else ())
-    try:
-        rows = await cursor.fetchall() if cursor.description is not None else None
-        return rows, cursor.rowcount
-    finally:
-        await cursor.close()
-
-
-_DEADLINE = "agboss.deadline"
-
-_KEPT_CONNECTIONS = 1
-"""How many of the engine's connections `transaction()` keeps checked out while idle, for the
-next transaction (the rest of the pool stays free for other users of the engine)."""
-
-
-async def _driver_connection(connection: AsyncConnection) -> Any:
-    """The driver connection under `connection`: read directly while it is valid (no hop
-    into SQLAlchemy's greenlet), else through `get_raw_connection` (which may reconnect)."""
-    sync = connection.sync_connection
-    if sync is not None and not sync.invalidated:
-        return sync.connection.driver_connection
-    return (await connection.get_raw_connection()).driver_connection
-
-
-def _connect_and_begin(engine: sa.Engine, deadline: _Deadline) -> sa.Connection:
-    """A pooled connection with `deadline` as its statements' deadline, in a transaction
-    (run in SQLAlchemy's greenlet)."""
-    connection = engine.connect()
-    try:
-        connection.info[_DEADLINE] = deadline
-        connection.begin()
-    except BaseException:
-        connection.info.pop(_DEADLINE, None)
-        connection.close()
-        raise
-    return connection
-
-
-def _end_deadline(info: dict[Any, Any], deadline: _Deadline) -> None:
-    """No statement deadline for this transaction any more (none is in flight)."""
-    info.pop(_DEADLINE, None)
-    if deadline.timer is not None:
-        deadline.timer.cancel()
-        deadline.timer = None
-
-
-class _Deadline:
-    """The statement deadline of one engine transaction: the timer of the statement in
-    flight, and whether it went off."""
-
-    __slots__ = ("expired", "timer")
-
-    def __init__(self) -> None:
-        self.expired = False
-        self.timer: asyncio.TimerHandle | None = None
-
-
-def _statement_deadlines(engine: AsyncEngine, timeouts: Timeouts) -> None:
-    """Bound every statement the work sends on the engine's connections, as the runners
-    bound their own: a statement still unanswered `statement_ms` (and a grace) after it
-    was sent cancels the transaction's task; the driver drops the connection (see the
-    dialects' `connect`), and `transaction()` turns the cancellation into a typed error. A
-    statement the server ends at its own timeout answers first."""
-    seconds = timeouts.statement_ms / 1000 + GRACE_S
-
-    def expire(deadline: _Deadline, task: asyncio.Task[Any]) -> None:
-        deadline.expired = True
-        task.cancel()
-
-    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def _arm(connection: Any, *_args: Any) -> None:
-        deadline = connection.info.get(_DEADLINE)
-        task = asyncio.current_task()
-        if deadline is None or task is None:
-            return
-        deadline.timer = asyncio.get_running_loop().call_later(seconds, expire, deadline, task)
-
-    def _disarm(connection: Any, *_args: Any) -> None:
-        if connection is None:
-            return
-        deadline = connection.info.get(_DEADLINE)
-        if deadline is not None and deadline.timer is not None:
-            deadline.timer.cancel()
-            deadline.timer = None
-
-    sa.event.listen(engine.sync_engine, "after_cursor_execute", _disarm)
-    sa.event.listen(engine.sync_engine, "handle_error", lambda context: _disarm(context.connection))
-
-
-def _begin_with(engine: AsyncEngine, begin: str) -> None:
-    """Make the engine's transactions open with `begin` (SQLite's `BEGIN IMMEDIATE`:
-    pysqlite's own BEGIN is deferred and would take the write lock only at the first
-    write). The connections come from the dialect's inline creator: no implicit
-    transactions, busy timeout 0 (a locked database is waited for with async sleeps)."""
-
-    @sa.event.listens_for(engine.sync_engine, "begin")
-    def _begin(connection: Any) -> None:
-        connection.exec_driver_sql(begin)
 
 
 __all__ = [

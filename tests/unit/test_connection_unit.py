@@ -379,6 +379,22 @@ def test_timeouts_refuse_non_positive_bounds() -> None:
         SqlConnection("sqlite:///x.sqlite", timeouts={"lock_ms": 5})  # type: ignore[arg-type]
 
 
+# --- the backoff between attempts ----------------------------------------------------------
+
+
+def test_the_backoff_doubles_from_4_ms_up_to_200_ms_with_jitter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agboss_sql.sql import _backoff
+
+    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: high)
+    assert [_backoff.backoff_s(n) for n in (1, 2, 3, 6, 7, 12, 5000)] == pytest.approx(
+        [0.006, 0.012, 0.024, 0.192, 0.3, 0.3, 0.3]
+    )
+    monkeypatch.setattr(_backoff.random, "uniform", lambda low, high: low)
+    assert _backoff.backoff_s(1) == pytest.approx(0.002)
+
+
 # --- a statement deadline meeting a cancellation ----------------------------------------------
 
 
@@ -396,7 +412,7 @@ async def _bounded_forever(connection: SqlConnection) -> tuple[asyncio.Task[obje
 
 
 async def test_a_statement_past_its_client_deadline_is_a_typed_error() -> None:
-    from agboss_sql.sql._pool_runner import DeadlinePassed
+    from agboss_sql.sql._deadline import DeadlinePassed
 
     connection = SqlConnection("mysql://u@127.0.0.1:1/x", timeouts=Timeouts(statement_ms=10))
     task, _ = await _bounded_forever(connection)
