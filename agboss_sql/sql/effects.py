@@ -41,8 +41,6 @@ autocommit, no fence and no lock, which sees committed rows only.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -58,6 +56,7 @@ from agboss_sql.contracts.types import (
     FencedEffectResult,
     JsonValue,
 )
+from agboss_sql.sql._backoff import back_off
 from agboss_sql.sql._base import FencedStore, dumps, identity_hash, loads
 from agboss_sql.sql._fence import fence_on, fence_params
 from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder
@@ -192,7 +191,7 @@ class SqlFencedEffectRepository(
                     raise
                 if tries >= MAX_ATTEMPTS:
                     raise self.connection.conflicts_persisted(exc, tries) from exc
-            await asyncio.sleep(min(0.2, 0.002 * 2**tries) * random.uniform(0.5, 1.5))
+            await back_off(tries)
 
     async def get_result(self, key: FencedEffectKey) -> FencedEffectResult[JsonValue] | None:
         """The key's stored result, answered as `save_result_if_absent` answers its replay
