@@ -229,7 +229,9 @@ class Cluster:
         await until(moved, lambda: f"{execution}'s lease {last}; events: {self.events}")
 
     async def take_over(self, engine: Engine, workflow_id: str) -> ExecutionLease:
-        """Move the clock past the run's lease and let `engine`'s sweep take the run over."""
+        """Move the clock past the run's lease and let `engine`'s sweep take the run over.
+        An engine with background loops on the cluster's clock would race this sweep when
+        the clock moves: the engines of such a test run without them."""
         await self.clock.advance(LEASE_MS + 1)
         taken = [lease for lease in await engine.sweep_once() if lease.execution_id == workflow_id]
         assert len(taken) == 1, f"{engine.instance_id} did not take {workflow_id} over"
