@@ -7,10 +7,10 @@ One workflow is `--steps` durable steps (10), each a trivial function (`n + 1`) 
 result is stored before the next step runs, started and awaited by the same process:
 
 - `engine`: an `Engine(app, url=URL)` (it works the runs itself) and a workflow of
-  `ctx.step` calls, started with `engine.start` and awaited in process: the engine's
-  `on_event` callback reports the run's end (`tree-end`), then `handle.result()` reads the
-  stored result once. Every step is fenced: its result commits in one transaction with the
-  check of the run's lease.
+  `ctx.step` calls, started with `engine.start` and awaited with `handle.result()` (which,
+  for a run on this instance, wakes when the run ends here instead of waiting `poll_ms`).
+  Every step is fenced: its result commits in one transaction with the check of the run's
+  lease.
 - `dbos`: the same workflow with `@DBOS.workflow()` and `@DBOS.step()` (async), started with
   `DBOS.start_workflow_async` and awaited with its handle's `get_result()`, its system
   database at `--dbos-url` (default: beside ours, another SQLite file or another
@@ -285,22 +285,10 @@ class Ours(Contestant):
 
     def __init__(self, url: str, run_id: str, max_steps: int) -> None:
         self.run_id = run_id
-        self.waiting: dict[str, asyncio.Future[None]] = {}
         self.started: list[str] = []
-        self.engine = Engine(
-            workflows_app(),
-            url=url,
-            max_concurrent_steps=max_steps,
-            on_event=self._event,
-        )
+        self.engine = Engine(workflows_app(), url=url, max_concurrent_steps=max_steps)
         self.counter = Counter()
         self.settings = {"max_concurrent_steps": max_steps}
-
-    def _event(self, event: dict[str, Any]) -> None:
-        if event.get("kind") == "tree-end":
-            future = self.waiting.pop(str(event.get("tree")), None)
-            if future is not None and not future.done():
-                future.set_result(None)
 
     async def open(self) -> None:
         await self.engine.open()
@@ -327,11 +315,8 @@ class Ours(Contestant):
 
     async def run_one(self, index: int, steps: int) -> None:
         workflow_id = f"wf-{self.run_id}-{index}-{steps}"
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting[workflow_id] = done
         handle = await self.engine.start("flow", steps, id=workflow_id, tenant_id=TENANT)
         self.started.append(workflow_id)
-        await done
         result = await handle.result()
         if result != steps:
             raise AssertionError(f"{workflow_id} answered {result!r}, not {steps}")
