@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -103,6 +102,8 @@ class Executor:
     poll_ms: int
     emit: Emit
     after_resolve: Callable[[str, str], Awaitable[None]]
+    queued: Callable[[], None] = lambda: None
+    """Called when this instance queued children (the child pump may claim them now)."""
 
     def definition(self, workflow: str) -> WorkflowDefinition:
         found = self.workflows.get(workflow)
@@ -115,14 +116,9 @@ class Executor:
 
     async def invoke(self, definition: WorkflowDefinition, ctx: Any, value: JsonValue) -> Any:
         """Call the workflow's function with the context (and the input, when it takes one)."""
-        parameters = [
-            p
-            for p in inspect.signature(definition.function).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        if len(parameters) == 1:
-            return await definition.function(ctx)
-        return await definition.function(ctx, value)
+        if definition.takes_input:
+            return await definition.function(ctx, value)
+        return await definition.function(ctx)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -337,6 +333,8 @@ class Executor:
                 await self.retrying(
                     run, f"queue {child_id}", functools.partial(self.queue.enqueue, queued)
                 )
+        if len(known) < len(ids):
+            self.queued()
         if not all(
             known.get(i) is not None and known[i].status is ChildStatus.FINISHED for i in ids
         ):

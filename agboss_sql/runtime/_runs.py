@@ -79,6 +79,7 @@ class Runs:
         _active_children: int
         _pending_children: set[str]
         _stopping: bool
+        _pump_starved: bool
         _known: set[str]
         instance_id: str
 
@@ -195,17 +196,21 @@ class Runs:
         assert lease is not None
         self.emit({"kind": "tree-run", "tree": workflow_id, "epoch": lease.lease_epoch})
         try:
-            record = await executor.retrying(
-                run,
-                "read the record",
-                lambda: self.records.get(tenant_id, workflow_id),
-                guard=False,
-            )
-            if record is None or record.status is not ExecutionRecordStatus.RUNNING:
-                await keeper.release()  # paused, waiting or ended since: not this run's
-                return
-            if await executor.cancel_requested(run):
-                raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
+            if started is None or not run.fresh:
+                # A run recorded elsewhere, or earlier: read where it is. (A run this instance
+                # has just recorded and taken at the first epoch is running; a cancel that
+                # came meanwhile still wins the end decision at its close.)
+                record = await executor.retrying(
+                    run,
+                    "read the record",
+                    lambda: self.records.get(tenant_id, workflow_id),
+                    guard=False,
+                )
+                if record is None or record.status is not ExecutionRecordStatus.RUNNING:
+                    await keeper.release()  # paused, waiting or ended since: not this run's
+                    return
+                if await executor.cancel_requested(run):
+                    raise ExecutionCancelledError(f"run {workflow_id} was cancelled")
             result = await executor.invoke(definition, WorkflowContext(executor, run), value)
             result = checked_json(f"the result of workflow {definition.name!r}", result)
             if not await executor.decide_close(run):
@@ -239,7 +244,9 @@ class Runs:
             if keeper.held and not self._stopping:
                 with contextlib.suppress(Exception):
                     await keeper.release()
-            self._poke()
+            if not keeper.held:
+                self._keepers.discard(keeper)
+            self._slot_freed()
 
     async def _cancelled(self, run: Run, definition: Any, value: JsonValue) -> None:
         try:
@@ -319,7 +326,8 @@ class Runs:
             raise ChildYielded(child.child_execution_id) from None
         finally:
             self._active_children -= 1
-            self._poke()
+            self._keepers.discard(keeper)  # the child worker finishes or releases it
+            self._slot_freed()
 
     async def _wake_parent(self, tenant_id: str, parent_execution_id: str) -> None:
         """The last child's finisher wakes its parent: a waiting root's record goes back to
@@ -347,7 +355,8 @@ class Runs:
             claimed = None
             try:
                 at_work = self._active_children + len(self._pending_children)
-                if self.slots.free > 0 and at_work < self.slots.max_steps:
+                self._pump_starved = not (self.slots.free > 0 and at_work < self.slots.max_steps)
+                if not self._pump_starved:
                     claimed, task = await children.start_once()
                     if claimed is not None and task is not None:
                         child_id = claimed.child_execution_id
@@ -360,7 +369,14 @@ class Runs:
 
     def _child_done(self, child_id: str, _task: asyncio.Task[None]) -> None:
         self._pending_children.discard(child_id)
-        self._poke()
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        """A run or a child ended here: wake the child pump if it left children queued
+        because every slot was taken (else it claims at its next poll, as it would)."""
+        if self._pump_starved:
+            self._pump_starved = False
+            self._poke()
 
     async def _housekeeping(self) -> None:
         """Every sweep period: rescue children whose runner died, wake parents whose wake

@@ -26,6 +26,7 @@ import logging
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
@@ -169,10 +170,12 @@ class Engine(Runs):
         self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
         self._known: set[str] = set()
         self._ended: dict[tuple[str, str], asyncio.Event] = {}
+        self._result_waiters: Counter[tuple[str, str]] = Counter()
         self._changed: asyncio.Event | None = None
         self._active_children = 0
         self._pending_children: set[str] = set()
         self._stopping = False
+        self._pump_starved = False
         self._opened = False
         self._owns_app = application is None
 
@@ -245,6 +248,7 @@ class Engine(Runs):
             poll_ms=self.poll_ms,
             emit=self.emit,
             after_resolve=self._after_resolve,
+            queued=self._poke,
         )
         if not self.work:
             return
@@ -454,27 +458,41 @@ class Engine(Runs):
         `timeout_s` (the run goes on). Reads the record every `poll_ms`, and at once when the
         run ends on this instance."""
         started = time.monotonic()
-        ended = self._ended.setdefault((tenant_id, workflow_id), asyncio.Event())
-        while True:
-            found = await self.status(workflow_id, tenant_id=tenant_id)
-            if found.state is WorkflowState.SUCCEEDED:
-                return found.result
-            if found.state is WorkflowState.FAILED:
-                raise WorkflowFailedError(
-                    f"run {workflow_id!r} failed: {found.error}", error=found.error
-                )
-            if found.state is WorkflowState.CANCELLED:
-                raise WorkflowCancelledError(f"run {workflow_id!r} was cancelled")
-            waited = time.monotonic() - started
-            if timeout_s is not None and waited >= timeout_s:
-                raise WorkflowTimeoutError(
-                    f"run {workflow_id!r} is still {found.state.value} after {timeout_s} s"
-                )
-            nap = self.poll_ms / 1000
-            if timeout_s is not None:
-                nap = min(nap, timeout_s - waited)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), nap)
+        key = (tenant_id, workflow_id)
+        ended = self._ended.setdefault(key, asyncio.Event())
+        self._result_waiters[key] += 1
+        try:
+            while True:
+                record = await self.records.get(tenant_id, workflow_id)
+                if record is None:
+                    raise UnknownWorkflowRunError(
+                        f"no run {workflow_id!r} in tenant {tenant_id!r}", workflow_id=workflow_id
+                    )
+                outcome = record.outcome if isinstance(record.outcome, dict) else {}
+                if record.status is ExecutionRecordStatus.SUCCEEDED:
+                    return outcome.get("result")
+                if record.status is ExecutionRecordStatus.FAILED:
+                    error = outcome.get("error", outcome)
+                    raise WorkflowFailedError(f"run {workflow_id!r} failed: {error}", error=error)
+                if record.status is ExecutionRecordStatus.CANCELLED:
+                    raise WorkflowCancelledError(f"run {workflow_id!r} was cancelled")
+                waited = time.monotonic() - started
+                if timeout_s is not None and waited >= timeout_s:
+                    raise WorkflowTimeoutError(
+                        f"run {workflow_id!r} is still {record.status.value} after {timeout_s} s"
+                    )
+                nap = self.poll_ms / 1000
+                if timeout_s is not None:
+                    nap = min(nap, timeout_s - waited)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), nap)
+        finally:
+            self._result_waiters[key] -= 1
+            if self._result_waiters[key] <= 0:
+                # The last caller waiting on this run: forget it (a run that ended elsewhere
+                # never sets the event, and would leave it behind).
+                del self._result_waiters[key]
+                self._ended.pop(key, None)
 
     async def resume(
         self,

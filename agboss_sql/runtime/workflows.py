@@ -51,6 +51,8 @@ class WorkflowDefinition:
 
     name: str
     function: WorkflowFunction
+    takes_input: bool = True
+    """Whether the function takes an input after the context (`(ctx, input)`, else `(ctx)`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ class Workflows:
                 f"workflow {chosen!r} is registered twice in app {self.name!r}: give one of "
                 "them another name"
             )
-        self._definitions[chosen] = WorkflowDefinition(chosen, function)
+        accepted = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self._definitions[chosen] = WorkflowDefinition(chosen, function, len(accepted) >= 2)
 
     def get(self, name: str) -> WorkflowDefinition | None:
         """The definition registered under `name`, or `None`."""
