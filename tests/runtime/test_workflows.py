@@ -306,7 +306,8 @@ async def test_a_child_whose_workflow_an_instance_lacks_runs_on_one_that_has_it(
     calls = Calls()
     lean, full = split_apps(calls)
     a = await cluster.engine("a", lean)
-    await cluster.engine("b", full)
+    # A child "a" claimed first goes back at once; "b"'s rescue (every sweep) takes it.
+    await cluster.engine("b", full, sweep_ms=1_000)
     await a.start("parent", 7, id="p-1", tenant_id=cluster.tenant)
     await cluster.wait_state(a, "p-1", WorkflowState.SUCCEEDED, move=True)
     assert (await a.status("p-1", tenant_id=cluster.tenant)).result == {"n": 7, "on": "b"}

@@ -22,8 +22,11 @@ from agboss_sql.sql.migrate import sync_url
 from agboss_sql.sql.schema import fenced_effect_results
 
 START = 1_700_000_000_000
-LEASE_MS = 10_000
-"""Long enough that a lease never runs out unless a test moves the clock past it."""
+LEASE_MS = 30_000
+"""A lease runs out only when a test moves the clock past it. While a wait moves the clock
+(`until(..., clock=)`, at most `POLL_MS` a round), the keepers renew every third of it;
+the two thirds of slack before a renewal must be answered leave a slow round trip on a
+loaded machine several seconds of real time."""
 POLL_MS = 50
 WAIT_S = 30.0
 """Bound of every wait for the engines: well under a second on an idle machine; the
