@@ -225,7 +225,12 @@ def _wait_ready(cluster: Cluster, pod: Pod, timeout_s: float) -> None:
                     f"worker {pod.instance_id} exited before it was ready: {last}"
                 ) from None
             if time.monotonic() >= deadline:
-                raise
+                text = pod.output_path.read_text(encoding="utf-8", errors="replace").strip()
+                last = text.splitlines()[-1] if text else "(nothing on its standard error)"
+                raise RuntimeError(
+                    f"worker {pod.instance_id} did not say it was ready within "
+                    f"{min(timeout_s, 60.0):.0f} s: {last}"
+                ) from None
 
 
 def _observe(state: State, event: Event) -> None:

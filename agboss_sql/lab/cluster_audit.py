@@ -229,11 +229,16 @@ def _pause_once(
         root = str(pause["root_execution_id"])
         pauses_of[root] += 1
         record = records.get(root)
-        ended = record is not None and str(record["status"]) in ("succeeded", "cancelled", "failed")
-        if ended and pause["status"] not in ("taken", "cancelled"):
+        status = None if record is None else str(record["status"])
+        # A succeeded run took every pause; an ended one left none waiting (a cancel may
+        # come after an answer: that pause stays resolved, never taken).
+        if (status == "succeeded" and pause["status"] != "taken") or (
+            status in ("cancelled", "failed") and pause["status"] == "pending"
+        ):
             found.append(
                 Violation(
-                    "pause-once", f"{root} ended with pause {pause['pause_id']} {pause['status']}"
+                    "pause-once",
+                    f"{root} {status} with pause {pause['pause_id']} {pause['status']}",
                 )
             )
     for root, count in sorted(resolved.items()):

@@ -5,8 +5,9 @@ each once, under the root's lease (`Unwinder`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from agboss_sql.contracts.keys import fenced_effect_key_of
 from agboss_sql.contracts.types import (
@@ -33,6 +34,8 @@ from agboss_sql.runtime._run import (
 from agboss_sql.runtime.unwind import Compensator, Unwinder
 from agboss_sql.runtime.workflows import Child, WorkflowDefinition, checked_json
 
+T = TypeVar("T")
+
 
 class ReplayEnd(Exception):
     """A collecting replay reached a call the first run never finished: nothing after it
@@ -51,7 +54,12 @@ async def unwind(
         keeper.check_lease()
         await executor.clock.sleep(executor.poll_ms)
     collector = Collector(executor, run)
-    await collector.replay(run, definition, value)
+    # A replay of its own: the run may have made calls already, and its keys count from one.
+    await collector.replay(dataclasses.replace(run, counters={}, steps=0), definition, value)
+    if collector.failure is not None:
+        # What finished could not be read: undo nothing rather than part of it. The next
+        # holder (or this one, at its next run) unwinds again.
+        raise collector.failure
     ran = await Unwinder(executor.tree).compensate(
         run.tenant_id, run.root, collector.compensators, keeper=keeper
     )
@@ -67,6 +75,8 @@ class Collector:
         self.executor = executor
         self.root_run = root_run
         self.compensators: list[Compensator] = []
+        self.failure: BaseException | None = None
+        """A store call of the replay that failed (the workflow's own code may swallow it)."""
 
     async def replay(self, run: Run, definition: WorkflowDefinition, value: JsonValue) -> None:
         from agboss_sql.runtime.context import WorkflowContext
@@ -106,6 +116,15 @@ class Collector:
             fingerprint=fingerprint if business_key is not None else None,
         )
 
+    async def _read(self, call: Awaitable[T]) -> T:
+        """A store read of the replay; its failure is kept, whatever the workflow does."""
+        try:
+            return await call
+        except Exception as error:
+            if self.failure is None:
+                self.failure = error
+            raise
+
     async def step(
         self,
         run: Run,
@@ -118,8 +137,10 @@ class Collector:
         effect: bool = False,
     ) -> JsonValue:
         kind = EFFECT_EFFECT if effect else STEP_EFFECT
-        stored = await self.executor.effects.get_result(
-            self._read_key(run, key, name, kind, business_key, fingerprint)
+        stored = await self._read(
+            self.executor.effects.get_result(
+                self._read_key(run, key, name, kind, business_key, fingerprint)
+            )
         )
         if stored is None:
             raise ReplayEnd(key)
@@ -170,8 +191,8 @@ class Collector:
         return compensate
 
     async def outbound(self, run: Run, key: str, name: str) -> JsonValue:
-        call = await self.executor.outbound_calls.get(
-            self._read_key(run, key, name, OUTBOUND_EFFECT, None)
+        call = await self._read(
+            self.executor.outbound_calls.get(self._read_key(run, key, name, OUTBOUND_EFFECT, None))
         )
         if call is None or call.status is not OutboundCallStatus.COMPLETED:
             raise ReplayEnd(key)
@@ -181,7 +202,7 @@ class Collector:
         ids = [child_id_of(run.execution, key, index) for index in range(len(calls))]
         rows = {
             row.child_execution_id: row
-            for row in await self.executor.queue.children(run.tenant_id, run.execution)
+            for row in await self._read(self.executor.queue.children(run.tenant_id, run.execution))
         }
         results: list[JsonValue] = []
         for child_id, call in zip(ids, calls, strict=True):
@@ -207,8 +228,8 @@ class Collector:
         return results
 
     async def pause(self, run: Run, key: str) -> JsonValue:
-        found = await self.executor.pauses.get(
-            run.tenant_id, self.executor.pause_id_of(run.root, key)
+        found = await self._read(
+            self.executor.pauses.get(run.tenant_id, self.executor.pause_id_of(run.root, key))
         )
         if found is None or found.status not in (PauseStatus.RESOLVED, PauseStatus.TAKEN):
             raise ReplayEnd(key)

@@ -477,13 +477,26 @@ class Executor:
         # Pending: the record leaves `running` first (the sweep leaves a paused run alone),
         # then the lease goes.
         run.keeper.guard()
+        if await self.cancel_requested(run):
+            raise ExecutionCancelledError(f"run {run.root} was cancelled before it paused")
         if not await self.records.transition(
             run.tenant_id, run.root, ExecutionRecordStatus.RUNNING, ExecutionRecordStatus.PAUSED
         ):
             raise RuntimeError(f"run {run.root} was not running when it paused")
         await run.keeper.release()
         self.emit({"kind": "paused", "tree": run.root, "pause": key})
-        # A decision that came before the record was `paused` found nothing to resume.
+        # A decision that came before the record was `paused` found nothing to resume, and
+        # a cancel that read the record before it was `paused` cancelled no pause: whichever
+        # came, this run or the canceller sees the other (each reads after its own write).
+        if await self.end_decision(run.tenant_id, run.root) == "cancel":
+            await self.pauses.cancel(run.tenant_id, pause_id)
+            await self.records.transition(
+                run.tenant_id,
+                run.root,
+                ExecutionRecordStatus.PAUSED,
+                ExecutionRecordStatus.RUNNING,
+            )
+            raise Suspended(run.root)  # a sweep runs its undo
         again = await self.pauses.get(run.tenant_id, pause_id)
         if again is not None and again.status is PauseStatus.RESOLVED:
             await self.after_resolve(run.tenant_id, run.root)

@@ -262,6 +262,14 @@ class Runs:
         except HANDOVER as error:
             self.emit({"kind": "handover", "tree": run.root, "error": type(error).__name__})
             await run.keeper.stop()
+        except Exception:
+            # The undo could not go on here (a store outage, an undo that raised): the run
+            # stays running with its lease released, and a sweep unwinds it again (each undo
+            # already marked done is not run twice).
+            logger.warning(
+                "the undo of run %s stopped; it is left to a sweep", run.root, exc_info=True
+            )
+            await run.keeper.release()
 
     async def _end(self, run: Run, status: ExecutionRecordStatus, outcome: JsonValue) -> None:
         keeper = run.keeper

@@ -200,6 +200,14 @@ def test_a_pause_resolved_twice_or_left_pending_is_reported() -> None:
     assert _rules(_audit(history, [resolved, {**resolved, "pod": "w3"}])) == ["pause-once"]
     history.pauses = [{**pause, "status": "pending"}]
     assert _rules(_audit(history)) == ["pause-once"]
+    # A succeeded run took its pause; a cancelled one may keep an answer it never took.
+    history.pauses = [{**pause, "status": "resolved"}]
+    assert _rules(_audit(history)) == ["pause-once"]
+    cancelled = _history("cancelled")
+    cancelled.pauses = [{**pause, "status": "resolved"}]
+    assert _audit(cancelled).ok
+    cancelled.pauses = [{**pause, "status": "pending"}]
+    assert _rules(_audit(cancelled)) == ["pause-once"]
 
 
 def test_an_epoch_logged_late_is_allowed_only_when_its_holder_logs_it_lost() -> None:
