@@ -80,6 +80,8 @@ class Runs:
         _pending_children: set[str]
         _stopping: bool
         _pump_starved: bool
+        _tasks: set[asyncio.Task[Any]]
+        _changed: asyncio.Event | None
         _known: set[str]
         instance_id: str
 
@@ -95,12 +97,34 @@ class Runs:
         def leases(self) -> ExecutionLeaseRepository: ...
         @property
         def events(self) -> ExecutionLeaseEventRepository: ...
-        def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
-        def _poke(self) -> None: ...
-        async def _nap(self, ms: int) -> None: ...
         async def _after_resolve(self, tenant_id: str, workflow_id: str) -> None: ...
 
     # -- running roots -------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _poke(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _nap(self, ms: int) -> None:
+        changed = self._changed
+        if changed is None:
+            await self.clock.sleep(ms)
+            return
+        changed.clear()
+        loop = asyncio.get_running_loop()
+        sleeper = loop.create_task(self.clock.sleep(ms))
+        waiter = loop.create_task(changed.wait())
+        try:
+            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waiter.cancel()
 
     async def _register(self) -> None:
         """Write this app's workflow names where `start` anywhere looks them up; a store

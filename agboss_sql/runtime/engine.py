@@ -27,7 +27,6 @@ import time
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any
 
 from agboss_sql.application import Application, DatabaseUrl
@@ -316,31 +315,6 @@ class Engine(Runs):
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _poke(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-
-    async def _nap(self, ms: int) -> None:
-        changed = self._changed
-        if changed is None:
-            await self.clock.sleep(ms)
-            return
-        changed.clear()
-        loop = asyncio.get_running_loop()
-        sleeper = loop.create_task(self.clock.sleep(ms))
-        waiter = loop.create_task(changed.wait())
-        try:
-            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waiter.cancel()
 
     # -- the client API ------------------------------------------------------------------
 
