@@ -17,7 +17,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 from agboss_sql.contracts.clocks import Clock
-from agboss_sql.contracts.errors import ExecutionCancelledError, ExecutionLeaseLostError
+from agboss_sql.contracts.errors import (
+    ExecutionCancelledError,
+    ExecutionLeaseLostError,
+    StoreUnavailableError,
+)
 from agboss_sql.contracts.stores import (
     CANCEL_REQUEST_KEY,
     ExecutionLeaseEventRepository,
@@ -28,6 +32,7 @@ from agboss_sql.contracts.types import ExecutionLease, LeaseEventKind
 from agboss_sql.runtime._log import log_lease_event, log_take
 from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.signal import AbortSignal
+from agboss_sql.sql._backoff import backoff_s
 
 logger = logging.getLogger("agboss_sql.runtime")
 
@@ -65,9 +70,14 @@ class LeaseKeeper:
       trust window would end first; a watchdog aborts the moment the window ends with no
       renewal confirmed (a renewal that hangs self-fences).
     - `confirm_now` renews it at once: call it before every checkpoint write.
-    - A renewal answered `None`, one that raises, or one not confirmed inside the trust
-      window loses the lease: `signal` is aborted with `ExecutionLeaseLostError`
-      (`execution.lease-lost`), a `lost` event is written, and nothing is renewed again.
+    - A renewal that fails with a transient store error (`StoreUnavailableError`, a
+      `StoreTimeoutError` included: nothing was applied, or a renewal applied twice
+      only extends the lease again) is sent again, with `_backoff`'s pauses on `clock`,
+      for as long as the trust window lasts.
+    - A renewal answered `None`, one that raises any other error, or no renewal confirmed
+      inside the trust window loses the lease: `signal` is aborted with
+      `ExecutionLeaseLostError` (`execution.lease-lost`), a `lost` event is written, and
+      nothing is renewed again.
     - Every renewal (background or `confirm_now`) also looks for `CANCEL_REQUEST_KEY` on
       the root's tree when a tree store is given; a request aborts `signal` with
       `ExecutionCancelledError`. The lease stays held and renewed after a cancellation so
@@ -264,16 +274,15 @@ class LeaseKeeper:
     async def _renew(self) -> bool:
         lease = self._lease
         assert lease is not None
-        sent = self.clock.monotonic()
         cancel_check: asyncio.Task[bool] | None = None
         if self.tree is not None and not isinstance(self.signal.reason, ExecutionCancelledError):
             # Looked up beside the renewal, not after it: one round trip of latency.
             cancel_check = asyncio.get_running_loop().create_task(self._cancel_requested(lease))
         try:
             try:
-                remaining = await self.leases.renew(lease, self.lease_ms)
+                sent, remaining = await self._renew_within_trust(lease)
             except Exception as error:
-                if self.held:
+                if self.held and self._lease is lease:
                     await self._lose(f"the renewal failed: {error!r}")
                 return False
             if not self.held or self._lease is not lease:
@@ -306,6 +315,36 @@ class LeaseKeeper:
         finally:
             if cancel_check is not None:
                 cancel_check.cancel()
+
+    async def _renew_within_trust(self, lease: ExecutionLease) -> tuple[int, int | None]:
+        """`leases.renew`, sent again after each transient store error while the lease is
+        held and its trust window lasts: the send time of the attempt answered and its
+        answer. The last error is raised when the window would end (or the lease moved)
+        before the next attempt. Ending the window is the watchdog's (or the caller's
+        answer check's) to act on: this only decides when to stop asking."""
+        attempt = 0
+        while True:
+            sent = self.clock.monotonic()
+            try:
+                return sent, await self.leases.renew(lease, self.lease_ms)
+            except StoreUnavailableError:
+                attempt += 1
+                pause_ms = max(1, round(backoff_s(attempt) * 1000))
+                until = self._trusted_until
+                if (
+                    not self.held
+                    or self._lease is not lease
+                    or until is None
+                    or self.clock.monotonic() + pause_ms >= until
+                ):
+                    raise
+                logger.info(
+                    "renewal of %s failed (attempt %d); sending it again within its trust window",
+                    self._describe(),
+                    attempt,
+                    exc_info=True,
+                )
+            await self.clock.sleep(pause_ms)
 
     async def _cancel_requested(self, lease: ExecutionLease) -> bool:
         assert self.tree is not None

@@ -42,7 +42,7 @@ from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._progress import Progress, feed
-from agboss_sql.sql._runner import Translate, driver_connection
+from agboss_sql.sql._runner import Lane, Translate, driver_connection
 from agboss_sql.sql.statements import Result, StatementCache, Step, single
 
 T = TypeVar("T")
@@ -119,7 +119,9 @@ class InlineRunner:
                     ) from exc
             delay = min(delay * 2, _MAX_BACKOFF_S)
 
-    async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
+    async def run(
+        self, step: Step[T], transaction: bool, progress: Progress, priority: Lane | bool
+    ) -> T:
         """Run `step` on the runner's connection once the steps before it ended (one lane:
         `priority` changes nothing)."""
         if self._gate is None:
@@ -135,7 +137,11 @@ class InlineRunner:
         return answer
 
     async def run_one(
-        self, statement: Any, params: Mapping[str, Any], progress: Progress, priority: bool
+        self,
+        statement: Any,
+        params: Mapping[str, Any],
+        progress: Progress,
+        priority: Lane | bool,
     ) -> Result:
         """One statement alone, in autocommit: `run` of a one-statement step without the
         step (the hot path of single-statement operations: a lease renewal, a claim).

@@ -14,8 +14,10 @@ Each step gets one pooled connection; each statement is one await on it, inside
   themselves when a call is cancelled (psycopg would otherwise ask the server to cancel
   the query, through the same dead link).
 
-Lease operations take their connections from a lane of their own (`priority=True`), so a
-holder's renewal never queues behind business work waiting on row locks.
+Lease operations take their connections from lanes of their own (`_runner.Lane`): takes
+from one (`Lane.TAKE`), the holder's moves of its lease (renew, release, yield, reclaim,
+finish) from another (`Lane.HOLD`). A renewal never queues behind business work waiting on
+row locks, nor behind takes waiting `lock_ms` on a row another session holds locked.
 
 The work's transactions (`transaction()`: a fenced effect's own statements) run on a
 SQLAlchemy engine over the same driver, made by `create_engine`: its connections are
@@ -46,12 +48,15 @@ from agboss_sql.sql._deadline import (
     statement_bound_s,
 )
 from agboss_sql.sql._progress import Progress, feed, send
-from agboss_sql.sql._runner import Translate, driver_connection
+from agboss_sql.sql._runner import Lane, Translate, driver_connection
 from agboss_sql.sql.statements import Result, StatementCache, Step, single
 
 T = TypeVar("T")
 
 PRIORITY_LANE_SIZE = 2
+"""Connections of the takes' lane (`Lane.TAKE`)."""
+HOLD_LANE_SIZE = 2
+"""Connections of the holders' lane (`Lane.HOLD`)."""
 
 
 class _Lane:
@@ -90,7 +95,11 @@ class PoolRunner:
         self.capabilities: Capabilities = dialect.CAPABILITIES
         self.pinned = False
         self.closed = False
-        self._lanes = {False: _Lane(pool_size), True: _Lane(PRIORITY_LANE_SIZE)}
+        self._lanes: dict[int, _Lane] = {
+            Lane.WORK: _Lane(pool_size),
+            Lane.TAKE: _Lane(PRIORITY_LANE_SIZE),
+            Lane.HOLD: _Lane(HOLD_LANE_SIZE),
+        }
         self._statement_s = statement_bound_s(timeouts)
         # Connections of the engine's committed transactions, kept for the next one.
         self._kept: list[tuple[sa.Connection, AsyncConnection]] = []
@@ -102,13 +111,13 @@ class PoolRunner:
 
     @property
     def open_connections(self) -> int:
-        """Connections open now, both lanes."""
+        """Connections open now, every lane."""
         return sum(lane.open for lane in self._lanes.values())
 
     # --- checkout ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def connection(self, priority: bool = False) -> AsyncIterator[Any]:
+    async def connection(self, priority: Lane | bool = False) -> AsyncIterator[Any]:
         """A pooled connection held for the block (as `run` holds one for a step), returned
         after it, dropped when the block failed with the connection in doubt."""
         if self.closed:
@@ -275,7 +284,9 @@ class PoolRunner:
             "(Timeouts.statement_ms)"
         )
 
-    async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
+    async def run(
+        self, step: Step[T], transaction: bool, progress: Progress, priority: Lane | bool
+    ) -> T:
         """Run `step` on a pooled connection, returned when the step ends, dropped when the
         step failed with the connection in doubt."""
         if self.closed:
@@ -295,7 +306,11 @@ class PoolRunner:
             await self._checkin(lane, raw, reusable)
 
     async def run_one(
-        self, statement: Any, params: Mapping[str, Any], progress: Progress, priority: bool
+        self,
+        statement: Any,
+        params: Mapping[str, Any],
+        progress: Progress,
+        priority: Lane | bool,
     ) -> Result:
         """One statement alone, in autocommit: `run` of a one-statement step without the
         step (the hot path of single-statement operations), with the same bounds, the same
@@ -514,7 +529,7 @@ class PoolRunner:
         return self.url.render_as_string(hide_password=True)
 
     async def close(self) -> None:
-        """Close the idle connections of both lanes and the engine connections kept for the
+        """Close the idle connections of every lane and the engine connections kept for the
         next transaction; checkouts waiting for a connection fail at once."""
         self.closed = True
         for lane in self._lanes.values():

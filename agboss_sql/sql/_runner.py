@@ -12,6 +12,7 @@ the runner recorded.
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +25,22 @@ from agboss_sql.sql._progress import Progress
 from agboss_sql.sql.statements import Result, Step
 
 T = TypeVar("T")
+
+
+class Lane(enum.IntEnum):
+    """Which of a pool's lanes a call's server connection comes from (`priority`). `False`
+    and `True` name the first two, as they did before there were three."""
+
+    WORK = 0
+    """Business work, the stores' other calls: `pool_size` connections."""
+    TAKE = 1
+    """Taking a lease (`acquire`): a take may wait `lock_ms` on a row another session has
+    locked, so takes have their own lane, where blocked takes queue only behind takes."""
+    HOLD = 2
+    """A holder's moves of a lease it holds (renew, release, yield, reclaim, finish): a
+    lane that no take and no business work can fill, so a renewal waits only for its own
+    lease's row."""
+
 
 Translate = Callable[[Exception, Progress], Exception]
 """Types a failure of a transaction that got as far as `Progress` (`SqlConnection.translate`
@@ -48,14 +65,20 @@ class Runner(Protocol):
         """Use `capabilities` from now on, whatever a server answers."""
         ...
 
-    async def run(self, step: Step[T], transaction: bool, progress: Progress, priority: bool) -> T:
+    async def run(
+        self, step: Step[T], transaction: bool, progress: Progress, priority: Lane | bool
+    ) -> T:
         """Run `step` to its answer: in one transaction when `transaction` (rolled back
         when the step or a statement raises), else each statement in autocommit.
-        `priority` asks for the lane kept for lease operations, where there are lanes."""
+        `priority` names the `Lane` of the connection, where there are lanes."""
         ...
 
     async def run_one(
-        self, statement: Any, params: Mapping[str, Any], progress: Progress, priority: bool
+        self,
+        statement: Any,
+        params: Mapping[str, Any],
+        progress: Progress,
+        priority: Lane | bool,
     ) -> Result:
         """`run` of a one-statement step in autocommit, without the step."""
         ...
@@ -109,4 +132,4 @@ async def driver_connection(connection: AsyncConnection) -> Any:
     return (await connection.get_raw_connection()).driver_connection
 
 
-__all__ = ["Runner", "Translate", "driver_connection"]
+__all__ = ["Lane", "Runner", "Translate", "driver_connection"]

@@ -84,7 +84,7 @@ from agboss_sql.sql._deadline import DeadlinePassed
 from agboss_sql.sql._inline_runner import InlineRunner
 from agboss_sql.sql._pool_runner import PoolRunner
 from agboss_sql.sql._progress import Progress
-from agboss_sql.sql._runner import Runner
+from agboss_sql.sql._runner import Lane, Runner
 from agboss_sql.sql.statements import (
     Compiled,
     Exec,
@@ -196,7 +196,11 @@ class SqlConnection:
     # --- running steps ----------------------------------------------------------------
 
     async def execute(
-        self, statement: Any, params: Mapping[str, Any] | None = None, *, priority: bool = False
+        self,
+        statement: Any,
+        params: Mapping[str, Any] | None = None,
+        *,
+        priority: Lane | bool = False,
     ) -> Result:
         """Send one statement alone, in autocommit (retried on transient conflicts)."""
         runner = self._runner
@@ -229,12 +233,12 @@ class SqlConnection:
         step: Callable[[], Step[T]] | Step[T],
         *,
         transaction: bool = True,
-        priority: bool = False,
+        priority: Lane | bool = False,
     ) -> T:
         """Run an atomic step: in one transaction when `transaction`, else each statement in
         autocommit. A factory (a callable returning a fresh step) is re-run on a transient
         conflict; a bare generator cannot be re-run and is tried once. `priority` takes a
-        server connection from the lane kept for lease operations."""
+        server connection from that `Lane` (`True`: the takes' lane)."""
         runner = self._runner
         progress = Progress()
         if not callable(step):

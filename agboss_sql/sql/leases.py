@@ -7,6 +7,10 @@ injected. A lease is live while `expires_at > now`, in every statement.
 Statements per operation: PostgreSQL and SQLite one each (`RETURNING`);
 MariaDB one for the take (`INSERT … ON DUPLICATE KEY UPDATE … RETURNING`);
 MySQL 8 two for a take or a renewal (the write, then a read of what it wrote).
+
+Takes run on the takes' lane of a server's pool (`Lane.TAKE`), the holder's own moves
+(renew, release, yield, reclaim, finish) on the holders' lane (`Lane.HOLD`): a take that
+waits `lock_ms` on a row another session locked never holds up a renewal.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from agboss_sql.contracts.stores import ExecutionLeaseRepository
 from agboss_sql.contracts.types import ExecutionLease, LeaseHolder
 from agboss_sql.sql._base import StoreClockStore
 from agboss_sql.sql._fence import store_time_params
+from agboss_sql.sql._runner import Lane
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import execution_ids, execution_leases
 
@@ -223,7 +228,7 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
             take_id=take_id,
         )
         row = await self.connection.run(
-            lambda: self._acquire(params), transaction=False, priority=True
+            lambda: self._acquire(params), transaction=False, priority=Lane.TAKE
         )
         # Some dialects return the row whether or not the take happened: the nonce tells.
         if row is None or row[5] != take_id:
@@ -242,10 +247,14 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
         if self._named_elsewhere(lease):
             return None
         if self._sql.returning:
-            row = (await self.connection.execute(self._sql.renew, params, priority=True)).first()
+            row = (
+                await self.connection.execute(self._sql.renew, params, priority=Lane.HOLD)
+            ).first()
             return None if row is None else remaining_of(row[0], row[1])
         return await self.connection.run(
-            lambda: self._renew_then_read(params, lease), transaction=False, priority=True
+            lambda: self._renew_then_read(params, lease),
+            transaction=False,
+            priority=Lane.HOLD,
         )
 
     def _renew_then_read(self, params: dict[str, Any], lease: ExecutionLease) -> Step[int | None]:
@@ -261,7 +270,7 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
         if self._named_elsewhere(lease):
             return False
         result = await self.connection.execute(
-            self._sql.release, self._lease_params(lease), priority=True
+            self._sql.release, self._lease_params(lease), priority=Lane.HOLD
         )
         return result.rowcount == 1
 
@@ -269,7 +278,7 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
         if self._named_elsewhere(lease):
             return False
         result = await self.connection.execute(
-            self._sql.yield_lease, self._lease_params(lease), priority=True
+            self._sql.yield_lease, self._lease_params(lease), priority=Lane.HOLD
         )
         return result.rowcount == 1
 
@@ -279,7 +288,7 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
         )
         if self._named_elsewhere(lease):
             return None
-        result = await self.connection.execute(self._sql.reclaim, params, priority=True)
+        result = await self.connection.execute(self._sql.reclaim, params, priority=Lane.HOLD)
         if self._sql.returning:
             row = result.first()
             if row is None:
@@ -302,7 +311,7 @@ class SqlExecutionLeaseRepository(StoreClockStore[LeaseStatements], ExecutionLea
         if self._named_elsewhere(lease):
             return False
         result = await self.connection.execute(
-            self._sql.finish, self._lease_params(lease), priority=True
+            self._sql.finish, self._lease_params(lease), priority=Lane.HOLD
         )
         return result.rowcount == 1
 

@@ -14,6 +14,7 @@ from runtime_support import (
     FailingRenewLeases,
     HangingRenewLeases,
     Instance,
+    RecordingLeases,
     SlowRenewLeases,
     World,
     settle,
@@ -22,11 +23,14 @@ from runtime_support import (
 from agboss_sql.contracts import (
     CANCEL_REQUEST_KEY,
     ExecutionCancelledError,
+    ExecutionLease,
     ExecutionLeaseLostError,
     LeaseEventKind,
     LeaseHolder,
+    StoreTimeoutError,
     VirtualClock,
 )
+from agboss_sql.memory import InMemoryExecutionLeaseRepository
 from agboss_sql.runtime import LeaseKeeper
 
 
@@ -229,7 +233,10 @@ async def test_confirm_now_answered_after_the_trust_window_loses_the_lease(world
     assert [k for k, _, _ in await kinds(world)] == ["acquired", "lost"]
 
 
-async def test_a_renewal_that_raises_loses_the_lease(world: World) -> None:
+async def test_a_renewal_that_raises_a_non_transient_error_loses_the_lease(
+    world: World,
+) -> None:
+    # A ConnectionError is no store error of ours: nothing says the call may be sent again.
     a = world.instance("a", FailingRenewLeases)
     keeper = keeper_of(world, a)
     await keeper.take(TENANT, "tree-1")
@@ -399,3 +406,78 @@ async def test_the_lost_event_is_written_even_when_stop_comes_while_it_is_being_
     gate.set()
     await asyncio.wait_for(written.wait(), 5)  # bounded: the write only awaits the gate
     assert [k for k, _, _ in await kinds(world)] == ["acquired", "lost"]
+
+
+class TimingOutRenewLeases(RecordingLeases):
+    """Each renewal but the ones after the first `failures` waits `wait_ms` of application
+    time and raises `StoreTimeoutError(lock)` (blocked behind a row lock), as a server's
+    renewal does when its row stays locked for `lock_ms`."""
+
+    def __init__(self, *args: object, failures: int, wait_ms: int) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.failures = failures
+        self.wait_ms = wait_ms
+
+    async def renew(self, lease: ExecutionLease, lease_ms: int) -> int | None:
+        self.renewals.append(self.app_clock.monotonic())
+        if len(self.renewals) > self.failures:
+            return await InMemoryExecutionLeaseRepository.renew(self, lease, lease_ms)
+        await self.app_clock.sleep(self.wait_ms)
+        raise StoreTimeoutError("lock", self.wait_ms, "the lease row stayed locked")
+
+
+async def test_a_renewal_that_times_out_is_sent_again_within_the_trust_window(
+    world: World,
+) -> None:
+    # Three renewals time out after 5 s each (the first at +10 s); the fourth, sent at
+    # about +25 s, inside the window that ends at +29 s, keeps the lease.
+    a = world.instance("a", TimingOutRenewLeases, failures=3, wait_ms=5_000)
+    keeper = keeper_of(world, a)
+    await keeper.take(TENANT, "tree-1")
+    keeper.start()
+    await advance(world, 28_000, step=50)
+    assert keeper.held and keeper.trusted() and not keeper.signal.aborted
+    assert len(a.leases.renewals) == 4
+    assert a.leases.renewals[0] == START + 10_000
+    fourth = a.leases.renewals[3]
+    # Each retry follows the failure by a backoff pause (at most 1.5 x CAP_S = 300 ms).
+    assert START + 25_000 < fourth <= START + 25_000 + 3 * 300
+    assert keeper.trusted_until == fourth + LEASE_MS - 1_000
+    assert [k for k, _, _ in await kinds(world)] == ["acquired"]
+    await keeper.stop()
+
+
+async def test_a_renewal_that_keeps_timing_out_loses_the_lease_when_the_trust_window_ends(
+    world: World,
+) -> None:
+    a = world.instance("a", TimingOutRenewLeases, failures=1_000, wait_ms=5_000)
+    b = world.instance("b")
+    keeper = keeper_of(world, a)
+    await keeper.take(TENANT, "tree-1")  # trusted until START + 29_000
+    keeper.start()
+    await advance(world, 28_900, step=50)
+    assert keeper.held and not keeper.signal.aborted  # still retrying inside the window
+    sent = len(a.leases.renewals)
+    assert sent == 4  # +10, ~+15, ~+20, ~+25 s: each waits 5 s, then a short pause
+    await advance(world, 200, step=50)  # past START + 29_000
+    assert keeper.lost and isinstance(keeper.signal.reason, ExecutionLeaseLostError)
+    events = await a.events.list(TENANT, "tree-1")
+    assert [e.kind for e in events] == [LeaseEventKind.ACQUIRED, LeaseEventKind.LOST]
+    assert events[-1].at <= START + 29_000
+    # The holder stopped trusting before the store lets anyone else in (+30 s).
+    assert await b.leases.acquire(TENANT, "tree-1", LEASE_MS) is None
+    await advance(world, 30_000)
+    assert len(a.leases.renewals) == sent  # nothing sent once lost
+
+
+async def test_a_refused_renewal_is_not_sent_again(world: World) -> None:
+    world.store_time = VirtualClock(START)
+    a, b = world.instance("a"), world.instance("b")
+    keeper = keeper_of(world, a)
+    await keeper.take(TENANT, "tree-1")
+    await world.store_time.advance(LEASE_MS)
+    assert await b.leases.acquire(TENANT, "tree-1", LEASE_MS) is not None
+    keeper.start()
+    await advance(world, 12_000, step=50)
+    assert keeper.lost
+    assert a.leases.renewals == [START + 10_000]
