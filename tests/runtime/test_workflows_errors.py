@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from workflow_support import WAIT_S, Calls, Cluster, open_cluster, stored_results
+from workflow_support import WAIT_S, Calls, Cluster, Gate, open_cluster, stored_results
 
 from agboss_sql.runtime import (
     Engine,
@@ -36,13 +36,15 @@ async def cluster(sql: SqlConnection, sql_url: str) -> AsyncIterator[Cluster]:
         yield made
 
 
-def misuses(calls: Calls) -> Workflows:
+def misuses(calls: Calls, gate: Gate | None = None) -> Workflows:
     app = Workflows("misuses")
 
     @app.workflow
     async def greet(ctx: WorkflowContext, name: str) -> str:
         async def hello(n: str) -> str:
             calls("hello", n)
+            if gate is not None:
+                await gate()
             return f"hello {n}"
 
         return await ctx.step("hello", hello, name)
@@ -115,15 +117,21 @@ async def test_an_input_that_is_not_json_or_a_workflow_no_worker_knows_is_refuse
 async def test_a_run_id_started_again_answers_the_same_run_and_another_input_is_a_conflict(
     cluster: Cluster,
 ) -> None:
-    calls = Calls()
-    a = await cluster.engine("a", misuses(calls))
-    first = await a.start("greet", "ann", id="g-1", tenant_id=cluster.tenant)
-    assert await first.result(timeout_s=30) == "hello ann"
-    again = await a.start("greet", "ann", id="g-1", tenant_id=cluster.tenant)
+    calls, gate = Calls(), Gate()
+    a = await cluster.engine("a", misuses(calls, gate))
+    b = await cluster.engine("b", misuses(calls, gate))
+    await a.start("greet", "ann", id="g-1", tenant_id=cluster.tenant)
+    await gate.wait_reached()
+    # The same start again, from another instance while the run is in its step.
+    again = await b.start("greet", "ann", id="g-1", tenant_id=cluster.tenant)
     assert again.workflow_id == "g-1"
-    assert await again.result(timeout_s=30) == "hello ann"
     with pytest.raises(WorkflowIdConflictError):
-        await a.start("greet", "bob", id="g-1", tenant_id=cluster.tenant)
+        await b.start("greet", "bob", id="g-1", tenant_id=cluster.tenant)
+    gate.open()
+    assert await again.result(timeout_s=WAIT_S) == "hello ann"
+    # And once it ended.
+    last = await a.start("greet", "ann", id="g-1", tenant_id=cluster.tenant)
+    assert await last.result(timeout_s=WAIT_S) == "hello ann"
     assert calls.made == [("hello", "ann")]
     status = await a.status("g-1", tenant_id=cluster.tenant)
     assert (status.input, status.result) == ("ann", "hello ann")
