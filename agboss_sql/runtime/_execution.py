@@ -436,6 +436,9 @@ class Executor:
                 f"child {run.execution} cannot pause ({name!r}): only a tree's root pauses"
             )
         pause_id = self.pause_id_of(run.root, key)
+        if await self.cancel_requested(run):
+            # Before any pause is saved: a cancelled run never leaves one waiting.
+            raise ExecutionCancelledError(f"run {run.root} was cancelled before it paused")
         found = await self.retrying(
             run, "read the pause", lambda: self.pauses.get(run.tenant_id, pause_id)
         )
@@ -477,8 +480,6 @@ class Executor:
         # Pending: the record leaves `running` first (the sweep leaves a paused run alone),
         # then the lease goes.
         run.keeper.guard()
-        if await self.cancel_requested(run):
-            raise ExecutionCancelledError(f"run {run.root} was cancelled before it paused")
         if not await self.records.transition(
             run.tenant_id, run.root, ExecutionRecordStatus.RUNNING, ExecutionRecordStatus.PAUSED
         ):

@@ -275,6 +275,10 @@ class Runs:
     async def _cancelled(self, run: Run, definition: Any, value: JsonValue) -> None:
         try:
             undone = await unwind(self.executor, run, definition, value)
+            # A pause the run saved as the cancel came is not left waiting.
+            for named in (await self.tree.list(run.tenant_id, run.root, PAUSE_PREFIX)).values():
+                if isinstance(named, dict):
+                    await self.pauses.cancel(run.tenant_id, str(named.get("pause_id")))
             await self._end(
                 run,
                 ExecutionRecordStatus.CANCELLED,
