@@ -4,8 +4,9 @@ A SQLite statement costs tens of microseconds, less than a hop to another thread
 back, so a step runs right here, inside `BEGIN IMMEDIATE` when it needs a transaction.
 The one wait SQLite has is for the write lock (another connection's write transaction):
 the connection's busy timeout is 0, and a busy statement is sent again after an async
-sleep, so the loop keeps serving everything else while it waits, up to
-`Timeouts.lock_ms`; then `StoreTimeoutError(what="lock")`. The sleeps stay short (at most
+sleep, so the loop keeps serving everything else while it waits, up to `Timeouts.lock_ms`
+from the call's start; then `StoreTimeoutError(what="lock")`. A call waiting outside a
+transaction lets go of the connection: reads and other calls run beside it. The sleeps stay short (at most
 `_MAX_BACKOFF_S`), so a writer in another process that releases the lock for a moment
 is caught: a busy neighbour delays a step, it does not starve it.
 
@@ -28,7 +29,7 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
@@ -90,47 +91,98 @@ class InlineRunner:
         return self._raw
 
     async def execute(
-        self, raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None
+        self,
+        raw: sqlite3.Connection,
+        sql: str,
+        params: Mapping[str, Any] | None,
+        deadline: float | None = None,
+        turn: _Turn | None = None,
     ) -> tuple[list[Any] | None, int]:
         """One statement; while the database is busy, wait (asynchronously) and send it again
-        (a busy statement applied nothing), up to the lock bound."""
+        (a busy statement applied nothing), until `deadline` (on the loop's clock; by default
+        `lock_ms` after the first busy answer). With `turn`, a call holding the runner's own
+        connection (used instead of `raw`) until `turn.deadline`: while it has no transaction
+        open, the call lets go of the connection between attempts, so other calls (reads
+        above all, which WAL serves beside a writer) run meanwhile and each call's wait ends
+        `lock_ms` after its own start, never one `lock_ms` per call queued before it."""
         execute = self.dialect.execute_sync
+        if turn is not None:
+            raw, deadline = self._connection(), turn.deadline
         try:
             return execute(raw, sql, params)
         except Exception as exc:
             if not self.dialect.is_busy(exc):
                 raise
+            busy = exc
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeouts.lock_ms / 1000
+        if deadline is None:
+            deadline = loop.time() + self.timeouts.lock_ms / 1000
         delay = 0.0005
         while True:
-            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            if loop.time() >= deadline:
+                raise self._lock_timeout() from busy
+            # Inside a transaction the connection is the call's until it ends: kept.
+            let_go = turn if turn is not None and not raw.in_transaction else None
+            if let_go is not None:
+                self._leave(let_go)
+            pause = min(delay * random.uniform(0.5, 1.5), deadline - loop.time())
+            await asyncio.sleep(max(0.0, pause))
+            if let_go is not None:
+                await self._enter(let_go)
+                raw = self._connection()  # the connection may have been replaced meanwhile
             try:
                 return execute(raw, sql, params)
             except Exception as exc:
                 if not self.dialect.is_busy(exc):
                     raise
-                if loop.time() >= deadline:
-                    raise StoreTimeoutError(
-                        "lock",
-                        self.timeouts.lock_ms,
-                        f"{self.path!r} stayed locked by another connection's write for "
-                        f"{self.timeouts.lock_ms} ms (Timeouts.lock_ms); nothing was applied",
-                    ) from exc
+                busy = exc
             delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    def _lock_timeout(self) -> StoreTimeoutError:
+        return StoreTimeoutError(
+            "lock",
+            self.timeouts.lock_ms,
+            f"{self.path!r} stayed locked by another connection's write for "
+            f"{self.timeouts.lock_ms} ms (Timeouts.lock_ms); nothing was applied",
+        )
+
+    # --- the runner's own connection, one call at a time --------------------------------
+
+    async def _enter(self, turn: _Turn) -> None:
+        """Hold the runner's connection for `turn`, waiting for the call using it no later
+        than `turn.deadline` (then `StoreTimeoutError(what="lock")`)."""
+        if self._gate is None:
+            self._gate = asyncio.Lock()
+        remaining = turn.deadline - asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(max(0.0, remaining)):
+                await self._gate.acquire()
+        except TimeoutError:
+            raise self._lock_timeout() from None
+        turn.held = True
+        if self.closed:
+            self._leave(turn)
+            raise StoreUnavailableError("the connection is closed")
+
+    def _leave(self, turn: _Turn) -> None:
+        if turn.held:
+            turn.held = False
+            assert self._gate is not None
+            self._gate.release()
 
     async def run(
         self, step: Step[T], transaction: bool, progress: Progress, priority: Lane | bool
     ) -> T:
-        """Run `step` on the runner's connection once the steps before it ended (one lane:
-        `priority` changes nothing)."""
-        if self._gate is None:
-            self._gate = asyncio.Lock()
-        # Steps of this connection never interleave (a step may wait for the write lock).
-        async with self._gate:
-            if self.closed:
-                raise StoreUnavailableError("the connection is closed")
-            answer = await self._drive(step, transaction, progress)
+        """Run `step` on the runner's connection, never interleaved with another call's
+        transaction (one lane: `priority` changes nothing). Its wait for the write lock, and
+        for the connection, ends `lock_ms` after the call began."""
+        turn = _Turn(self.timeouts.lock_ms)
+        # Steps of this connection never interleave inside a transaction.
+        await self._enter(turn)
+        try:
+            answer = await self._drive(step, transaction, progress, turn)
+        finally:
+            self._leave(turn)
         # A step that found the database free never suspended: give the loop one turn, so a
         # caller looping over store calls cannot starve the rest (a lease renewal, say).
         await asyncio.sleep(0)
@@ -146,45 +198,56 @@ class InlineRunner:
         """One statement alone, in autocommit: `run` of a one-statement step without the
         step (the hot path of single-statement operations: a lease renewal, a claim).
         `progress` is left as it is: no failure of a lone statement here is in doubt."""
-        if self._gate is None:
-            self._gate = asyncio.Lock()
-        async with self._gate:
-            if self.closed:
-                raise StoreUnavailableError("the connection is closed")
-            raw = self._connection()
+        turn = _Turn(self.timeouts.lock_ms)
+        await self._enter(turn)
+        try:
             cache = self.cache
             compiled = cache.compiled(statement)
             sent = cache.params(compiled, params)
             try:
                 if cache.listeners:
                     cache.notify(compiled.sql, sent)
-                rows, count = await self.execute(raw, compiled.sql, sent)
+                rows, count = await self.execute(self._connection(), compiled.sql, sent, turn=turn)
             except BaseException:
-                self._abandon(raw)
+                self._abandon_in(turn)
                 raise
+        finally:
+            self._leave(turn)
         await asyncio.sleep(0)  # as in `run`: one turn for the rest of the loop
         return Result(rows, count)
 
-    async def _drive(self, step: Step[T], transaction: bool, progress: Progress) -> T:
-        raw = self._connection()
+    async def _drive(self, step: Step[T], transaction: bool, progress: Progress, turn: _Turn) -> T:
         cache = self.cache
         begin = self.dialect.BEGIN
+        raw = self._connection()
+
+        def execute(
+            raw: Any, sql: str, params: Mapping[str, Any] | None
+        ) -> Coroutine[Any, Any, tuple[list[Any] | None, int]]:
+            return self.execute(raw, sql, params, turn=turn)
+
         try:
             if transaction:
                 if cache.listeners:
                     cache.notify(begin, {})
-                await self.execute(raw, begin, None)
-            answer = await feed(cache, step, raw, self.execute, progress)
+                await execute(raw, begin, None)
+            answer = await feed(cache, step, raw, execute, progress)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
                 progress.committing = True
-                await self.execute(raw, "COMMIT", None)
+                await execute(raw, "COMMIT", None)
         except BaseException:
             step.close()
-            self._abandon(raw)
+            self._abandon_in(turn)
             raise
         return answer
+
+    def _abandon_in(self, turn: _Turn) -> None:
+        """After a failed call: roll back what the runner's connection has open, when the
+        call still holds it (one that let go of it while waiting left nothing open)."""
+        if turn.held and self._raw is not None:
+            self._abandon(self._raw)
 
     def _abandon(self, raw: sqlite3.Connection) -> None:
         """After a failed step: roll back what `raw` still has open."""
@@ -277,7 +340,7 @@ class InlineRunner:
             self._work = _WorkConnection(engine(), connection)
         return self._work
 
-    async def _enter_work_gate(self) -> asyncio.Lock:
+    async def _enter_work_gate(self, deadline: float) -> asyncio.Lock:
         if self._work_gate is None:
             self._work_gate = asyncio.Lock()
         gate = self._work_gate
@@ -285,7 +348,8 @@ class InlineRunner:
             await gate.acquire()  # free: taken without suspending
             return gate
         try:
-            async with asyncio.timeout(self.timeouts.lock_ms / 1000):
+            remaining = deadline - asyncio.get_running_loop().time()
+            async with asyncio.timeout(max(0.0, remaining)):
                 await gate.acquire()
         except TimeoutError:
             raise StoreTimeoutError(
@@ -353,6 +417,18 @@ class InlineRunner:
         self._drop_work()
 
 
+class _Turn:
+    """One call's use of the runner's connection: whether it holds it now, and when its
+    wait for the write lock (and for the connection) ends: `lock_ms` after the call began,
+    on the loop's clock."""
+
+    __slots__ = ("deadline", "held")
+
+    def __init__(self, lock_ms: int) -> None:
+        self.deadline = asyncio.get_running_loop().time() + lock_ms / 1000
+        self.held = False
+
+
 class InlineTransaction:
     """`async with` one transaction on the work connection (`InlineRunner.transaction`): a
     plain class, not a generator, since it is on every fenced effect's path."""
@@ -372,8 +448,11 @@ class InlineTransaction:
 
     async def __aenter__(self) -> InlineWorkConnection:
         runner = self.runner
+        # One bound for the whole wait, the transaction before this one's and the write
+        # lock's together: `lock_ms` from the start.
+        deadline = asyncio.get_running_loop().time() + runner.timeouts.lock_ms / 1000
         try:
-            gate = await runner._enter_work_gate()
+            gate = await runner._enter_work_gate(deadline)
         except Exception as exc:
             raise self._typed(exc) from exc
         work: _WorkConnection | None = None
@@ -384,7 +463,7 @@ class InlineTransaction:
             cache = runner.cache
             if cache.listeners:
                 cache.notify(runner.dialect.BEGIN, {})
-            await runner.execute(work.raw, runner.dialect.BEGIN, None)
+            await runner.execute(work.raw, runner.dialect.BEGIN, None, deadline)
             # SQLAlchemy's view of the transaction we began (pysqlite sends no BEGIN).
             work.sync.begin()
         except BaseException as exc:
