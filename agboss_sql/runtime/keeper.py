@@ -244,8 +244,9 @@ class LeaseKeeper:
 
     async def confirm_now(self) -> bool:
         """Renew at once and say whether the lease is still held (call it before every
-        checkpoint write). False once lost, released, yielded or finished: then it sends
-        nothing."""
+        checkpoint write). A renewal failing transiently is sent again while the trust
+        window lasts, so the answer may take until the window ends. False once lost,
+        released, yielded or finished: then it sends nothing."""
         if self._state is not _State.HELD:
             return False
         return await self._renew()
@@ -327,7 +328,7 @@ class LeaseKeeper:
             sent = self.clock.monotonic()
             try:
                 return sent, await self.leases.renew(lease, self.lease_ms)
-            except StoreUnavailableError:
+            except StoreUnavailableError as error:
                 attempt += 1
                 pause_ms = max(1, round(backoff_s(attempt) * 1000))
                 until = self._trusted_until
@@ -338,12 +339,13 @@ class LeaseKeeper:
                     or self.clock.monotonic() + pause_ms >= until
                 ):
                     raise
-                logger.info(
-                    "renewal of %s failed (attempt %d); sending it again within its trust window",
-                    self._describe(),
-                    attempt,
-                    exc_info=True,
-                )
+                if attempt == 1:  # once per renewal: an outage would log every few ms
+                    logger.warning(
+                        "the renewal of %s failed (%r); sending it again while its trust "
+                        "window lasts",
+                        self._describe(),
+                        error,
+                    )
             await self.clock.sleep(pause_ms)
 
     async def _cancel_requested(self, lease: ExecutionLease) -> bool:
