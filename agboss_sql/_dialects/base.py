@@ -234,6 +234,11 @@ class ServerDriver(Protocol):
 
     def is_usable(self, raw: Any) -> bool: ...
 
+    def close_without_loop(self, raw: Any) -> None:
+        """Close `raw` once the event loop it was made on has ended: its socket directly,
+        since the driver's own close would schedule work on the dead loop."""
+        ...
+
 
 class InlineDriver(Protocol):
     """SQLite's stdlib driver, run inline on the event loop's thread."""

@@ -282,6 +282,18 @@ def abort(raw: Any) -> None:
         raw.close()
 
 
+def close_without_loop(raw: Any) -> None:
+    """aiomysql closes through its stream writer, on its loop: close the socket under the
+    writer's transport directly, and drop the streams."""
+    writer = getattr(raw, "_writer", None)
+    if writer is None:
+        abort(raw)
+        return
+    with contextlib.suppress(Exception):
+        writer.transport._sock.close()
+    raw._writer = raw._reader = None
+
+
 _quiet_cursor: Any = None
 
 

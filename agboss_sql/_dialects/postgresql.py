@@ -182,6 +182,11 @@ def abort(raw: Any) -> None:
         raw.pgconn.finish()
 
 
+def close_without_loop(raw: Any) -> None:
+    """libpq's own finish needs no loop."""
+    abort(raw)
+
+
 async def execute(
     raw: Any, sql: str, params: Mapping[str, Any] | None
 ) -> tuple[list[Any] | None, int]:

@@ -416,6 +416,13 @@ class InlineRunner:
             return  # the transaction in flight closes the work connection when it ends
         self._drop_work()
 
+    def forget(self) -> None:
+        self.closed = True
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            with contextlib.suppress(Exception):
+                raw.close()
+
 
 class _Turn:
     """One call's use of the runner's connection: whether it holds it now, and when its

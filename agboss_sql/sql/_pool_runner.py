@@ -546,6 +546,15 @@ class PoolRunner:
             with contextlib.suppress(Exception):
                 await greenlet_spawn(sync.close)
 
+    def forget(self) -> None:
+        self.closed = True
+        for lane in self._lanes.values():
+            idle, lane.idle = lane.idle, []
+            lane.open -= len(idle)
+            for raw in idle:
+                with contextlib.suppress(Exception):
+                    self.dialect.close_without_loop(raw)
+
 
 _DEADLINE = "agboss.deadline"
 """The key of the running transaction's `StatementDeadline` in its connection's `info`."""

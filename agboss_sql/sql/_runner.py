@@ -122,6 +122,11 @@ class Runner(Protocol):
         """Close every connection the runner holds idle; those in use close when returned."""
         ...
 
+    def forget(self) -> None:
+        """Close, without its event loop (that loop has ended), every connection the runner
+        holds idle, and refuse every later call."""
+        ...
+
 
 async def driver_connection(connection: AsyncConnection) -> Any:
     """The driver connection under `connection`: read directly while it is valid (no hop

@@ -466,6 +466,13 @@ class SqlConnection:
         """Return when the database answers a trivial statement."""
         await self.execute("SELECT 1")
 
+    def forget(self) -> None:
+        """Close this connection's idle connections without its event loop (that loop has
+        ended: a saver used from several threads' loops drops the dead ones' this way);
+        later calls fail with `StoreUnavailableError`."""
+        self._closed = True
+        self._runner.forget()
+
     async def close(self) -> None:
         """Close every connection; later calls fail with `StoreUnavailableError`. Steps
         already running finish, and their connections are closed when they return them."""

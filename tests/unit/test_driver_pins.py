@@ -214,7 +214,7 @@ PINS: list[Pin] = [
         "aiomysql:Connection",
         ("_writer", "_reader"),
         "agboss_sql/_dialects/mysql.py (is_usable polls the socket of _writer) and "
-        "agboss_sql/sql/checkpoint/_bridge.py (_forget closes it without a loop)",
+        "agboss_sql/_dialects/mysql.py (close_without_loop closes it without a loop)",
         make=lambda owner: _unopened(owner),
     ),
     # aiosqlite
@@ -262,7 +262,7 @@ PINS: list[Pin] = [
     ),
     CustomPin(
         "asyncio _SelectorTransport._sock",
-        "agboss_sql/sql/checkpoint/_bridge.py (_forget closes an aiomysql socket without its loop)",
+        "agboss_sql/_dialects/mysql.py (close_without_loop closes an aiomysql socket without its loop)",
         lambda: _stores("asyncio.selector_events:_SelectorTransport.__init__", "_sock"),
     ),
     CustomPin(

@@ -34,8 +34,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from agboss_sql.contracts.errors import CommitOutcomeUnknownError, StoreUnavailableError
-from agboss_sql.sql._inline_runner import InlineRunner
-from agboss_sql.sql._pool_runner import PoolRunner
 from agboss_sql.sql.connection import SqlConnection
 
 T = TypeVar("T")
@@ -326,29 +324,10 @@ class SyncBridge:
 
 
 def _forget(connection: SqlConnection) -> None:
-    """Close a connection whose event loop has ended, without that loop: its idle sockets are
-    closed directly (a driver's own close would schedule work on the dead loop, and its
-    finalizer would complain about it later)."""
-    runner: Any = connection._runner
+    """Close a connection whose event loop has ended, without that loop (a driver's own
+    close would schedule work on the dead loop, and its finalizer complain about it later)."""
     with contextlib.suppress(Exception):
-        if isinstance(runner, InlineRunner):
-            runner.closed = True
-            raw, runner._raw = runner._raw, None
-            if raw is not None:
-                raw.close()
-            return
-        assert isinstance(runner, PoolRunner)
-        runner.closed = True
-        for lane in runner._lanes.values():
-            idle, lane.idle = lane.idle, []
-            for raw in idle:
-                writer = getattr(raw, "_writer", None)  # aiomysql
-                if writer is not None:
-                    with contextlib.suppress(Exception):
-                        writer.transport._sock.close()
-                    raw._writer = raw._reader = None
-                else:
-                    runner.dialect.abort(raw)
+        connection.forget()
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
