@@ -1,5 +1,7 @@
 """The rules every store applies, written once: argument checks, the dependencies a store's
-constructor takes, and the fence's decision and refusal vocabulary.
+constructor takes, and the fence's decision and refusal vocabulary. The number and payload
+rules (`_number_rules`) and the checks of the values stores save (`_value_rules`) are in
+their own modules; every one of them is named from here.
 
 Memory and SQL stores call these before anything is read or written; a rule that lives
 here is never restated in a store. The key's text rules (identifiers, effect names,
@@ -8,21 +10,63 @@ business keys, steps, fingerprints) live beside the key helpers in `contracts.ke
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from functools import lru_cache
 from typing import Literal, NamedTuple, Protocol, TypeVar, overload
 
-from agboss_sql.contracts.clocks import Clock, StoreClock
-from agboss_sql.contracts.errors import (
-    ExecutionFencedError,
-    InvalidFingerprintError,
-    InvalidIdentifierError,
-    InvalidNumberError,
-    InvalidPayloadError,
+# The number, payload and value rules live in their own modules and are named from here.
+from agboss_sql.contracts._number_rules import (
+    MAX_DURATION_MS as MAX_DURATION_MS,
 )
+from agboss_sql.contracts._number_rules import (
+    MAX_INT32 as MAX_INT32,
+)
+from agboss_sql.contracts._number_rules import (
+    MAX_INT64 as MAX_INT64,
+)
+from agboss_sql.contracts._number_rules import (
+    MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
+)
+from agboss_sql.contracts._number_rules import (
+    MIN_INT32 as MIN_INT32,
+)
+from agboss_sql.contracts._number_rules import (
+    MIN_INT64 as MIN_INT64,
+)
+from agboss_sql.contracts._number_rules import (
+    checked_count,
+    checked_int,
+    checked_positive_ms,
+    checked_time,
+    checked_token,
+)
+from agboss_sql.contracts._number_rules import (
+    checked_int32 as checked_int32,
+)
+from agboss_sql.contracts._number_rules import (
+    payload_text as payload_text,
+)
+from agboss_sql.contracts._value_rules import (
+    MAX_STATUS_LENGTH,
+    checked_cost_entry,
+    checked_lease,
+    checked_lease_event,
+    checked_mesh_request,
+    checked_optional_identifier,
+    checked_pause,
+    checked_queued_child,
+    checked_record,
+    checked_snapshot,
+)
+from agboss_sql.contracts._value_rules import (
+    NO_TENANT as NO_TENANT,
+)
+from agboss_sql.contracts._value_rules import (
+    checked_budget_key as checked_budget_key,
+)
+from agboss_sql.contracts.clocks import Clock, StoreClock
+from agboss_sql.contracts.errors import ExecutionFencedError, InvalidIdentifierError
 from agboss_sql.contracts.keys import (
-    FINGERPRINT_RULE,
     checked_business_key,
     checked_effect_name,
     checked_fingerprint,
@@ -33,21 +77,9 @@ from agboss_sql.contracts.keys import (
 from agboss_sql.contracts.types import (
     ApplicationContext,
     AttemptRef,
-    BudgetScope,
-    CostEntry,
-    ExecutionLease,
-    ExecutionLeaseEvent,
-    ExecutionRecord,
-    ExecutionRecordStatus,
-    ExecutionSnapshot,
     FencedEffectKey,
-    LeaseEventKind,
-    LeaseHolder,
     LeaseState,
     OutboundCallStatus,
-    PausedExecution,
-    PauseStatus,
-    QueuedChild,
 )
 
 B = TypeVar("B")
@@ -183,125 +215,6 @@ def lease_state_at(
     return LeaseStateFound(LeaseState.LIVE, False)
 
 
-# --- numbers ---------------------------------------------------------------------------------
-#
-# The limits below are decided once, here, and every store (in memory and on SQL) checks them
-# before any statement runs, so a value out of range gets one typed error on every backend
-# (`InvalidNumberError`, a `ValueError`) and nothing is written. Without them SQLite stores
-# what the servers refuse (an int beyond 64 bits as a float, a depth beyond 32 bits).
-
-MAX_INT64 = 2**63 - 1
-MIN_INT64 = -(2**63)
-"""Whole numbers stored in BIGINT columns (times, epochs, tokens, amounts, counts)."""
-
-MAX_INT32 = 2**31 - 1
-MIN_INT32 = -(2**31)
-"""Whole numbers stored in INTEGER columns: a child's depth and attempt."""
-
-MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
-"""The longest duration a store takes (a lease, a slot's ttl, a window, a wake claim): ten
-years. A store adds it to its time, and the sum must stay a BIGINT on every backend."""
-
-
-def _range_error(what: str, value: int, low: int, high: int) -> InvalidNumberError:
-    return InvalidNumberError(f"{what} must be between {low} and {high}, got {value}")
-
-
-def checked_int(
-    what: str,
-    value: object,
-    *,
-    minimum: int | None = None,
-    low: int = MIN_INT64,
-    high: int = MAX_INT64,
-) -> int:
-    """`value` if it is an int (not a bool) of at least `minimum` within `[low, high]` (a
-    signed 64-bit number unless told), else `ValueError` (`InvalidNumberError` when it is
-    out of range)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r:.80}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-    if not low <= value <= high:
-        raise _range_error(what, value, low, high)
-    return value
-
-
-def checked_int32(what: str, value: object, *, minimum: int | None = None) -> int:
-    """`checked_int` within a signed 32-bit number (a depth, an attempt)."""
-    return checked_int(what, value, minimum=minimum, low=MIN_INT32, high=MAX_INT32)
-
-
-def checked_count(what: str, value: object) -> int:
-    """`value` if it is an int >= 0 (a count, a limit, an amount) of at most `MAX_INT64`,
-    else `ValueError`."""
-    return checked_int(what, value, minimum=0)
-
-
-def checked_positive_ms(what: str, value: object) -> int:
-    """`value` if it is a positive whole number of ms, at most `MAX_DURATION_MS`, else
-    `ValueError`: a zero or negative duration (a lease, a slot, a window) would be granted
-    already over; a longer one would overflow the store's time on some backend."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of ms, got {value!r:.80}")
-    if value > MAX_DURATION_MS:
-        raise _range_error(what, value, 1, MAX_DURATION_MS)
-    return value
-
-
-def checked_time(what: str, value: object) -> int:
-    """`value` if it is a time in ms since the epoch (an int that fits 64 bits), else
-    `ValueError`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is a time in ms (an int), got {value!r:.80}")
-    if not MIN_INT64 <= value <= MAX_INT64:
-        raise _range_error(what, value, MIN_INT64, MAX_INT64)
-    return value
-
-
-def checked_token(value: object) -> int:
-    """`value` if it is a lease token (an epoch: an int that fits 64 bits), else
-    `ValueError`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"a lease token is an int, got {value!r:.80}")
-    if not MIN_INT64 <= value <= MAX_INT64:
-        raise _range_error("a lease token", value, MIN_INT64, MAX_INT64)
-    return value
-
-
-# --- payloads --------------------------------------------------------------------------------
-
-MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
-"""The largest payload (its JSON text, UTF-8) a store takes: 8 MiB. MariaDB and MySQL send a
-statement in one packet of at most `max_allowed_packet` (16 MiB by default on MariaDB 10.11
-and 64 MiB on MySQL 8): 8 MiB leaves room for the statement and the rest of the row.
-Checkpoint blobs are binary and kept apart."""
-
-
-def payload_text(what: str, value: object) -> str:
-    """The JSON text a store writes for payload `value`, or `InvalidPayloadError` (before
-    any statement): no NaN or infinity, nothing JSON has no form for, no cycle or nesting
-    deeper than the encoder goes, no lone surrogate, at most `MAX_PAYLOAD_BYTES`."""
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidPayloadError(
-            f"{what} is not JSON every backend stores: {type(exc).__name__}: {exc}"
-        ) from None
-    if not text.isascii():
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise InvalidPayloadError(f"{what} holds a lone surrogate: no UTF-8 form") from None
-    else:
-        size = len(text)
-    if size > MAX_PAYLOAD_BYTES:
-        raise InvalidPayloadError(
-            f"{what} is {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} bytes a store takes"
-        )
-    return text
-
-
 # --- fenced keys and attempts ------------------------------------------------------------------
 
 
@@ -351,187 +264,6 @@ def checked_attempt_owner(owner: object) -> str:
     if "\x00" in owner:
         raise ValueError(f"an attempt owner must not hold a NUL character, got {owner!r:.80}")
     return owner
-
-
-# --- the values stores save -------------------------------------------------------------------
-
-
-def checked_optional_identifier(what: str, value: object) -> str | None:
-    """`value` if it is `None` or an identifier (`checked_identifier`)."""
-    return None if value is None else checked_identifier(what, value)
-
-
-V = TypeVar("V")
-
-
-def _checked_fields(
-    value: object,
-    kind: type[V],
-    *,
-    identifiers: tuple[str, ...] = (),
-    optional_identifiers: tuple[str, ...] = (),
-    ints: tuple[str, ...] = (),
-    times: tuple[str, ...] = (),
-    optional_times: tuple[str, ...] = (),
-) -> V:
-    """`value` if it is a `kind` whose named fields keep their rules, field by field."""
-    if not isinstance(value, kind):
-        raise TypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
-    for name in identifiers:
-        checked_identifier(name, getattr(value, name))
-    for name in optional_identifiers:
-        checked_optional_identifier(name, getattr(value, name))
-    for name in ints:
-        checked_int(name, getattr(value, name))
-    for name in times:
-        checked_time(name, getattr(value, name))
-    for name in optional_times:
-        if getattr(value, name) is not None:
-            checked_time(name, getattr(value, name))
-    return value
-
-
-def checked_lease(lease: object) -> ExecutionLease:
-    """`lease` if it is an `ExecutionLease` of an identified execution at an int epoch (what
-    a holder passes back to renew, release, yield, reclaim or finish it)."""
-    # Field by field, as `_checked_fields` would: this one is on every lease move's path.
-    if not isinstance(lease, ExecutionLease):
-        raise TypeError(f"expected a ExecutionLease, got {type(lease).__name__}")
-    checked_identifier("tenant_id", lease.tenant_id)
-    checked_identifier("execution_id", lease.execution_id)
-    checked_int("lease_epoch", lease.lease_epoch)
-    return lease
-
-
-def checked_lease_event(event: object) -> ExecutionLeaseEvent:
-    """`event` if the lease log can give every field of it back exactly: identifiers, int
-    epochs and time, a known kind, a `LeaseHolder` or `None`, a text reason or `None`."""
-    checked = _checked_fields(
-        event,
-        ExecutionLeaseEvent,
-        identifiers=("tenant_id", "execution_id", "instance_id"),
-        ints=("lease_epoch",),
-        times=("at",),
-    )
-    LeaseEventKind(checked.kind)
-    if checked.reason is not None and not isinstance(checked.reason, str):
-        raise TypeError(f"reason is a text or None, got {checked.reason!r:.80}")
-    holder = checked.taken_over_from
-    if holder is not None:
-        if not isinstance(holder, LeaseHolder):
-            raise TypeError(f"taken_over_from is a LeaseHolder or None, got {holder!r:.80}")
-        checked_identifier("taken_over_from.instance_id", holder.instance_id)
-        checked_int("taken_over_from.lease_epoch", holder.lease_epoch)
-    return checked
-
-
-def checked_queued_child(child: object) -> QueuedChild:
-    """`child` if its ids are identifiers and its depth an int that fits the depth column
-    (a signed 32-bit number)."""
-    checked = _checked_fields(
-        child,
-        QueuedChild,
-        identifiers=("tenant_id", "root_execution_id", "parent_execution_id", "child_execution_id"),
-        ints=("depth",),
-    )
-    checked_int32("depth", checked.depth)
-    return checked
-
-
-def checked_record(record: object) -> ExecutionRecord:
-    """`record` if its ids are identifiers (the optional ones `None` or identifiers), its
-    status known and its times ints."""
-    checked = _checked_fields(
-        record,
-        ExecutionRecord,
-        identifiers=("tenant_id", "execution_id", "root_execution_id", "workflow"),
-        optional_identifiers=("parent_execution_id", "thread_id", "owner"),
-        times=("created_at", "updated_at"),
-    )
-    ExecutionRecordStatus(checked.status)
-    return checked
-
-
-def checked_pause(pause: object) -> PausedExecution:
-    """`pause` if its ids are identifiers (`thread_id` `None` or one), its status known and
-    its times ints (`resolved_at` `None` or an int)."""
-    checked = _checked_fields(
-        pause,
-        PausedExecution,
-        identifiers=("tenant_id", "pause_id", "execution_id", "root_execution_id"),
-        optional_identifiers=("thread_id",),
-        times=("created_at",),
-        optional_times=("resolved_at",),
-    )
-    PauseStatus(checked.status)
-    return checked
-
-
-def checked_cost_entry(entry: object) -> CostEntry:
-    """`entry` if its ids are identifiers and its amounts and time ints."""
-    return _checked_fields(
-        entry,
-        CostEntry,
-        identifiers=("entry_id", "tenant_id", "execution_id", "application"),
-        ints=("tokens_in", "tokens_out", "cost_micros"),
-        times=("at",),
-    )
-
-
-NO_TENANT = ""
-"""The tenant part of a budget key given without a tenant (kept as the empty text, which
-no tenant id is)."""
-
-
-def checked_budget_key(scope: object, key: object, tenant_id: object) -> tuple[str, str]:
-    """`(scope value, tenant part)` of a budget's `(scope, key, tenant_id)`: the scope a
-    `BudgetScope`, the key an identifier, the tenant an identifier or `None` (`NO_TENANT`).
-    The EXECUTION scope needs its tenant, since an execution id is unique within its tenant
-    only: `InvalidIdentifierError` without it, before anything is read or written."""
-    chosen = BudgetScope(scope)  # type: ignore[arg-type]  # a wrong scope is its ValueError
-    checked_identifier("key", key)
-    if tenant_id is None:
-        if chosen is BudgetScope.EXECUTION:
-            raise InvalidIdentifierError(
-                "the EXECUTION budget scope needs tenant_id: an execution id is unique within "
-                "its tenant only"
-            )
-        return chosen.value, NO_TENANT
-    return chosen.value, checked_identifier("tenant_id", tenant_id)
-
-
-MAX_STATUS_LENGTH = 32
-"""The longest status text a history snapshot keeps."""
-
-
-def checked_snapshot(snapshot: object) -> ExecutionSnapshot:
-    """`snapshot` if its ids are identifiers, its status a text of 1-32 characters and its
-    times ints."""
-    checked = _checked_fields(
-        snapshot,
-        ExecutionSnapshot,
-        identifiers=("tenant_id", "execution_id", "workflow"),
-        times=("started_at", "finished_at"),
-    )
-    status = checked.status
-    if not isinstance(status, str) or not 1 <= len(status) <= MAX_STATUS_LENGTH:
-        raise ValueError(
-            f"a status is a text of 1-{MAX_STATUS_LENGTH} characters, got {status!r:.80}"
-        )
-    return checked
-
-
-def checked_mesh_request(
-    idempotency_key: object, tenant_id: object, fingerprint: object, received_at: object
-) -> None:
-    """A mesh request's key and tenant are identifiers, its fingerprint a text a database
-    can store (a stored row gives it back equal) and its time an int."""
-    checked_identifier("idempotency_key", idempotency_key)
-    checked_identifier("tenant_id", tenant_id)
-    if not isinstance(fingerprint, str):
-        raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got a {type(fingerprint).__name__}")
-    checked_fingerprint(fingerprint)
-    checked_time("received_at", received_at)
 
 
 # --- what a store's constructor takes ----------------------------------------------------------

@@ -1,0 +1,126 @@
+"""The number and payload rules every store applies (re-exported by `contracts.rules`): the
+ranges of the whole numbers stores write, and the JSON text of a payload."""
+
+from __future__ import annotations
+
+import json
+
+from agboss_sql.contracts.errors import InvalidNumberError, InvalidPayloadError
+
+# --- numbers ---------------------------------------------------------------------------------
+#
+# The limits below are decided once, here, and every store (in memory and on SQL) checks them
+# before any statement runs, so a value out of range gets one typed error on every backend
+# (`InvalidNumberError`, a `ValueError`) and nothing is written. Without them SQLite stores
+# what the servers refuse (an int beyond 64 bits as a float, a depth beyond 32 bits).
+
+MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
+"""Whole numbers stored in BIGINT columns (times, epochs, tokens, amounts, counts)."""
+
+MAX_INT32 = 2**31 - 1
+MIN_INT32 = -(2**31)
+"""Whole numbers stored in INTEGER columns: a child's depth and attempt."""
+
+MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+"""The longest duration a store takes (a lease, a slot's ttl, a window, a wake claim): ten
+years. A store adds it to its time, and the sum must stay a BIGINT on every backend."""
+
+
+def _range_error(what: str, value: int, low: int, high: int) -> InvalidNumberError:
+    return InvalidNumberError(f"{what} must be between {low} and {high}, got {value}")
+
+
+def checked_int(
+    what: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    low: int = MIN_INT64,
+    high: int = MAX_INT64,
+) -> int:
+    """`value` if it is an int (not a bool) of at least `minimum` within `[low, high]` (a
+    signed 64-bit number unless told), else `ValueError` (`InvalidNumberError` when it is
+    out of range)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {value!r:.80}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+    if not low <= value <= high:
+        raise _range_error(what, value, low, high)
+    return value
+
+
+def checked_int32(what: str, value: object, *, minimum: int | None = None) -> int:
+    """`checked_int` within a signed 32-bit number (a depth, an attempt)."""
+    return checked_int(what, value, minimum=minimum, low=MIN_INT32, high=MAX_INT32)
+
+
+def checked_count(what: str, value: object) -> int:
+    """`value` if it is an int >= 0 (a count, a limit, an amount) of at most `MAX_INT64`,
+    else `ValueError`."""
+    return checked_int(what, value, minimum=0)
+
+
+def checked_positive_ms(what: str, value: object) -> int:
+    """`value` if it is a positive whole number of ms, at most `MAX_DURATION_MS`, else
+    `ValueError`: a zero or negative duration (a lease, a slot, a window) would be granted
+    already over; a longer one would overflow the store's time on some backend."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive number of ms, got {value!r:.80}")
+    if value > MAX_DURATION_MS:
+        raise _range_error(what, value, 1, MAX_DURATION_MS)
+    return value
+
+
+def checked_time(what: str, value: object) -> int:
+    """`value` if it is a time in ms since the epoch (an int that fits 64 bits), else
+    `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is a time in ms (an int), got {value!r:.80}")
+    if not MIN_INT64 <= value <= MAX_INT64:
+        raise _range_error(what, value, MIN_INT64, MAX_INT64)
+    return value
+
+
+def checked_token(value: object) -> int:
+    """`value` if it is a lease token (an epoch: an int that fits 64 bits), else
+    `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"a lease token is an int, got {value!r:.80}")
+    if not MIN_INT64 <= value <= MAX_INT64:
+        raise _range_error("a lease token", value, MIN_INT64, MAX_INT64)
+    return value
+
+
+# --- payloads --------------------------------------------------------------------------------
+
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+"""The largest payload (its JSON text, UTF-8) a store takes: 8 MiB. MariaDB and MySQL send a
+statement in one packet of at most `max_allowed_packet` (16 MiB by default on MariaDB 10.11
+and 64 MiB on MySQL 8): 8 MiB leaves room for the statement and the rest of the row.
+Checkpoint blobs are binary and kept apart."""
+
+
+def payload_text(what: str, value: object) -> str:
+    """The JSON text a store writes for payload `value`, or `InvalidPayloadError` (before
+    any statement): no NaN or infinity, nothing JSON has no form for, no cycle or nesting
+    deeper than the encoder goes, no lone surrogate, at most `MAX_PAYLOAD_BYTES`."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidPayloadError(
+            f"{what} is not JSON every backend stores: {type(exc).__name__}: {exc}"
+        ) from None
+    if not text.isascii():
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidPayloadError(f"{what} holds a lone surrogate: no UTF-8 form") from None
+    else:
+        size = len(text)
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidPayloadError(
+            f"{what} is {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} bytes a store takes"
+        )
+    return text
