@@ -1,0 +1,245 @@
+"""The lab's subcommands of `agboss-sql` (`demo`, `cluster`, `bench`, `faults`): each
+imports `agboss_sql.lab` inside its run function only, so building the parser never does."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agboss_sql.cli._common import (
+    MISUSED,
+    PROG,
+    CommandFailed,
+    add_url_argument,
+    database_url,
+    shown,
+)
+
+# --- demo ------------------------------------------------------------------------------
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agboss_sql.lab.demo import run_demo
+
+    url = database_url(args)
+    print(f"demo on {shown(url)}", flush=True)
+    return asyncio.run(run_demo(url))
+
+
+# --- cluster ---------------------------------------------------------------------------
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--workload",
+        default="tree",
+        metavar="tree|MODULE:ATTR",
+        help="what the workers run: the demo tree, or a ClusterWorkload of your own app "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=3, help="worker processes (default: %(default)s)"
+    )
+    parser.add_argument("--trees", type=int, default=20, help="runs started (default: %(default)s)")
+    parser.add_argument(
+        "--fan-out", type=int, default=2, help="tree: children per parent (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--depth", type=int, default=2, help="tree: depth of the leaves (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--pause-every",
+        type=int,
+        default=5,
+        help="tree: every Nth tree pauses for a decision, 0 for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lease-ms", type=int, default=3_000, help="lease length (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-concurrent-steps",
+        type=int,
+        default=4,
+        help="step slots per worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=int,
+        default=30,
+        help="tree: simulated work per step, ms (default: %(default)s)",
+    )
+    parser.add_argument("--no-chaos", action="store_true", help="no kill, no freeze, no cancel")
+    parser.add_argument(
+        "--timeout", type=float, default=240.0, help="bound of the run, s (default: %(default)s)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-live", action="store_true", help="no live view")
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    import json
+
+    from agboss_sql.lab.cluster import (
+        ClusterConfig,
+        live_view,
+        load_workload,
+        render_report,
+        run_cluster,
+    )
+
+    url = database_url(args)
+    if url.startswith("sqlite") and "/.agboss/" in url:
+        import os
+
+        os.makedirs(".agboss", exist_ok=True)
+    try:
+        workload = load_workload(args.workload)
+        config = ClusterConfig(
+            url=url,
+            workers=args.workers,
+            trees=args.trees,
+            fan_out=args.fan_out,
+            depth=args.depth,
+            pause_every=args.pause_every,
+            lease_ms=args.lease_ms,
+            max_concurrent_steps=args.max_concurrent_steps,
+            step_ms=args.step_ms,
+            chaos=not args.no_chaos,
+            cancel=not args.no_chaos,
+            timeout_s=args.timeout,
+        )
+    except (ValueError, ImportError) as exc:
+        raise CommandFailed(str(exc), MISUSED) from exc
+    live = not args.json and not args.no_live and sys.stdout.isatty()
+    update, close = live_view() if live else (None, None)
+    try:
+        report = run_cluster(config, workload, view=update)
+    finally:
+        if close is not None:
+            close()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(render_report(report))
+    return 0 if report.ok else 1
+
+
+# --- bench -----------------------------------------------------------------------------
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument("--ops", type=int, default=500, help="operations per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs (the median is reported)")
+    parser.add_argument("--only", help="comma-separated operations, e.g. lease.acquire")
+    parser.add_argument(
+        "--scale",
+        metavar="ROWS",
+        help="instead: lease take and child claim p50 with ROWS rows already in the table "
+        "(comma-separated powers of ten, e.g. 1000,100000,1000000)",
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agboss_sql.lab.bench import run_bench
+
+    if args.scale:
+        from agboss_sql.lab.bench import run_scale
+
+        sizes = [int(size) for size in args.scale.split(",")]
+        print(asyncio.run(run_scale(database_url(args), sizes, ops=args.ops)))
+        return 0
+    only = set(args.only.split(",")) if args.only else None
+    print(asyncio.run(run_bench(database_url(args), ops=args.ops, runs=args.runs, only=only)))
+    return 0
+
+
+# --- faults ----------------------------------------------------------------------------
+
+
+def _faults_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="run only this scenario (repeatable; default: every scenario of the dialect)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per scenario")
+    parser.add_argument("--pods", type=int, default=3, help="pod processes (default: 3)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=10.0,
+        help="how much faster the pods' clocks run than the host's (default: 10)",
+    )
+    parser.add_argument(
+        "--stores",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="the store set factory each pod calls as factory(url, pod) "
+        "(default: the project's SQL stores)",
+    )
+    parser.add_argument(
+        "--dump-dir",
+        default=None,
+        help="where a failed run's events, store history and pod output go "
+        "(default: $AGBOSS_FAULT_DUMP_DIR)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+
+
+def _faults(args: argparse.Namespace) -> int:
+    from agboss_sql.lab.faults import SCENARIOS, FaultSettings, format_report, run_scenario
+    from agboss_sql.lab.faults.suite import DEFAULT_STORES, dialect_of
+
+    if args.list:
+        for scenario in SCENARIOS.values():
+            on = ", ".join(scenario.dialects) if scenario.dialects else "every database"
+            print(f"{scenario.name:<22} ({on}) {scenario.doc}")
+        return 0
+    if args.repeat < 1:
+        raise CommandFailed(f"--repeat must be at least 1, got {args.repeat}", MISUSED)
+    url = database_url(args)
+    dialect = dialect_of(url)
+    names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise CommandFailed(
+            f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`", MISUSED
+        )
+    settings = FaultSettings(pods=args.pods, time_scale=args.time_scale)
+    results = []
+    width = 20
+    print(f"fault suite on {shown(url)}: {len(names)} scenario(s) x {args.repeat} run(s)")
+    for name in names:
+        failed = 0
+        for run in range(1, args.repeat + 1):
+            result = run_scenario(
+                url,
+                name,
+                stores=args.stores or DEFAULT_STORES,
+                settings=settings,
+                dump_dir=args.dump_dir,
+            )
+            results.append(result)
+            failed += not result.passed
+            done = width * run // args.repeat
+            print(
+                f"{name:<22} [{'#' * done}{'.' * (width - done)}] {run}/{args.repeat} "
+                f"{'passed' if result.passed else 'FAILED'} in {result.seconds:.1f} s"
+                + (f" ({failed} failed so far)" if failed else ""),
+                flush=True,
+            )
+    print()
+    print(format_report(results, title=f"fault suite on {shown(url)} ({dialect})"))
+    return 0 if all(r.passed for r in results) else 1

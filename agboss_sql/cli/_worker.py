@@ -1,0 +1,123 @@
+"""The `worker` subcommand of `agboss-sql`: a worker process of a workflow app."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from agboss_sql.cli._common import MISUSED, CommandFailed, add_url_argument, shown
+
+# --- worker ----------------------------------------------------------------------------
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    add_url_argument(parser)
+    parser.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="the Workflows app to run, e.g. shop.app:app (importable from the current "
+        "directory or PYTHONPATH)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="a JSON file of worker settings (url, app, instance_id, lease_ms, "
+        "max_concurrent_steps, shutdown_ms: what `agboss-sql cluster` writes); its keys "
+        "override the options",
+    )
+    parser.add_argument("--instance-id", default=None, help="this instance's id")
+    parser.add_argument(
+        "--lease-ms", type=int, default=30_000, help="lease length (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-concurrent-steps",
+        type=int,
+        default=8,
+        help="steps at once in this process (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-ms",
+        type=int,
+        default=10_000,
+        help="graceful stop bound on SIGTERM (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="read commands (JSON lines: start, cancel, resume, stop) from standard input "
+        "and write events as JSON lines; standard input closing stops the worker (what "
+        "`agboss-sql cluster` uses)",
+    )
+    parser.add_argument(
+        "--events", action="store_true", help="write what the engine does as JSON lines"
+    )
+
+
+WORKER_SETTINGS = ("url", "app", "instance_id", "lease_ms", "max_concurrent_steps", "shutdown_ms")
+"""The keys of a worker's `--config` file (others, such as the cluster's own, are ignored)."""
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import logging
+
+    from agboss_sql.runtime.serve import load_workflows, serve
+
+    settings = {name: getattr(args, name) for name in WORKER_SETTINGS}
+    if args.config is not None:
+        with open(args.config, encoding="utf-8") as handle:
+            given = json.load(handle)
+        settings.update({k: v for k, v in given.items() if k in WORKER_SETTINGS})
+    if not settings["app"]:
+        raise CommandFailed(
+            "no app to run: name the Workflows app with --app module:attr (e.g. "
+            "--app shop.app:app; examples/order_saga has one)",
+            MISUSED,
+        )
+    for name in ("lease_ms", "max_concurrent_steps", "shutdown_ms"):
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CommandFailed(f"--{name.replace('_', '-')} must be a positive integer", MISUSED)
+    url = database_url_of(settings["url"])
+    workflows = load_workflows(str(settings["app"]))
+    instance = settings["instance_id"]
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s {instance or 'worker'} %(levelname)s %(name)s: %(message)s",
+    )
+    quiet = args.commands or args.events
+
+    def ready(engine: Any) -> None:
+        if not quiet:
+            print(
+                f"worker {engine.instance_id} on {shown(url)}: running {workflows.names} "
+                f"(lease {settings['lease_ms']} ms, {settings['max_concurrent_steps']} steps "
+                "at once); SIGTERM or Ctrl-C stops it",
+                flush=True,
+            )
+
+    return asyncio.run(
+        serve(
+            workflows,
+            url=url,
+            instance_id=instance,
+            lease_ms=int(settings["lease_ms"]),
+            max_concurrent_steps=int(settings["max_concurrent_steps"]),
+            shutdown_ms=int(settings["shutdown_ms"]),
+            commands=args.commands,
+            events=args.events,
+            on_ready=ready,
+        )
+    )
+
+
+def database_url_of(url: str | None) -> str:
+    """`url`, else `AGBOSS_DATABASE_URL`, else the default SQLite file."""
+    from agboss_sql.sql.migrate import resolve_url
+
+    return resolve_url(url)
