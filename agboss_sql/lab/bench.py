@@ -11,6 +11,9 @@ per measurement, then a table.
 The database is migrated to head first, and every agboss table is emptied before each
 operation: point it at a database of its own, never at one in use.
 
+The floor and the stopwatch are in `_bench_floor`, the bench's tables and the scale run in
+`_bench_scale`, the child claim in `_bench_claims`; their public names are named from here.
+
     agboss-sql bench --url postgresql://postgres@127.0.0.1:5432/agboss_bench
 """
 
@@ -18,18 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql._dialects import inline_dialect, server_dialect
-from agboss_sql._dialects.base import InlineDriver, ServerDriver
 from agboss_sql.contracts.clocks import StoreClock, SystemClock
 from agboss_sql.contracts.keys import fenced_effect_key_of, fenced_key_identity_of
 from agboss_sql.contracts.types import (
@@ -37,174 +35,41 @@ from agboss_sql.contracts.types import (
     ExecutionContext,
     ExecutionLease,
     FencedEffectKey,
-    QueuedChild,
     StepRef,
 )
-from agboss_sql.sql import migrate
+from agboss_sql.lab._bench_claims import claim_ours, claim_raw
+from agboss_sql.lab._bench_floor import (
+    Floor,
+    InlineFloor,
+    Measurement,
+    Op,
+    ServerFloor,
+    Timing,
+    _count_engine_statements,
+    _median_timing,
+    measure,
+    open_floor,
+    table,
+)
+from agboss_sql.lab._bench_scale import (
+    bench_metadata,
+    bench_rows,
+    drop_bench_tables,
+    fill_children,
+    fill_leases,
+    fresh_tables,
+    prepare_database,
+    run_scale,
+)
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import FenceStatements
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.effects import EffectStatements, SqlFencedEffectRepository
 from agboss_sql.sql.leases import LeaseStatements, SqlExecutionLeaseRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
-from agboss_sql.sql.queue import (
-    FINISHED,
-    QUEUED,
-    RUNNING,
-    QueueStatements,
-    SqlChildExecutionQueueRepository,
-)
 from agboss_sql.sql.rate_limits import SqlRateLimitRepository
-from agboss_sql.sql.schema import child_executions, execution_leases, metadata
-
-bench_metadata = sa.MetaData()
-bench_rows = sa.Table(
-    "agboss_bench_rows",
-    bench_metadata,
-    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-    sa.Column("row", sa.String(255), nullable=False),
-)
-"""The business table the fenced effects of the bench write their rows to. It is not part of
-the project's schema: the bench creates it, and drops it when done."""
 
 _INSERT_ROW = sa.insert(bench_rows).values(row=sa.bindparam("row"))
-_STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
-
-Op = Callable[[int], Awaitable[Any]]
-
-
-@dataclass
-class Measurement:
-    """One operation's figures for one implementation."""
-
-    operation: str
-    database: str
-    impl: str
-    ops_per_s: float
-    p50_ms: float
-    p99_ms: float
-    statements_per_op: float
-    round_trips_per_op: float
-    cpu_us_per_op: float
-    """This process's CPU time per operation (median over the runs), in µs: what the client
-    side costs, apart from the database's and the network's time and from other processes
-    competing for the machine."""
-    ops: int
-    runs: int
-    ratio: float | None = None
-    target: float | None = None
-    verdict: str | None = None
-    note: str = ""
-
-
-class Floor(Protocol):
-    """A raw driver connection the floor runs on (no SQLAlchemy, no pool, no deadlines):
-    the same thin driver calls our runners make, and nothing around them."""
-
-    statements: int
-    """Statements sent so far (`BEGIN`/`COMMIT` included)."""
-
-    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """Send `sql` with `params`; its rows (none for a statement without) and rowcount."""
-        ...
-
-    async def text(self, sql: str) -> None:
-        """Send `sql` as written (`BEGIN`, `COMMIT`)."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass
-class InlineFloor:
-    """An embedded database's stdlib driver, called synchronously on the event loop's
-    thread."""
-
-    driver: InlineDriver
-    raw: sqlite3.Connection
-    statements: int = 0
-
-    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        self.statements += 1
-        rows, count = self.driver.execute_sync(self.raw, sql, params)
-        return rows or [], count
-
-    async def text(self, sql: str) -> None:
-        self.statements += 1
-        self.driver.execute_sync(self.raw, sql, None)
-
-    async def close(self) -> None:
-        self.raw.close()
-
-
-@dataclass
-class ServerFloor:
-    """A server's async driver connection, in autocommit, awaited directly."""
-
-    driver: ServerDriver
-    raw: Any
-    statements: int = 0
-
-    async def execute(self, sql: str, params: Mapping[str, Any]) -> tuple[list[Any], int]:
-        self.statements += 1
-        rows, count = await self.driver.execute(self.raw, sql, params)
-        return rows or [], count
-
-    async def text(self, sql: str) -> None:
-        self.statements += 1
-        await self.driver.run_text(self.raw, sql)
-
-    async def close(self) -> None:
-        await self.driver.close(self.raw)
-
-
-async def open_floor(connection: SqlConnection) -> Floor:
-    """A raw driver connection to the same database, set up as our stores' connections are
-    (the dialect's own connect: same session settings and bounds)."""
-    name = connection.dialect.NAME
-    if connection.capabilities.inline:
-        inline = inline_dialect(name)
-        return InlineFloor(inline, inline.connect_sync(connection.url.database or ""))
-    server = server_dialect(name)
-    return ServerFloor(server, await server.connect(connection.url, connection.timeouts))
-
-
-class Timing(NamedTuple):
-    """What `measure` found."""
-
-    ops_per_s: float
-    p50_ms: float
-    p99_ms: float
-    cpu_us_per_op: float
-
-
-async def _timed(op: Op, start: int, count: int) -> tuple[float, float, list[float]]:
-    latencies: list[float] = []
-    cpu = time.process_time()
-    began = time.perf_counter()
-    for i in range(start, start + count):
-        t0 = time.perf_counter()
-        await op(i)
-        latencies.append((time.perf_counter() - t0) * 1000)
-    elapsed = time.perf_counter() - began
-    return count / elapsed, (time.process_time() - cpu) / count * 1e6, latencies
-
-
-async def measure(op: Op, *, ops: int, runs: int, warmup: int, base: int) -> Timing:
-    """Median ops/s and CPU µs per op over `runs`, and p50/p99 latency (ms) over every op."""
-    await _timed(op, base, warmup)
-    rates: list[float] = []
-    cpus: list[float] = []
-    latencies: list[float] = []
-    for run in range(runs):
-        rate, cpu, lat = await _timed(op, base + warmup + run * ops, ops)
-        rates.append(rate)
-        cpus.append(cpu)
-        latencies.extend(lat)
-    latencies.sort()
-    p50 = latencies[len(latencies) // 2]
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return Timing(statistics.median(rates), p50, p99, statistics.median(cpus))
 
 
 @dataclass
@@ -649,274 +514,11 @@ class Bench:
                 total_ops=count * self.runs,
             )
 
-    async def _enqueue(self, connection: SqlConnection, count: int, prefix: str) -> None:
-        await fresh_tables(connection)
-        queue = SqlChildExecutionQueueRepository(
-            connection, SystemClock(), ApplicationContext("bench")
-        )
-        for i in range(count):
-            await queue.enqueue(QueuedChild("t", "root", "parent", f"{prefix}-{i}", i % 4))
-        # Fresh planner statistics, as autovacuum (or its peers) would have in steady state.
-        await connection.execute(connection.dialect.analyze_sql(child_executions.name))
-
     async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> Timing:
-        await self._enqueue(connection, count, "c")
-        connections = [SqlConnection(self.url) for _ in range(workers)]
-        stores = [
-            SqlChildExecutionQueueRepository(c, SystemClock(), ApplicationContext(f"w{w}"))
-            for w, c in enumerate(connections)
-        ]
-        claimed: list[str] = []
-        for c in connections:
-            await c.ping()  # connected before the clock starts, as the floor's connections are
-
-        async def worker(store: SqlChildExecutionQueueRepository) -> None:
-            while (child := await store.claim(store.application.instance_id)) is not None:
-                claimed.append(child.child_execution_id)
-
-        try:
-            cpu, began = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(worker(s) for s in stores))
-            timing = _claims_timing(count, began, cpu)
-        finally:
-            for c in connections:
-                await c.close()
-        if sorted(claimed) != sorted(f"c-{i}" for i in range(count)):
-            raise AssertionError("child claims lost or doubled")
-        return timing
+        return await claim_ours(self.url, connection, count, workers)
 
     async def _claim_raw(self, connection: SqlConnection, count: int, workers: int) -> Timing:
-        await self._enqueue(connection, count, "r")
-        sql = connection.prepared(QueueStatements)
-        one_statement = sql.update_returning
-        claim = connection.compiled(sql.claim if one_statement else sql.lock_next)
-        locked = None if one_statement else connection.compiled(sql.claim_locked)
-        floors = [await open_floor(connection) for _ in range(workers)]
-        claimed: list[Any] = []
-
-        async def worker(floor: Floor, name: str) -> None:
-            params: dict[str, Any] = {**_STATUS_PARAMS, "instance_id": name}
-            while True:
-                params["now"] = time.time_ns() // 1_000_000
-                if locked is None:
-                    rows, _ = await floor.execute(claim.sql, {**claim.defaults, **params})
-                    if not rows:
-                        return
-                    claimed.append(rows[0][3])
-                    continue
-                await floor.text(connection.dialect.BEGIN)
-                rows, _ = await floor.execute(claim.sql, {**claim.defaults, **params})
-                if not rows:
-                    await floor.text("COMMIT")
-                    return
-                await floor.execute(locked.sql, {**locked.defaults, **params, "id": rows[0][0]})
-                await floor.text("COMMIT")
-                claimed.append(rows[0][4])
-
-        try:
-            cpu, began = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(worker(f, f"raw{w}") for w, f in enumerate(floors)))
-            timing = _claims_timing(count, began, cpu)
-        finally:
-            for f in floors:
-                await f.close()
-        if sorted(claimed) != sorted(f"r-{i}" for i in range(count)):
-            raise AssertionError("raw child claims lost or doubled")
-        return timing
-
-
-async def fresh_tables(connection: SqlConnection, *more: sa.Table) -> None:
-    """Empty every agboss table (and the tables `more`) and give their storage back
-    (TRUNCATE where the database has it): a DELETE would leave the dead rows of earlier
-    runs in the indexes, and the figures would measure them."""
-    names = [table.name for table in (*metadata.sorted_tables, *more)]
-    for statement in connection.dialect.truncate_sql(names):
-        await connection.execute(statement)
-
-
-def prepare_database(url: str) -> None:
-    """Migrate the database at `url` to head and create the bench's business table."""
-    migrate.upgrade(url)
-    with migrate.connect(url) as connection, connection.begin():
-        bench_metadata.create_all(connection)
-
-
-def drop_bench_tables(url: str) -> None:
-    """Drop the bench's business table (the project's tables stay, emptied)."""
-    with migrate.connect(url) as connection, connection.begin():
-        bench_metadata.drop_all(connection)
-
-
-def _numbers(n: int) -> Any:
-    """A derived table of the integers 0..n-1 (n a power of ten): a cross join of digits,
-    portable to all three databases and free of recursion limits."""
-    digits = sa.union_all(*(sa.select(sa.literal(d).label("d")) for d in range(10)))
-    places = max(1, len(str(n)) - 1)
-    tables = [digits.subquery(f"p{k}") for k in range(places)]
-    value = sum((t.c.d * (10**k) for k, t in enumerate(tables)), sa.literal(0))
-    query = sa.select(value.label("n"))
-    for table in tables:
-        query = query.select_from(table) if table is tables[0] else query.join(table, sa.true())
-    return query.subquery("numbers")
-
-
-async def fill_leases(connection: SqlConnection, n: int) -> None:
-    """`n` expired leases of other executions (one statement)."""
-    t = execution_leases
-    numbers = _numbers(n)
-    name = sa.literal("fill-") + sa.cast(numbers.c.n, sa.String)
-    columns: dict[str, Any] = {
-        "tenant_id": sa.literal("fill"),
-        "execution_id": name,
-        "holder_instance_id": sa.literal("x"),
-        "lease_epoch": sa.literal(1),
-        "expires_at": sa.literal(0),
-        "released": sa.false(),
-        "yielded": sa.false(),
-        "finished": sa.false(),
-        "fence_token": sa.literal(0),
-        "updated_at": sa.literal(0),
-    }
-    select = sa.select(*(v.label(k) for k, v in columns.items()))
-    await connection.execute(sa.insert(t).from_select(list(columns), select))
-
-
-async def fill_children(connection: SqlConnection, n: int) -> None:
-    """`n` children already claimed and finished, and as many more queued (one statement
-    each): the claim must find the queued ones by its index, not by a scan."""
-    t = child_executions
-    for status, prefix in (("finished", "done-"), ("queued", "wait-")):
-        numbers = _numbers(n)
-        columns: dict[str, Any] = {
-            "child_execution_id": sa.literal(prefix) + sa.cast(numbers.c.n, sa.String),
-            "tenant_id": sa.literal("fill"),
-            "root_execution_id": sa.literal("root"),
-            "parent_execution_id": sa.literal("parent-") + sa.cast(numbers.c.n % 1000, sa.String),
-            "depth": numbers.c.n % 4,
-            "status": sa.literal(status),
-            "attempt": sa.literal(1),
-            "queued_at": numbers.c.n,
-        }
-        select = sa.select(*(v.label(k) for k, v in columns.items()))
-        await connection.execute(sa.insert(t).from_select(list(columns), select))
-
-
-async def run_scale(url: str, sizes: list[int], *, ops: int = 300, out: Any = None) -> str:
-    """p50 of a lease take and of a child claim with `size` rows already in the table, for
-    each size: the cost must stay flat (an index lookup, never a scan)."""
-    await asyncio.to_thread(migrate.upgrade, url)
-    connection = SqlConnection(url)
-    leases = SqlExecutionLeaseRepository(connection, StoreClock(), ApplicationContext("bench"))
-    queue = SqlChildExecutionQueueRepository(connection, SystemClock(), ApplicationContext("b"))
-    rows: list[tuple[str, int, float]] = []
-    try:
-        for size in sizes:
-            await fresh_tables(connection)
-            await fill_leases(connection, size)
-            # As autovacuum (or its peers) would have by now: plans from fresh statistics.
-            await connection.execute(connection.dialect.analyze_sql(execution_leases.name))
-
-            async def take(i: int, size: int = size) -> None:
-                assert await leases.acquire("t", f"s{size}-{i}", 30_000) is not None
-
-            timing = await measure(take, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("lease.acquire", size, timing.p50_ms))
-            await fresh_tables(connection)
-            await fill_children(connection, size)
-            await connection.execute(connection.dialect.analyze_sql(child_executions.name))
-
-            async def claim(_i: int) -> None:
-                assert await queue.claim("bench") is not None
-
-            timing = await measure(claim, ops=ops, runs=1, warmup=20, base=0)
-            rows.append(("child.claim", size, timing.p50_ms))
-    finally:
-        await fresh_tables(connection)
-        await connection.close()
-    lines = [f"{'operation':<16} {'rows':>9} {'p50 ms':>8} {'vs smallest':>11} verdict"]
-    for name, size, p50 in rows:
-        base = next(p for n, s, p in rows if n == name and s == sizes[0])
-        ratio = p50 / base if base else 0.0
-        verdict = "pass" if ratio <= 1.5 else "short"
-        record = {
-            "operation": name,
-            "rows": size,
-            "p50_ms": round(p50, 3),
-            "ratio_to_smallest": round(ratio, 2),
-            "target": 1.5,
-            "verdict": verdict,
-        }
-        print(json.dumps(record), file=out or sys.stdout, flush=True)
-        lines.append(f"{name:<16} {size:>9} {p50:>8.3f} {ratio:>11.2f} {verdict}")
-    return "\n".join(lines)
-
-
-def _count_engine_statements(connection: SqlConnection, counted: list[str]) -> Callable[[], None]:
-    """Count what goes through the SQLAlchemy engine too (a fenced effect's transaction and its
-    work): each statement, each COMMIT/ROLLBACK, and the BEGIN a driver sends on its own
-    before the first statement (`Dialect.DRIVER_SENDS_BEGIN`; where the engine sends the
-    BEGIN itself, it is a statement). On SQLite the transaction's BEGIN/COMMIT/ROLLBACK are
-    the inline runner's, seen by the statement listener: only the work's statements are
-    counted here."""
-    engine = connection.transaction_engine
-
-    def statement(*_args: Any) -> None:
-        counted.append("statement")
-
-    sends_begin = connection.dialect.DRIVER_SENDS_BEGIN
-
-    def begin(*_args: Any) -> None:
-        if sends_begin:
-            counted.append("BEGIN")
-
-    def end(*_args: Any) -> None:
-        counted.append("END")
-
-    hooks: list[tuple[str, Callable[..., None]]] = [("before_cursor_execute", statement)]
-    if not connection.capabilities.inline:
-        hooks += [("begin", begin), ("commit", end), ("rollback", end)]
-    for name, hook in hooks:
-        sa.event.listen(engine, name, hook)
-
-    def remove() -> None:
-        for name, hook in hooks:
-            sa.event.remove(engine, name, hook)
-
-    return remove
-
-
-def _median_timing(runs: list[Timing]) -> Timing:
-    """The median rate and CPU per operation of `runs` (claims keep no latencies)."""
-    return Timing(
-        statistics.median(t.ops_per_s for t in runs),
-        0.0,
-        0.0,
-        statistics.median(t.cpu_us_per_op for t in runs),
-    )
-
-
-def _claims_timing(count: int, began: float, cpu: float) -> Timing:
-    """The rate and CPU per claim of `count` claims since `began` (`perf_counter`) and `cpu`
-    (`process_time`); the workers' latencies are not kept."""
-    rate = count / (time.perf_counter() - began)
-    return Timing(rate, 0.0, 0.0, (time.process_time() - cpu) / count * 1e6)
-
-
-def table(results: list[Measurement]) -> str:
-    """The readable table of a run."""
-    header = (
-        f"{'operation':<26} {'database':<10} {'impl':<7} {'ops/s':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'cpu µs':>7} {'stmts':>6} {'ratio':>6} {'target':>6} verdict"
-    )
-    lines = [header, "-" * len(header)]
-    for m in results:
-        lines.append(
-            f"{m.operation:<26} {m.database:<10} {m.impl:<7} {m.ops_per_s:>9.0f} "
-            f"{m.p50_ms:>8.3f} {m.p99_ms:>8.3f} {m.cpu_us_per_op:>7.0f} {m.statements_per_op:>6.2f} "
-            f"{'' if m.ratio is None else f'{m.ratio:.2f}':>6} "
-            f"{'' if m.target is None else f'{m.target:.2f}':>6} {m.verdict or ''}"
-        )
-    return "\n".join(lines)
+        return await claim_raw(connection, count, workers)
 
 
 async def run_bench(url: str, *, ops: int, runs: int, only: set[str] | None = None) -> str:
@@ -930,3 +532,26 @@ async def run_bench(url: str, *, ops: int, runs: int, only: set[str] | None = No
 def _lease_statements(connection: SqlConnection) -> LeaseStatements:
     """The lease store's statement set, as a store on database time (`StoreClock()`) uses it."""
     return connection.prepared(LeaseStatements, database_time=StoreClock().is_database_time)
+
+
+__all__ = [
+    "Bench",
+    "Floor",
+    "InlineFloor",
+    "Measurement",
+    "Op",
+    "ServerFloor",
+    "Timing",
+    "bench_metadata",
+    "bench_rows",
+    "drop_bench_tables",
+    "fill_children",
+    "fill_leases",
+    "fresh_tables",
+    "measure",
+    "open_floor",
+    "prepare_database",
+    "run_bench",
+    "run_scale",
+    "table",
+]

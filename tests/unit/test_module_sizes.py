@@ -25,8 +25,6 @@ TO_SPLIT: dict[str, int] = {
     "testing/contracts/child_queue.py": 969,
     "testing/contracts/conformance.py": 728,
     "testing/contracts/_matrix.py": 681,
-    # The lab: the benchmark.
-    "lab/bench.py": 932,
     # The SQL stores: the child queue (its statements and the store in one module).
     "sql/queue.py": 662,
 }
