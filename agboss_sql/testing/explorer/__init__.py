@@ -59,7 +59,7 @@ from agboss_sql.testing.explorer._search import (
     explore,
     resolve_seed,
 )
-from agboss_sql.testing.explorer._sim import INVARIANTS, LEASE_MS, SKEWS, WORLDS
+from agboss_sql.testing.explorer._world import INVARIANTS, LEASE_MS, SKEWS, WORLDS
 
 OPTIONS = ("depth", "walks", "walk_depth", "seed", "time_limit")
 """The keys of `interleavings={...}`."""

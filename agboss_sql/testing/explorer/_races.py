@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agboss_sql.contracts.types import LeaseState
-from agboss_sql.testing.explorer._sim import (
+from agboss_sql.testing.explorer._world import (
     ACQUIRE,
     ATTEMPTS,
     CLAIM,

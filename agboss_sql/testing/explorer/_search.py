@@ -21,8 +21,10 @@ from agboss_sql.testing._errors import (
     OPTED_OUT_STORE,
     StoreConformanceError,
 )
+from agboss_sql.testing.explorer._model import InstanceStores
 from agboss_sql.testing.explorer._races import Race, matches, races_of
-from agboss_sql.testing.explorer._sim import (
+from agboss_sql.testing.explorer._sim import Sim
+from agboss_sql.testing.explorer._world import (
     CLAIM,
     EFFECT,
     END,
@@ -39,8 +41,6 @@ from agboss_sql.testing.explorer._sim import (
     WORLDS,
     Action,
     Broken,
-    InstanceStores,
-    Sim,
     World,
 )
 

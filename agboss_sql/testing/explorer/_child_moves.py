@@ -1,0 +1,181 @@
+"""The sim's child-queue steps: claim, running, restart and finish of a parent's queued
+children, each checked against the contract's model of the child."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agboss_sql.contracts.stores import ChildExecutionQueueRepository
+from agboss_sql.contracts.types import ChildStatus
+from agboss_sql.testing.explorer._model import Inst
+from agboss_sql.testing.explorer._sim_base import SimBase
+from agboss_sql.testing.explorer._world import (
+    NO_STALE_WRITE,
+    ONE_EFFECT_PER_KEY,
+    ONE_LIVE_HOLDER,
+    Broken,
+)
+
+
+class ChildMoves(SimBase):
+    """The child-queue steps of the sim."""
+
+    # --- the child queue ------------------------------------------------------------
+
+    def _queue(self, inst: Inst) -> ChildExecutionQueueRepository:
+        queue = inst.stores.queue
+        assert queue is not None
+        return queue
+
+    def _child_seen(self, inst: Inst, found: Any, how: str, check: bool) -> int | None:
+        """The model's child of a claimed child `found`, its attempt checked: an attempt
+        is given to one claimer."""
+        index = self.child_index(found.child_execution_id)
+        if index is None:
+            if check:
+                raise Broken(
+                    ONE_LIVE_HOLDER,
+                    f"{inst.name}'s {how} returned {found.child_execution_id!r}, a child this "
+                    "schedule never queued",
+                )
+            return None
+        inst.attempts.add((index, int(found.attempt)))
+        return index
+
+    async def _claim_child(self, inst: Inst, check: bool, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            found = await queue.claim(inst.name)
+        except Exception as exc:
+            raise self._error(inst, "claim a child", exc) from exc
+        answer = (
+            "none queued"
+            if found is None
+            else (f"{found.child_execution_id} attempt {found.attempt}")
+        )
+        self._said(log, f"{inst.name} claim a child", answer)
+        self.outcome = "claim-child: none" if found is None else "claim-child: claimed"
+        if found is None:
+            return
+        index = self._child_seen(inst, found, "claim", check)
+        if index is None:
+            return
+        child = self.children[index]
+        if check and (child.status is not ChildStatus.QUEUED or found.attempt != child.attempt + 1):
+            raise Broken(
+                ONE_LIVE_HOLDER,
+                f"{inst.name} claimed {found.child_execution_id} at attempt {found.attempt} "
+                f"while it was {child.status.value} at attempt {child.attempt}: a queued child "
+                "is claimed once, at its next attempt",
+            )
+        child.status = ChildStatus.RUNNING
+        child.attempt = int(found.attempt)
+
+    async def _running(self, inst: Inst, log: list[str] | None) -> None:
+        queue = self._queue(inst)
+        try:
+            rows = await queue.running(10)
+        except Exception as exc:
+            raise self._error(inst, "list the running children", exc) from exc
+        seen = []
+        for row in rows:
+            index = self.child_index(row.child_execution_id)
+            if index is not None:
+                inst.attempts.add((index, int(row.attempt)))
+                seen.append(f"{row.child_execution_id} attempt {row.attempt}")
+        self.outcome = f"running: {len(seen)}"
+        self._said(log, f"{inst.name} list the running children", ", ".join(seen) or "none")
+
+    async def _restart(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            found = await queue.restart(name, attempt)
+        except Exception as exc:
+            raise self._error(inst, f"restart {name} at attempt {attempt}", exc) from exc
+        self._said(
+            log,
+            f"{inst.name} restart {name} at attempt {attempt}",
+            "refused" if found is None else f"attempt {found.attempt}",
+        )
+        self.outcome = "restart: refused" if found is None else "restart: restarted"
+        if found is None:
+            return
+        child = self.children[index]
+        if check and (
+            child.status is not ChildStatus.RUNNING
+            or child.attempt != attempt
+            or found.attempt != attempt + 1
+        ):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s restart of {name} at attempt {attempt} was accepted (attempt "
+                f"{found.attempt}) while it was {child.status.value} at attempt "
+                f"{child.attempt}: a restart compares the attempt",
+            )
+        self._child_seen(inst, found, "restart", check)
+        child.attempt = int(found.attempt)
+
+    async def _finish_child(
+        self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        queue = self._queue(inst)
+        name = self.child_id(index)
+        try:
+            result = await queue.finish(name, {"by": inst.name}, attempt=attempt)
+        except Exception as exc:
+            raise self._error(inst, f"finish {name} at attempt {attempt}", exc) from exc
+        finished, remaining = bool(result.finished), int(result.remaining)
+        self._said(
+            log,
+            f"{inst.name} finish {name} at attempt {attempt}",
+            f"finished, {remaining} left" if finished else f"refused, {remaining} left",
+        )
+        child = self.children[index]
+        replay = child.status is ChildStatus.FINISHED and child.finished_attempt == attempt
+        self.outcome = (
+            "finish-child: refused"
+            if not finished
+            else "finish-child: replayed"
+            if replay
+            else f"finish-child: finished, {'none' if remaining == 0 else 'some'} left"
+        )
+        if not finished:
+            return
+        if replay:
+            if check and remaining != child.remaining:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s retry of the finish of {name} at attempt {attempt} "
+                    f"answered {remaining} left where the finish answered {child.remaining}: "
+                    "a retried finish answers what it answered",
+                )
+            return
+        if check and (child.status is not ChildStatus.RUNNING or child.attempt != attempt):
+            raise Broken(
+                NO_STALE_WRITE,
+                f"{inst.name}'s finish of {name} at attempt {attempt} was accepted while it "
+                f"was {child.status.value} at attempt {child.attempt}: a finish compares the "
+                "attempt",
+            )
+        child.status = ChildStatus.FINISHED
+        child.finished_attempt = attempt
+        child.remaining = remaining
+        left = sum(1 for c in self.children if c.status is not ChildStatus.FINISHED)
+        if check and remaining != left:
+            raise Broken(
+                ONE_EFFECT_PER_KEY,
+                f"{inst.name}'s finish of {name} at attempt {attempt} answered {remaining} "
+                f"left where {left} of the parent's children are unfinished: exactly one "
+                "finisher of the last child wakes the parent",
+            )
+        if remaining == 0:
+            if check and self.woken_by:
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{inst.name}'s finish of {name} at attempt {attempt} answered none left "
+                    f"after {self.woken_by} had: the parent is woken twice",
+                )
+            self.woken_by = f"{inst.name}'s finish of {name} at attempt {attempt}"
