@@ -43,7 +43,7 @@ from typing import Any
 from agboss_sql.testing._case import BusinessRows
 from agboss_sql.testing._errors import INVALID_OPTION, StoreConformanceError
 from agboss_sql.testing.explorer._races import RACE_OUTCOME, RACES
-from agboss_sql.testing.explorer._search import (
+from agboss_sql.testing.explorer._report import (
     DEFAULT_DEPTH,
     DEFAULT_SEED,
     DEFAULT_TIME_LIMIT_S,
@@ -56,9 +56,9 @@ from agboss_sql.testing.explorer._search import (
     InterleavingTimeLimitError,
     Reset,
     StoreFactoryLike,
-    explore,
     resolve_seed,
 )
+from agboss_sql.testing.explorer._search import explore
 from agboss_sql.testing.explorer._world import INVARIANTS, LEASE_MS, SKEWS, WORLDS
 
 OPTIONS = ("depth", "walks", "walk_depth", "seed", "time_limit")

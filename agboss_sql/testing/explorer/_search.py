@@ -1,28 +1,35 @@
 """The searches: every schedule of two instances to a depth, seeded walks of three, the
-races in both orders; shrinking a failure to its minimal schedule and printing it."""
+races in both orders; `explore`, which runs them. The stores, the schedules and the printed
+failures are in `_explorer`, the report and the defaults in `_report` (re-exported here)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from agboss_sql.contracts.clocks import SkewedClock, StoreClock, VirtualClock
-from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
-from agboss_sql.testing._case import BusinessRows, Seam, StoreFactory, as_factory
-from agboss_sql.testing._errors import (
-    INVALID_OPTION,
-    OPTED_OUT_STORE,
-    StoreConformanceError,
-)
-from agboss_sql.testing.explorer._model import InstanceStores
+from agboss_sql.testing._case import BusinessRows
+from agboss_sql.testing._errors import INVALID_OPTION, OPTED_OUT_STORE, StoreConformanceError
+from agboss_sql.testing.explorer._explorer import ExplorerBase, _clocks_line, _setup_lines, _Stopped
 from agboss_sql.testing.explorer._races import Race, matches, races_of
+from agboss_sql.testing.explorer._report import (
+    DEFAULT_DEPTH,
+    DEFAULT_SEED,
+    DEFAULT_TIME_LIMIT_S,
+    DEFAULT_WALK_DEPTH,
+    DEFAULT_WALKS,
+    OPTED_OUT_NOTE,
+    SEED_ENV,
+    ExplorerReport,
+    InterleavingFailure,
+    InterleavingTimeLimitError,
+    Reset,
+    StoreFactoryLike,
+    resolve_seed,
+)
 from agboss_sql.testing.explorer._sim import Sim
 from agboss_sql.testing.explorer._world import (
     CLAIM,
@@ -35,167 +42,12 @@ from agboss_sql.testing.explorer._world import (
     SEND_REFUSED,
     SKEWS,
     STALE,
-    START_MS,
-    TIME,
-    WAIT_EXPIRY,
     WORLDS,
     Action,
     Broken,
-    World,
 )
 
 logger = logging.getLogger("agboss_sql.testing.explorer")
-
-DEFAULT_DEPTH = 8
-DEFAULT_WALKS = 200
-DEFAULT_WALK_DEPTH = 30
-DEFAULT_SEED = 533
-DEFAULT_TIME_LIMIT_S = 8 * 60.0
-SEED_ENV = "AGBOSS_EXPLORER_SEED"
-
-OPTED_OUT_NOTE = "store opted out of the lease check: no double-charge protection"
-
-StoreFactoryLike = Callable[[Seam], Any] | StoreFactory
-Reset = Callable[[], Awaitable[None]]
-
-
-class InterleavingFailure(AssertionError):
-    """A schedule broke an invariant (or a race gave another outcome than the contract's).
-
-    The message is the printed minimal schedule: each step with what the store answered.
-    """
-
-    def __init__(
-        self,
-        text: str,
-        *,
-        invariant: str,
-        world: str,
-        mode: str,
-        schedule: Sequence[str] = (),
-        found_steps: int = 0,
-    ) -> None:
-        super().__init__(text)
-        self.invariant = invariant
-        self.world = world
-        self.mode = mode
-        self.schedule = tuple(schedule)
-        """The minimal schedule's steps, each with the store's answer."""
-        self.found_steps = found_steps
-        """How many steps the schedule had when it was found, before shrinking."""
-
-
-class InterleavingTimeLimitError(InterleavingFailure):
-    """A search reached its time limit: it fails, saying how far it got and what it left.
-    It never passes on a part of its schedules."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExplorerReport:
-    """What one `explore` call ran, and how fast."""
-
-    name: str
-    world: str
-    title: str
-    depth: int
-    walks: int
-    walk_depth: int
-    seed: int
-    race_orders: int = 0
-    schedules: int = 0
-    """Schedules the exhaustive search ran (each replayed from reset)."""
-    states: int = 0
-    """Distinct states it reached (each explored once, at the fewest steps)."""
-    steps: int = 0
-    """Steps the exhaustive search made (store operations and waits), replays included."""
-    search_s: float = 0.0
-    walk_steps: int = 0
-    """Steps the walks made."""
-    walks_s: float = 0.0
-    races_s: float = 0.0
-    outcomes: tuple[tuple[str, int], ...] = ()
-    """How often each kind of answer was seen in checked steps (search, races and walks):
-    what the exploration reached, e.g. `("acquire: taken over", 812)`."""
-    skews_searched: int = 0
-    """Under how many clock skews the exhaustive search ran: every one, or only the first
-    when no store read its instance's own clock there (the others would be the same search,
-    answer for answer)."""
-    skipped: str | None = None
-
-    @property
-    def schedules_per_s(self) -> float:
-        return self.schedules / self.search_s if self.search_s else 0.0
-
-    @property
-    def states_per_s(self) -> float:
-        return self.states / self.search_s if self.search_s else 0.0
-
-    def seen(self, outcome: str) -> int:
-        """How often `outcome` (e.g. `"effect: replayed"`) was seen."""
-        return dict(self.outcomes).get(outcome, 0)
-
-    @property
-    def elapsed_s(self) -> float:
-        return self.search_s + self.walks_s + self.races_s
-
-    def summary(self) -> str:
-        """One line: the counts and the throughput."""
-        head = f"[interleavings] {self.name}, {self.title}"
-        if self.skipped:
-            return f"{head}: skipped ({self.skipped})"
-        parts: list[str] = []
-        if self.depth:
-            skews = (
-                f"{self.skews_searched} clock skews"
-                if self.skews_searched != 1
-                else f"1 clock skew (no store read its instance's clock: the other "
-                f"{len(SKEWS) - 1} are the same search)"
-            )
-            parts.append(
-                f"exhaustive search of 2 instances to depth {self.depth} under {skews}: "
-                f"{self.schedules} schedules, {self.states} states, {self.steps} steps in "
-                f"{self.search_s:.2f} s ({self.schedules_per_s:.0f} schedules/s, "
-                f"{self.states_per_s:.0f} states/s); {self.race_orders} race orders in "
-                f"{self.races_s:.2f} s"
-            )
-        if self.walks:
-            rate = self.walks / self.walks_s if self.walks_s else 0.0
-            parts.append(
-                f"{self.walks} walks of 3 instances x {self.walk_depth} steps, seed {self.seed}: "
-                f"{self.walk_steps} steps in "
-                f"{self.walks_s:.2f} s ({rate:.0f} walks/s)"
-            )
-        return f"{head}: " + "; ".join(parts)
-
-
-def resolve_seed(seed: int | None) -> int:
-    """`seed`, else `AGBOSS_EXPLORER_SEED`, else 533."""
-    if seed is not None:
-        return int(seed)
-    env = os.environ.get(SEED_ENV)
-    if env:
-        try:
-            return int(env)
-        except ValueError:
-            raise StoreConformanceError.of(
-                INVALID_OPTION, f"{SEED_ENV}={env!r} is not an integer seed"
-            ) from None
-    return DEFAULT_SEED
-
-
-def _skew_of(skew_index: int, instance: int) -> int:
-    if instance == 0:
-        return 0
-    skew = SKEWS[skew_index]
-    return skew if instance % 2 == 1 else -skew
-
-
-def _clocks_line(n: int, skew_index: int) -> str:
-    parts = ["instance-1 on the run's time"]
-    for i in range(1, n):
-        parts.append(f"instance-{i + 1} {_skew_of(skew_index, i):+d} ms")
-    return "clocks: " + ", ".join(parts) + "; the store decides by the run's time"
-
 
 _WEIGHTS = {EFFECT: 3, READ: 2, RECORD: 3, RECONCILE: 3, CLAIM: 3, SEND: 3, SEND_REFUSED: 1, END: 3}
 """How much likelier a walk takes a step of the work (the effect, the call's protocol) than
@@ -212,20 +64,6 @@ def _weight(op: str) -> float:
     return _STALE_WEIGHT if op.startswith(STALE) else _WEIGHTS.get(op, 1)
 
 
-def _setup_lines(sim: Sim) -> list[str]:
-    """The world's set-up, printed after a schedule that started from it."""
-    if not sim.world.setup:
-        return []
-    return [
-        "every schedule of this world starts from its set-up:",
-        *(f"   {text}" for text in sim.setup_log),
-    ]
-
-
-class _Stopped(Exception):
-    """The search reached its time limit."""
-
-
 class _Found(Exception):
     """A search step broke an invariant."""
 
@@ -236,297 +74,9 @@ class _Found(Exception):
         self.broken = broken
 
 
-class _Reads:
-    """How often the stores read an instance's own wall clock."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
-class _WatchedClock(SkewedClock):
-    """An instance's own clock (the run's time off by its skew) that counts the reads of
-    its wall time: a store that never reads it cannot answer differently under another
-    skew."""
-
-    def __init__(self, base: VirtualClock, offset_ms: int, reads: _Reads) -> None:
-        super().__init__(base, offset_ms)
-        self._reads = reads
-
-    def now(self) -> int:
-        self._reads.count += 1
-        return super().now()
-
-
-class Explorer:
-    """One world over one store set: builds the instances' stores, resets between
-    schedules, and runs the searches."""
-
-    def __init__(
-        self,
-        factories: Mapping[str, StoreFactoryLike],
-        world: World,
-        *,
-        name: str,
-        reset: Reset | None,
-        business_rows: BusinessRows | None,
-        seed: int,
-        time_limit: float,
-    ) -> None:
-        self.factories = {key: as_factory(value) for key, value in factories.items()}
-        missing = [key for key in world.needs if key not in self.factories]
-        if missing:
-            raise StoreConformanceError.of(
-                INVALID_OPTION,
-                f"the {world.title} needs the {', '.join(missing)} store(s); the set gives "
-                f"{', '.join(sorted(self.factories)) or 'none'}",
-            )
-        if world.queue and reset is None and self.factories["child_queue"].reset is None:
-            raise StoreConformanceError.of(
-                INVALID_OPTION,
-                f"the {world.title} needs a reset: a claim takes any tenant's queued child, "
-                "so its schedules cannot share a queue",
-            )
-        self.world = world
-        self.name = name
-        self.business_rows = business_rows if world.effect else None
-        self.seed = seed
-        self.time_limit = time_limit
-        self.clock = VirtualClock(START_MS)
-        resets: list[Reset] = [] if reset is None else [reset]
-        for key in (*world.needs, "outbound_call"):
-            factory = self.factories.get(key)
-            if factory is not None and factory.reset is not None and factory.reset not in resets:
-                resets.append(factory.reset)
-        self.resets = resets
-        self.uid = secrets.token_hex(4)
-        self.schedule_number = 0
-        self._built: list[tuple[StoreFactory, Any]] = []
-        self._sims: dict[tuple[int, int], Sim] = {}
-        self._deadline = 0.0
-        self.reads = _Reads()
-        self.lease_state_of = "outbound_call" in self.factories and not self._opted_out(
-            "outbound_call"
-        )
-
-    # --- stores and schedules -------------------------------------------------------
-
-    def _build(self, key: str, seam: Seam) -> Any:
-        factory = self.factories[key]
-        store = factory.instance(seam)
-        self._built.append((factory, store))
-        return store
-
-    def sim(self, n: int, skew_index: int) -> Sim:
-        """The sim of `n` instances whose clocks are skewed by `SKEWS[skew_index]`."""
-        found = self._sims.get((n, skew_index))
-        if found is not None:
-            return found
-        world = self.world
-        store_clock = StoreClock(self.clock)
-        stores = []
-        for i in range(n):
-            skew = _skew_of(skew_index, i)
-            name = f"instance-{i + 1}"
-            seam = Seam(
-                clock=_WatchedClock(self.clock, skew, self.reads),
-                store_clock=store_clock,
-                application=ApplicationContext(name),
-            )
-            leases = self._build("execution_lease", seam) if not world.queue else None
-            effects = self._build("fenced_effect", seam) if world.effect else None
-            wants_calls = world.call or (self.lease_state_of and world.ident == "lease")
-            calls = self._build("outbound_call", seam) if wants_calls else None
-            queue = None
-            if world.queue:
-                # The child queue is on the application's clock, and nothing in its world
-                # waits: its stores get the run's time, so one skew's search stands for all.
-                queue = self._build("child_queue", dataclasses.replace(seam, clock=self.clock))
-            stores.append(InstanceStores(name, skew, leases, effects, calls, queue))
-        found = Sim(
-            world,
-            stores,
-            self.clock,
-            self.business_rows,
-            lease_state_of=self.lease_state_of,
-        )
-        self._sims[(n, skew_index)] = found
-        return found
-
-    def _opted_out(self, key: str) -> bool:
-        """Whether the set's `key` store declares `WITHOUT_DOUBLE_CHARGE_PROTECTION`: then
-        the lease world asks no `lease_state_of` of it (that is among what it gave up)."""
-        probe = Seam(self.clock, StoreClock(self.clock), ApplicationContext("instance-1"))
-        cls = type(self._build(key, probe))
-        return getattr(cls, "lease_check", LeaseCheck.ATOMIC) is (
-            LeaseCheck.WITHOUT_DOUBLE_CHARGE_PROTECTION
-        )
-
-    def opted_out(self) -> list[str]:
-        """The world's fencing stores that declare `WITHOUT_DOUBLE_CHARGE_PROTECTION`."""
-        sim = self.sim(2, 0)
-        found: list[str] = []
-        stores = sim.stores[0]
-        for key in self.world.fencing:
-            store = stores.effects if key == "fenced_effect" else stores.calls
-            cls = type(store)
-            if getattr(cls, "lease_check", LeaseCheck.ATOMIC) is (
-                LeaseCheck.WITHOUT_DOUBLE_CHARGE_PROTECTION
-            ):
-                found.append(cls.__name__)
-        return found
-
-    async def fresh(self, sim: Sim) -> None:
-        """Start a schedule from an empty store set."""
-        if time.monotonic() >= self._deadline:
-            # Past the limit the store is not reset again: a slow search must not corrupt
-            # the cases after it.
-            raise _Stopped
-        for reset in self.resets:
-            await reset()
-        self.schedule_number += 1
-        # Without a reset, every schedule works in a tenant of its own.
-        tenant = "tenant-1" if self.resets else f"explorer-{self.uid}-{self.schedule_number}"
-        sim.start(tenant, f"interleavings/{self.uid}/{self.schedule_number}/")
-        try:
-            await sim.setup()
-        except Broken as broken:
-            n = len(sim.insts)
-            raise InterleavingFailure(
-                self._header(n, "set-up", broken.invariant, broken.message),
-                invariant=broken.invariant,
-                world=self.world.ident,
-                mode="set-up",
-            ) from None
-
-    async def close(self) -> None:
-        """Close every store it built, with its factory's close."""
-        for factory, store in self._built:
-            if factory.close is not None:
-                await factory.close(store)
-        self._built.clear()
-        self._sims.clear()
-
-    def outcomes(self) -> tuple[tuple[str, int], ...]:
-        """Every kind of answer the sims saw in checked steps, with how often."""
-        total: dict[str, int] = {}
-        for sim in self._sims.values():
-            for outcome, count in sim.outcomes.items():
-                total[outcome] = total.get(outcome, 0) + count
-        return tuple(sorted(total.items()))
-
-    def start_clock(self) -> None:
-        """Start the time limit: past it, no schedule starts (and no reset runs)."""
-        self._deadline = time.monotonic() + self.time_limit
-
-    # --- failures -------------------------------------------------------------------
-
-    def _header(self, n: int, mode: str, invariant: str, message: str) -> str:
-        return (
-            f"interleaving explorer ({self.name}, {self.world.title}, {n} instances, {mode}): "
-            f"[{invariant}] {message}"
-        )
-
-    async def _attempt(
-        self, sim: Sim, schedule: Sequence[Action], invariant: str
-    ) -> list[Action] | None:
-        """Replay `schedule` with checks, skipping any step that is not possible where it
-        comes: the steps it made until it broke `invariant` again, or `None` (it broke
-        another invariant, or none)."""
-        await self.fresh(sim)
-        made: list[Action] = []
-        for action in schedule:
-            if action not in sim.enabled():
-                continue
-            made.append(action)
-            try:
-                await sim.run(action, True, None)
-            except Broken as broken:
-                return made if broken.invariant == invariant else None
-        return None
-
-    async def shrink(self, sim: Sim, schedule: Sequence[Action], invariant: str) -> list[Action]:
-        """Remove every step whose removal still breaks `invariant`: runs of steps first,
-        halving their length, then single steps until no single removal reproduces it."""
-        current = list(schedule)
-        chunk = max(1, len(current) // 2)
-        while True:
-            progress = False
-            index = 0
-            while index < len(current):
-                candidate = current[:index] + current[index + chunk :]
-                made = await self._attempt(sim, candidate, invariant)
-                if made is not None and len(made) < len(current):
-                    current = made
-                    progress = True
-                else:
-                    index += 1
-            index = 0
-            while index + 1 < len(current):
-                if current[index][0] == TIME and current[index + 1][0] == TIME:
-                    merged = [*current[:index], (TIME, WAIT_EXPIRY, 0), *current[index + 2 :]]
-                    made = await self._attempt(sim, merged, invariant)
-                    if made is not None and len(made) < len(current):
-                        current = made
-                        progress = True
-                        continue
-                index += 1
-            if chunk > 1:
-                chunk //= 2
-            elif not progress:
-                return current
-
-    async def failure(
-        self,
-        sim: Sim,
-        skew_index: int,
-        schedule: Sequence[Action],
-        broken: Broken,
-        mode: str,
-        reproduce: str,
-    ) -> InterleavingFailure:
-        """The failure of `schedule`, shrunk to its minimal schedule and printed."""
-        self._deadline = float("inf")  # shrinking always finishes
-        minimal = await self.shrink(sim, schedule, broken.invariant)
-        await self.fresh(sim)
-        log: list[str] = []
-        final = broken
-        for action in minimal:
-            try:
-                await sim.run(action, True, log)
-            except Broken as found:
-                final = found
-                break
-        n = len(sim.insts)
-        lines = [
-            self._header(n, mode, final.invariant, final.message),
-            f"minimal schedule ({len(log)} of the {len(schedule)} steps found):",
-            *(f"{number:4d}. {text}" for number, text in enumerate(log, 1)),
-            _clocks_line(n, skew_index),
-            reproduce,
-            *_setup_lines(sim),
-        ]
-        return InterleavingFailure(
-            "\n".join(lines),
-            invariant=final.invariant,
-            world=self.world.ident,
-            mode=mode,
-            schedule=log,
-            found_steps=len(schedule),
-        )
-
-    def time_limit_error(
-        self, n: int, mode: str, ran: str, left: str
-    ) -> InterleavingTimeLimitError:
-        text = (
-            f"interleaving explorer ({self.name}, {self.world.title}, {n} instances, {mode}): "
-            f"stopped after {ran} because it reached its time limit ({self.time_limit:g} s); "
-            f"{left} left unexplored. Raise time_limit or lower the depth or the walks to fit."
-        )
-        return InterleavingTimeLimitError(
-            text, invariant="time-limit", world=self.world.ident, mode=mode
-        )
+class Explorer(ExplorerBase):
+    """One world over one store set: its searches (the races, every schedule of two
+    instances, the seeded walks), over the stores and schedules of `ExplorerBase`."""
 
     # --- the races ------------------------------------------------------------------
 
