@@ -16,6 +16,10 @@ answers.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agboss_sql._timeouts import Timeouts
 
@@ -75,4 +79,63 @@ class StatementDeadline:
         return self.task.uncancel() == 0
 
 
-__all__ = ["GRACE_S", "DeadlinePassed", "StatementDeadline", "statement_bound_s"]
+# -- the statements of an engine's transactions ---------------------------------------
+
+ENGINE_DEADLINE = "agboss.deadline"
+"""The key of the running transaction's `StatementDeadline` in its connection's `info`."""
+
+
+def connect_and_begin(engine: sa.Engine, deadline: StatementDeadline) -> sa.Connection:
+    """A pooled connection with `deadline` as its statements' deadline, in a transaction
+    (run in SQLAlchemy's greenlet)."""
+    connection = engine.connect()
+    try:
+        connection.info[ENGINE_DEADLINE] = deadline
+        connection.begin()
+    except BaseException:
+        connection.info.pop(ENGINE_DEADLINE, None)
+        connection.close()
+        raise
+    return connection
+
+
+def end_deadline(info: dict[Any, Any], deadline: StatementDeadline) -> None:
+    """No statement deadline for this transaction any more (none is in flight)."""
+    info.pop(ENGINE_DEADLINE, None)
+    deadline.disarm()
+
+
+def bound_statements(engine: AsyncEngine) -> None:
+    """Arm the running transaction's `StatementDeadline` as each statement on the engine's
+    connections is sent, and disarm it when the statement answered or failed. A statement
+    still unanswered when it goes off cancels the transaction's task; the driver drops the
+    connection (see the dialects' `connect`), and `transaction()` turns the cancellation
+    into a typed error. A statement the server ends at its own timeout answers first."""
+
+    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _arm(connection: Any, *_args: Any) -> None:
+        deadline = connection.info.get(ENGINE_DEADLINE)
+        if deadline is not None:
+            deadline.arm()
+
+    def _disarm(connection: Any, *_args: Any) -> None:
+        if connection is None:
+            return
+        deadline = connection.info.get(ENGINE_DEADLINE)
+        if deadline is not None:
+            deadline.disarm()
+
+    sa.event.listen(engine.sync_engine, "after_cursor_execute", _disarm)
+    sa.event.listen(engine.sync_engine, "handle_error", lambda context: _disarm(context.connection))
+
+
+__all__ = [
+    "ENGINE_DEADLINE",
+    "bound_statements",
+    "connect_and_begin",
+    "end_deadline",
+    "GRACE_S",
+    "DeadlinePassed",
+    "StatementDeadline",
+    "statement_bound_s",
+]

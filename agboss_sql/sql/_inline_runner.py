@@ -32,16 +32,21 @@ import sqlite3
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, CursorResult
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.sql._inline_work import (
+    InlineWorkConnection,
+    WorkConnection,
+    aiosqlite_execute,
+)
 from agboss_sql.sql._progress import Progress, feed
 from agboss_sql.sql._runner import Lane, Translate, driver_connection
 from agboss_sql.sql.statements import Result, StatementCache, Step, single
@@ -72,7 +77,7 @@ class InlineRunner:
         self.closed = False
         self._raw: sqlite3.Connection | None = None
         self._gate: asyncio.Lock | None = None
-        self._work: _WorkConnection | None = None
+        self._work: WorkConnection | None = None
         self._work_gate: asyncio.Lock | None = None
         self._work_engine: sa.Engine | None = None
 
@@ -278,7 +283,7 @@ class InlineRunner:
         if isinstance(connection, InlineWorkConnection):
             return await feed(self.cache, step, connection.raw, self.execute, Progress())
         raw = await driver_connection(connection)
-        return await feed(self.cache, step, raw, _aiosqlite_execute, Progress())
+        return await feed(self.cache, step, raw, aiosqlite_execute, Progress())
 
     async def execute_on(
         self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
@@ -329,7 +334,7 @@ class InlineRunner:
     def _open_work_raw(self) -> sqlite3.Connection:
         return self.dialect.connect_sync(self.path)
 
-    def _work_connection(self, engine: Callable[[], AsyncEngine]) -> _WorkConnection:
+    def _work_connection(self, engine: Callable[[], AsyncEngine]) -> WorkConnection:
         if self._work is None:
             try:
                 connection = self.work_engine.connect()
@@ -337,7 +342,7 @@ class InlineRunner:
                 raise StoreUnavailableError(
                     f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
                 ) from exc
-            self._work = _WorkConnection(engine(), connection)
+            self._work = WorkConnection(engine(), connection)
         return self._work
 
     async def _enter_work_gate(self, deadline: float) -> asyncio.Lock:
@@ -380,7 +385,7 @@ class InlineRunner:
             raise StoreUnavailableError("the connection is closed")
         return self.work_engine
 
-    def _roll_back(self, work: _WorkConnection) -> None:
+    def _roll_back(self, work: WorkConnection) -> None:
         raw = work.raw
         if raw.in_transaction:
             if self.cache.listeners:
@@ -451,7 +456,7 @@ class InlineTransaction:
         self.progress = Progress()
         self.progress.sent_write = True
         self.gate: asyncio.Lock | None = None
-        self.work: _WorkConnection | None = None
+        self.work: WorkConnection | None = None
 
     async def __aenter__(self) -> InlineWorkConnection:
         runner = self.runner
@@ -462,7 +467,7 @@ class InlineTransaction:
             gate = await runner._enter_work_gate(deadline)
         except Exception as exc:
             raise self._typed(exc) from exc
-        work: _WorkConnection | None = None
+        work: WorkConnection | None = None
         try:
             if runner.closed:
                 raise StoreUnavailableError("the connection is closed")
@@ -524,79 +529,4 @@ class InlineTransaction:
         gate.release()
 
 
-class _WorkConnection:
-    """The work connection: the stdlib connection, SQLAlchemy's `Connection` on it and the
-    `InlineWorkConnection` handed to callers."""
-
-    __slots__ = ("facade", "raw", "sync")
-
-    def __init__(self, engine: AsyncEngine, sync: sa.Connection) -> None:
-        raw = sync.connection.driver_connection
-        assert isinstance(raw, sqlite3.Connection)
-        # Rows are read at once, as an async driver's buffered result has them.
-        sync.execution_options(prebuffer_rows=True)
-        self.raw = raw
-        self.sync = sync
-        self.facade = InlineWorkConnection(engine, sync, raw)
-
-
-class InlineWorkConnection(AsyncConnection):
-    """The `AsyncConnection` of a SQLite transaction (`SqlConnection.transaction()`, a
-    fenced effect's work): a SQLAlchemy `Connection` on the runner's inline work
-    connection, every call run at once on the event loop's thread. `execute`, `scalar`,
-    `scalars` and `exec_driver_sql` answer as an `AsyncConnection` does (a buffered
-    result); `run_sync` hands over the synchronous `Connection`. The transaction is the
-    store's: `commit`, `rollback` and `close` raise `InvalidRequestError`, since ending
-    it early would split what must commit as one."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, engine: AsyncEngine, sync: sa.Connection, raw: sqlite3.Connection) -> None:
-        # Not AsyncConnection.__init__: the synchronous engine is the connection's own.
-        self.engine = engine
-        self.sync_engine = sync.engine
-        self.sync_connection = self._assign_proxied(sync)
-        self.raw = raw
-
-    async def execute(
-        self,
-        statement: sa.Executable,
-        parameters: Any = None,
-        *,
-        execution_options: Any = None,
-    ) -> CursorResult[Any]:
-        """Execute `statement` (SQLAlchemy Core) in the transaction; a buffered result."""
-        return self._proxied.execute(statement, parameters, execution_options=execution_options)
-
-    async def exec_driver_sql(
-        self, statement: str, parameters: Any = None, execution_options: Any = None
-    ) -> CursorResult[Any]:
-        """Execute driver-level SQL text in the transaction; a buffered result."""
-        return self._proxied.exec_driver_sql(statement, parameters, execution_options)
-
-    async def commit(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
-
-    async def rollback(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
-
-    async def close(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
-
-
-_STORE_OWNS_IT = (
-    "this transaction ends with the store's operation (COMMIT when it succeeds, ROLLBACK "
-    "when it raises): raise to roll it back"
-)
-
-
-async def _aiosqlite_execute(
-    raw: Any, sql: str, params: Mapping[str, Any] | None
-) -> tuple[list[Any] | None, int]:
-    """One statement on an aiosqlite connection (the engine's)."""
-    cursor = await raw.execute(sql, params if params is not None else ())
-    try:
-        rows = await cursor.fetchall() if cursor.description is not None else None
-        return rows, cursor.rowcount
-    finally:
-        await cursor.close()
+__all__ = ["InlineRunner", "InlineTransaction", "InlineWorkConnection"]

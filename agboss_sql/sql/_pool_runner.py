@@ -42,9 +42,13 @@ from agboss_sql._dialects import Capabilities, ServerDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._deadline import (
+    ENGINE_DEADLINE,
     GRACE_S,
     DeadlinePassed,
     StatementDeadline,
+    bound_statements,
+    connect_and_begin,
+    end_deadline,
     statement_bound_s,
 )
 from agboss_sql.sql._progress import Progress, feed, send
@@ -403,7 +407,7 @@ class PoolRunner:
         deadline of `transaction()`."""
         options = {**options, "async_creator": self._bounded_creator(options["async_creator"])}
         engine = create_async_engine(url, **options)
-        _bound_statements(engine)
+        bound_statements(engine)
         return engine
 
     def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
@@ -449,10 +453,10 @@ class PoolRunner:
                 # A connection the last transaction left idle (no BEGIN is sent: the driver
                 # begins with the first statement).
                 sync, connection = kept.pop()
-                sync.info[_DEADLINE] = deadline
+                sync.info[ENGINE_DEADLINE] = deadline
                 sync.begin()
             else:
-                sync = await greenlet_spawn(_connect_and_begin, the_engine.sync_engine, deadline)
+                sync = await greenlet_spawn(connect_and_begin, the_engine.sync_engine, deadline)
                 connection = AsyncConnection(the_engine, sync)
             # The info dict lives with the driver connection, across checkouts: the
             # deadline is this transaction's only while it runs.
@@ -461,14 +465,14 @@ class PoolRunner:
                 try:
                     yield connection
                 except BaseException as exc:
-                    _end_deadline(info, deadline)
+                    end_deadline(info, deadline)
                     if self._unusable_after(exc):
                         await self._drop(connection)
                     else:
                         with contextlib.suppress(Exception):
                             await self._bounded_on(connection, connection.rollback)
                     raise
-                _end_deadline(info, deadline)
+                end_deadline(info, deadline)
                 progress.committing = True
                 try:
                     await self._bounded_on(connection, connection.commit)
@@ -481,7 +485,7 @@ class PoolRunner:
                     kept.append((sync, connection))
                     return
             finally:
-                _end_deadline(info, deadline)
+                end_deadline(info, deadline)
                 if not sync.closed and (sync, connection) not in kept:
                     await greenlet_spawn(sync.close)
         except asyncio.CancelledError:
@@ -556,53 +560,6 @@ class PoolRunner:
                     self.dialect.close_without_loop(raw)
 
 
-_DEADLINE = "agboss.deadline"
-"""The key of the running transaction's `StatementDeadline` in its connection's `info`."""
-
 _KEPT_CONNECTIONS = 1
 """How many of the engine's connections `transaction()` keeps checked out while idle, for the
 next transaction (the rest of the pool stays free for other users of the engine)."""
-
-
-def _connect_and_begin(engine: sa.Engine, deadline: StatementDeadline) -> sa.Connection:
-    """A pooled connection with `deadline` as its statements' deadline, in a transaction
-    (run in SQLAlchemy's greenlet)."""
-    connection = engine.connect()
-    try:
-        connection.info[_DEADLINE] = deadline
-        connection.begin()
-    except BaseException:
-        connection.info.pop(_DEADLINE, None)
-        connection.close()
-        raise
-    return connection
-
-
-def _end_deadline(info: dict[Any, Any], deadline: StatementDeadline) -> None:
-    """No statement deadline for this transaction any more (none is in flight)."""
-    info.pop(_DEADLINE, None)
-    deadline.disarm()
-
-
-def _bound_statements(engine: AsyncEngine) -> None:
-    """Arm the running transaction's `StatementDeadline` as each statement on the engine's
-    connections is sent, and disarm it when the statement answered or failed. A statement
-    still unanswered when it goes off cancels the transaction's task; the driver drops the
-    connection (see the dialects' `connect`), and `transaction()` turns the cancellation
-    into a typed error. A statement the server ends at its own timeout answers first."""
-
-    @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def _arm(connection: Any, *_args: Any) -> None:
-        deadline = connection.info.get(_DEADLINE)
-        if deadline is not None:
-            deadline.arm()
-
-    def _disarm(connection: Any, *_args: Any) -> None:
-        if connection is None:
-            return
-        deadline = connection.info.get(_DEADLINE)
-        if deadline is not None:
-            deadline.disarm()
-
-    sa.event.listen(engine.sync_engine, "after_cursor_execute", _disarm)
-    sa.event.listen(engine.sync_engine, "handle_error", lambda context: _disarm(context.connection))
