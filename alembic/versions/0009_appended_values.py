@@ -32,21 +32,31 @@ def upgrade() -> None:
         batch.add_column(sa.Column("base_version", Ident(128), nullable=True))
 
 
+def downgrade_refusal(bind: sa.Connection) -> str | None:
+    """Why a downgrade below this revision must not run on `bind`'s database, or `None`.
+    The migration runner asks it before the first step of a downgrade, so a refused
+    downgrade changes nothing even where DDL commits on its own (MySQL, MariaDB)."""
+    if (
+        bind.execute(
+            sa.text("SELECT 1 FROM agboss_checkpoint_blobs WHERE base_version IS NOT NULL LIMIT 1")
+        ).first()
+        is not None
+    ):
+        return (
+            "agboss_checkpoint_blobs holds appended values (base_version set): downgrading "
+            "below 0009 would lose them; delete or rewrite those threads first"
+        )
+    return None
+
+
 def downgrade() -> None:
     # An appended value cannot be read without its column: refuse rather than lose it (an
     # offline script cannot ask, and says so).
     if context.is_offline_mode():
         op.execute("-- 0009 downgrade: first make sure no row has base_version set")
-    elif (
-        op.get_bind()
-        .execute(
-            sa.text("SELECT 1 FROM agboss_checkpoint_blobs WHERE base_version IS NOT NULL LIMIT 1")
-        )
-        .first()
-    ):
-        raise RuntimeError(
-            "agboss_checkpoint_blobs holds appended values (base_version set): downgrading "
-            "below 0009 would lose them; delete or rewrite those threads first"
-        )
+    else:
+        refusal = downgrade_refusal(op.get_bind())
+        if refusal is not None:
+            raise RuntimeError(refusal)
     with op.batch_alter_table("agboss_checkpoint_blobs") as batch:
         batch.drop_column("base_version")
