@@ -130,6 +130,9 @@ class InMemoryBackend:
         self.fenced_results: dict[str, FencedResultRow] = {}
         self.outbound_calls: dict[str, OutboundCall] = {}
         self.children: dict[str, ChildRow] = {}
+        self.unfinished_children: dict[tuple[str, str], int] = {}
+        """How many children of each (tenant, parent) are not finished: a finish counts
+        what is left in constant time, as the SQL store's count row."""
         self.records: dict[tuple[str, str], RecordRow] = {}
         self.trees: dict[tuple[str, str], dict[str, str]] = {}
         self.mesh_requests: dict[tuple[str, str], MeshRequest] = {}
@@ -164,6 +167,7 @@ class InMemoryBackend:
         self.fenced_results.clear()
         self.outbound_calls.clear()
         self.children.clear()
+        self.unfinished_children.clear()
         self.records.clear()
         self.trees.clear()
         self.mesh_requests.clear()

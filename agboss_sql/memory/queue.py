@@ -80,6 +80,9 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             queued_at=self.clock.now(),
             sequence=self.memory.next_sequence(),
         )
+        parent = (child.tenant_id, child.parent_execution_id)
+        counts = self.memory.unfinished_children
+        counts[parent] = counts.get(parent, 0) + 1
 
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         checked_identifier("instance_id", instance_id)
@@ -134,6 +137,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
             row.outcome = outcome
             row.finished_order = self.memory.next_sequence()
             row.finished_attempt = attempt
+            self.memory.unfinished_children[(row.tenant_id, row.parent_execution_id)] -= 1
         remaining = self._unfinished_children(row.tenant_id, row.parent_execution_id)
         if finished:
             row.finish_remaining = remaining
@@ -142,13 +146,7 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
         return FinishResult(finished, remaining)
 
     def _unfinished_children(self, tenant_id: str, parent_execution_id: str) -> int:
-        return sum(
-            1
-            for other in self.memory.children.values()
-            if other.tenant_id == tenant_id
-            and other.parent_execution_id == parent_execution_id
-            and other.status is not ChildStatus.FINISHED
-        )
+        return self.memory.unfinished_children.get((tenant_id, parent_execution_id), 0)
 
     def _wake_waiting(self, tenant_id: str, parent_execution_id: str) -> None:
         """The parent, when it is a child waiting for its children: claimable again."""

@@ -9,13 +9,15 @@ the connection serialising writers); elsewhere (MySQL/MariaDB) one transaction,
 index on `(status, depth DESC, queued_at, id)` lets the locking read stop at the first
 unlocked row.
 
-A finish locks the parent's children first (`SELECT … FOR UPDATE`), so concurrent
-finishers of one parent's children run one after the other, each seeing the others'
-finishes: exactly one sees none left. On a Galera cluster those locks hold on one node
-only: there a finish also raises a counter on the parent's first child
-(`sibling_finishes`), a row every finisher of the parent writes, so of two finishes on
-different nodes that did not see each other the later fails certification and runs
-again, seeing the other. For the same reason `SKIP LOCKED` passes over only the node's own
+Each parent keeps, on one row of its own (`agboss_child_parents`, `_child_parents`), how
+many of its children are not finished: an enqueue adds one, a finish takes one off, in
+their transactions. A finish locks its child's row, then that count (`UPDATE … RETURNING`,
+or a locking read and the update), so concurrent finishers of one parent's children run one
+after the other, each seeing the others' finishes: exactly one sees none left, and a finish
+sends the same statements with 3 siblings or 300,000. On a Galera cluster locks hold on
+one node only, but every finisher of the parent writes the count's row: of two finishes on
+different nodes that did not see each other the later fails certification and runs again,
+seeing the other. For the same reason `SKIP LOCKED` passes over only the node's own
 locks: a claim run again after a certification conflict starts a few rows past the head
 (at random, up to `_MAX_CLAIM_SPREAD`), so claimers on different nodes spread out. The decision is taken from that locking read (on
 MySQL/MariaDB REPEATABLE READ a locking read sees the latest committed rows; on
@@ -25,19 +27,20 @@ Statements per operation (BEGIN/COMMIT not counted):
 
 | operation | PostgreSQL, SQLite | MySQL/MariaDB |
 |---|---|---|
-| `enqueue`, `running`, `children` | 1 | 1 |
+| `enqueue` | 2 in a transaction (1 when refused) | the same |
+| `running`, `children` | 1 | 1 |
 | `claim` | 1 | 2 in a transaction (1 when the queue is empty) |
 | `restart` | 1 | 2 in a transaction (1 when refused) |
-| `finish` | 2 in a transaction (1 when refused or a retry; 3 when none is left: the wake of a waiting parent) | the same (+1 on Galera) |
+| `finish` | 3 in a transaction (1 when a retry, 2 when refused; 4 when none is left: the wake of a waiting parent) | 4 (5 when none is left) |
 | `wait_for_children` | 3 in a transaction (2 when it does not wait) | the same (+1 on Galera) |
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
 
-A child whose own children run waits without its lease: `wait_for_children` locks its
-children (as their finishers do), then its row, and moves it `running -> waiting` while one
+A child whose own children run waits without its lease: `wait_for_children` locks the count
+of its children (as their finishers do), then its row, and moves it `running -> waiting` while one
 of them is unfinished; the finish that sees none left moves the waiting parent back to
 `queued` in its own transaction, so no wake of a waiting child is ever lost (every
-transaction locks children before their parent: no lock cycle). `claim` and `running` see
+transaction locks a child, then its parent's count, then the parent: no lock cycle). `claim` and `running` see
 only `queued` and `running` rows, so neither a claimer nor the rescue takes a waiting child.
 
 A finish stores what it answered (`finish_remaining`): a retry of the same attempt's
@@ -76,6 +79,7 @@ from agboss_sql.contracts.types import (
     WaitResult,
 )
 from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql._child_parents import ParentCountStatements
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import child_executions
 
@@ -128,6 +132,7 @@ class QueueStatements:
 
     def __init__(self, b: SqlBuilder) -> None:
         self.update_returning: bool = b.capabilities.update_returning
+        self.parents = ParentCountStatements(b.ops, self.update_returning)
         self._build_enqueue_and_lists(b.ops)
         self._build_claims(b.ops)
         self._build_restarts()
@@ -238,32 +243,18 @@ class QueueStatements:
         )
 
     def _build_finishes(self, ops: Dialect) -> None:
-        """Finish a child: its siblings locked, its row finished, the waiting parent woken,
-        and (certifying clusters) the row every finisher of the parent writes."""
+        """Finish a child: its row locked, then finished, and the waiting parent woken."""
         now = sa.bindparam("now", type_=sa.BigInteger)
-        # The parent of the child, by value: the subqueries are plain reads of columns that
-        # never change, so they lock nothing (InnoDB locks only the outer rows: a join would
-        # lock the finisher's own row first, in another order for each finisher). Every
-        # finisher of the parent then locks the siblings in the parent index's order.
-        me = C.alias("me")
-        of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
-        self.lock_siblings = ops.for_update(
+        self.lock_finishing = ops.for_update(
             sa.select(
                 C.c.id,
-                C.c.child_execution_id,
                 C.c.status,
                 C.c.finished_attempt,
                 C.c.finish_remaining,
                 C.c.attempt,
                 C.c.tenant_id,
                 C.c.parent_execution_id,
-            ).where(
-                C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
-                C.c.parent_execution_id
-                == sa.select(me.c.parent_execution_id).where(of_child).scalar_subquery(),
-            )
-            # No ORDER BY: on InnoDB an order the parent's index does not give makes the
-            # locking read scan (and lock) the whole table by its primary key.
+            ).where(C.c.child_execution_id == sa.bindparam("child_execution_id"))
         )
         self.finish_locked = (
             sa.update(C)
@@ -278,8 +269,8 @@ class QueueStatements:
         )
 
         # The finish that saw none left: the parent, when it is a child waiting for its
-        # children, is claimable again (in the finish's transaction, after the siblings'
-        # locks: every transaction here locks children before their parent).
+        # children, is claimable again (in the finish's transaction, after the count's lock:
+        # every transaction here locks a child, its parent's count, then the parent).
         self.wake_waiting_parent = (
             sa.update(C)
             .where(
@@ -290,26 +281,8 @@ class QueueStatements:
             .values(status=sa.bindparam("queued"))
         )
 
-        # On a cluster that certifies write sets the siblings' locks above are local to a
-        # node: every finisher also writes the parent's first child, so two finishes that
-        # did not see each other conflict at certification and the later runs again.
-        self.count_sibling_finish = (
-            sa.update(C)
-            .where(C.c.id == sa.bindparam("first_id"))
-            .values(sibling_finishes=C.c.sibling_finishes + 1)
-        )
-
     def _build_waits(self, ops: Dialect) -> None:
-        """A parent waits for its children: their rows locked, then its own, then moved."""
-        # A wait: lock the child's children (as their finishers do), then the child's row.
-        me = C.alias("me")
-        of_child = me.c.child_execution_id == sa.bindparam("child_execution_id")
-        self.lock_children = ops.for_update(
-            sa.select(C.c.id, C.c.status).where(
-                C.c.tenant_id == sa.select(me.c.tenant_id).where(of_child).scalar_subquery(),
-                C.c.parent_execution_id == sa.bindparam("child_execution_id"),
-            )
-        )
+        """A parent waits for its children: their count locked, then its row, then moved."""
         self.lock_me = ops.for_update(
             sa.select(C.c.id, C.c.status, C.c.attempt).where(
                 C.c.child_execution_id == sa.bindparam("child_execution_id")
@@ -414,7 +387,8 @@ class SqlChildExecutionQueueRepository(
 
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's
-        now) in one statement; a child id already queued is `DuplicateChildError`."""
+        now) and add one to its parent's count of unfinished children, in one transaction;
+        a child id already queued is `DuplicateChildError` (nothing changed)."""
         checked_queued_child(child)
         params = {
             "tenant_id": child.tenant_id,
@@ -426,10 +400,27 @@ class SqlChildExecutionQueueRepository(
             "queued": QUEUED,
             "now": self.clock.now(),
         }
-        if not await self.connection.insert_if_absent(self._sql.enqueue, params):
+        try:
+            inserted = await self.connection.run(lambda: self._enqueue(params))
+        except Exception as exc:
+            # MySQL's insert of a duplicate raises (the transaction rolled back).
+            connection = self.connection
+            if not (
+                connection.capabilities.insert_if_absent_raises
+                and connection.ops.is_unique_violation(exc)
+            ):
+                raise
+            inserted = False
+        if not inserted:
             raise DuplicateChildError(
                 f"child {child.child_execution_id!r} is already queued: a child id is unique"
             )
+
+    def _enqueue(self, params: dict[str, Any]) -> Step[bool]:
+        if (yield Exec(self._sql.enqueue, params)).rowcount != 1:
+            return False
+        yield Exec(self._sql.parents.count_child, params)
+        return True
 
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         """Take the next queued child (deepest first, then oldest, then in queue order) and
@@ -519,9 +510,10 @@ class SqlChildExecutionQueueRepository(
     async def finish(
         self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
     ) -> FinishResult:
-        """In one transaction that first locks the parent's children: move the child
-        running -> finished with `outcome` (only at `attempt` when given), and count the
-        parent's children not finished. Exactly one finisher of the parent's last children
+        """In one transaction that locks the child's row, then its parent's count of
+        unfinished children: move the child running -> finished with `outcome` (only at
+        `attempt` when given) and take one off the count, whose rest it answers; the same
+        statements whatever the number of siblings. Exactly one finisher of the parent's last children
         sees `remaining == 0`; a refused finish changes nothing and answers `finished=False`
         with the count. Given `attempt`, a retry of that attempt's committed finish answers
         what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
@@ -537,13 +529,10 @@ class SqlChildExecutionQueueRepository(
         return await self.connection.run(lambda: self._finish(params, attempt))
 
     def _finish(self, params: dict[str, Any], attempt: int | None) -> Step[FinishResult]:
-        siblings = (yield Exec(self._sql.lock_siblings, params)).rows
-        child_id = params["child_execution_id"]
-        me = next((row for row in siblings if row[1] == child_id), None)
-        unfinished = sum(1 for row in siblings if row[2] != FINISHED)
+        me = (yield Exec(self._sql.lock_finishing, params)).first()
         if me is None:
             return FinishResult(False, 0)
-        _, _, status, finished_attempt, answered, current_attempt, tenant_id, parent_id = me
+        row_id, status, finished_attempt, answered, current_attempt, tenant_id, parent_id = me
         if (
             status == FINISHED
             and attempt is not None
@@ -553,23 +542,22 @@ class SqlChildExecutionQueueRepository(
         ):
             # This attempt's finish already committed (its reply was lost): answer the same.
             return FinishResult(True, int(answered))
+        parents = self._sql.parents
+        parent = {"tenant_id": tenant_id, "parent_execution_id": parent_id}
         if status != RUNNING or (attempt is not None and int(current_attempt) != attempt):
-            return FinishResult(False, unfinished)
-        finish = {**params, "id": me[0], "attempt": attempt, "remaining": unfinished - 1}
+            return FinishResult(False, (yield from parents.unfinished(parent)))
+        remaining = yield from parents.take_one_off(parent)
+        finish = {**params, "id": row_id, "attempt": attempt, "remaining": remaining}
         yield Exec(self._sql.finish_locked, finish)
-        if self.connection.capabilities.certified_writes:
-            first_id = min(row[0] for row in siblings)
-            yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
-        if unfinished == 1:
-            wake = {**_WAIT_PARAMS, "tenant_id": tenant_id, "parent_execution_id": parent_id}
-            yield Exec(self._sql.wake_waiting_parent, wake)
-        return FinishResult(True, unfinished - 1)
+        if remaining == 0:
+            yield Exec(self._sql.wake_waiting_parent, {**_WAIT_PARAMS, **parent})
+        return FinishResult(True, remaining)
 
     async def wait_for_children(
         self, child_execution_id: str, *, attempt: int
     ) -> WaitResult | None:
-        """In one transaction that first locks the child's children (as their finishers
-        do), then the child's row: move the child running -> waiting at `attempt` while a
+        """In one transaction that first locks the count of the child's unfinished children
+        (as their finishers do), then the child's row: move the child running -> waiting at `attempt` while a
         child of it is unfinished, or answer `WaitResult(False, 0)` when none is (it stays
         running). A retry of this attempt's wait answers `WaitResult(True, …)` while the
         entry waits or was woken and not claimed since; `None` when the child is not
@@ -580,12 +568,13 @@ class SqlChildExecutionQueueRepository(
         return await self.connection.run(lambda: self._wait(params))
 
     def _wait(self, params: dict[str, Any]) -> Step[WaitResult | None]:
-        children = (yield Exec(self._sql.lock_children, params)).rows
+        parents = self._sql.parents
+        count = (yield Exec(parents.lock_own, params)).first()
         me = (yield Exec(self._sql.lock_me, params)).first()
         attempt = params["attempt"]
         if me is None or int(me[2]) != attempt:
             return None
-        remaining = sum(1 for row in children if row[1] != FINISHED)
+        remaining = 0 if count is None else int(count[0])
         if me[1] in (WAITING, QUEUED) and attempt > 0:
             return WaitResult(True, remaining)  # this attempt's wait already committed
         if me[1] != RUNNING:
@@ -594,10 +583,9 @@ class SqlChildExecutionQueueRepository(
             return WaitResult(False, 0)
         yield Exec(self._sql.wait_locked, {**params, "id": me[0]})
         if self.connection.capabilities.certified_writes:
-            # As a finish does: a finish of a child on another node that this wait did not
-            # see writes the same row, and one of the two runs again.
-            first_id = min(row[0] for row in children)
-            yield Exec(self._sql.count_sibling_finish, {"first_id": first_id})
+            # A finish of a child on another node that this wait did not see writes the
+            # same row, and one of the two runs again.
+            yield Exec(parents.count_wait, params)
         return WaitResult(True, remaining)
 
     async def unwoken(self, limit: int) -> Sequence[ChildExecution]:

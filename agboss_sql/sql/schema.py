@@ -160,9 +160,8 @@ child_executions = sa.Table(
     sa.Column("wake_claimed_by", Ident(), nullable=True),
     sa.Column("wake_claimed_until", Millis(), nullable=True),
     sa.Column("parent_woken_at", Millis(), nullable=True),
-    # On a cluster that certifies write sets (Galera), row locks are local to a node: every
-    # finish of a parent's children raises this counter on the parent's first child, so
-    # two finishes that did not see each other write one row and one fails certification.
+    # Written by releases before revision 0010 (the finishes of a parent's children on a
+    # certifying cluster); their row in `agboss_child_parents` serves since.
     sa.Column("sibling_finishes", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Index(None, "parent_execution_id", "status"),
     sa.Index(None, "finish_remaining", "parent_woken_at"),
@@ -176,6 +175,21 @@ sa.Index(
     child_executions.c.depth.desc(),
     child_executions.c.queued_at,
     child_executions.c.id,
+)
+
+child_parents = sa.Table(
+    "agboss_child_parents",
+    metadata,
+    # One row per (tenant, parent) that has had a child queued: how many of its children are
+    # not finished. A child's enqueue adds one and its finish takes one off, in their own
+    # transactions, so a finish locks this one row whatever the number of siblings.
+    sa.Column("tenant_id", Ident(), primary_key=True),
+    sa.Column("parent_execution_id", Ident(), primary_key=True),
+    sa.Column("unfinished", sa.BigInteger(), nullable=False),
+    # On a cluster that certifies write sets (Galera) row locks are local to a node: a
+    # wait for the parent's children raises this, so a wait and a finish that did not see
+    # each other write one row and one of them fails certification.
+    sa.Column("waits", sa.BigInteger(), nullable=False, server_default="0"),
 )
 
 execution_records = sa.Table(

@@ -34,6 +34,7 @@ from agboss_sql.sql.outbound import SqlOutboundCallRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
 from agboss_sql.sql.schema import (
     child_executions,
+    child_parents,
     execution_leases,
     fenced_effect_results,
     outbound_calls,
@@ -73,7 +74,14 @@ DEEP_BUDGET: dict[str, tuple[int, int]] = {"embedded": (8, 1000), "server": (7, 
 """(depth, walks) with `AGBOSS_EXPLORER_DEEP=1`: tens of minutes per database."""
 
 SEED = 533
-_TABLES = (execution_leases, fenced_effect_results, outbound_calls, child_executions, business_rows)
+_TABLES = (
+    execution_leases,
+    fenced_effect_results,
+    outbound_calls,
+    child_executions,
+    child_parents,
+    business_rows,
+)
 _DELETES = [sa.delete(table) for table in _TABLES]
 
 

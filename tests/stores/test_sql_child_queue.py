@@ -357,6 +357,11 @@ async def test_each_operation_sends_the_fewest_statements(
     one_statement_claim = update_returning(sql)
     with statements(sql, transaction_control=False) as sent:
         await queue.enqueue(child("c-1"))
+    # The child, and one more on its parent's count.
+    assert len(sent) == 2
+    with statements(sql, transaction_control=False) as sent:
+        with pytest.raises(DuplicateChildError):
+            await queue.enqueue(child("c-1"))
     assert len(sent) == 1
     with statements(sql, transaction_control=False) as sent:
         await queue.claim("instance-1")
@@ -372,19 +377,27 @@ async def test_each_operation_sends_the_fewest_statements(
     assert len(sent) == 1
     with statements(sql, transaction_control=False) as sent:
         assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
-    # The finish that sees none left also moves a waiting parent back to queued.
-    assert len(sent) == 3
+    # The child's row locked, one taken off its parent's count (one statement with UPDATE …
+    # RETURNING, else a locking read and the update), the child finished; the finish that
+    # sees none left also moves a waiting parent back to queued.
+    counted = 1 if one_statement_claim else 2
+    assert len(sent) == 3 + counted
     assert "FOR UPDATE" in sent[0].upper() or not row_locks(sql)
     with statements(sql, transaction_control=False) as sent:
-        assert await queue.finish("c-1", None) == FinishResult(False, 0)
+        assert await queue.finish("c-1", None, attempt=2) == FinishResult(True, 0)
+    # A retry of the attempt's finish answers from the child's row alone.
     assert len(sent) == 1
+    with statements(sql, transaction_control=False) as sent:
+        assert await queue.finish("c-1", None) == FinishResult(False, 0)
+    # A refused finish reads the count it answers.
+    assert len(sent) == 2
     await queue.enqueue(child("c-2"))
     await queue.enqueue(child("c-3"))
     c2, c3 = await queue.claim("instance-1"), await queue.claim("instance-1")
     assert c2 is not None and c3 is not None
     with statements(sql, transaction_control=False) as sent:
         assert (await queue.finish(c2.child_execution_id, None, attempt=1)).remaining == 1
-    assert len(sent) == 2
+    assert len(sent) == 2 + counted
     with statements(sql, transaction_control=False) as sent:
         await queue.enqueue(child("c-3/a", depth=2, parent=c3.child_execution_id))
     with statements(sql, transaction_control=False) as sent:
@@ -406,6 +419,43 @@ async def test_each_operation_sends_the_fewest_statements(
         with pytest.raises(InvalidIdentifierError):
             await queue.wait_for_children("", attempt=1)
     assert sent == []
+
+
+async def test_a_finish_sends_the_same_statements_with_3_or_300_siblings(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """A finish locks its parent's count, not the siblings: what it sends (the first finish
+    of the parent's children, a middle one, the last one, a refused one) does not depend on
+    how many siblings there are."""
+    queue = store(sql, clock)
+    sent_with: dict[int, list[list[str]]] = {}
+    for siblings in (3, 300):
+        parent = f"fan-{siblings}"
+        await enqueue_many(
+            [queue], [child(f"{parent}-{i}", parent=parent) for i in range(siblings)]
+        )
+        claimed = [await queue.claim("instance-1") for _ in range(siblings)]
+        attempts = {c.child_execution_id: c.attempt for c in claimed if c is not None}
+        assert len(attempts) == siblings
+        ids = sorted(attempts)
+        sent_with[siblings] = []
+        for child_id, expected in ((ids[0], siblings - 1), (ids[1], siblings - 2)):
+            with statements(sql, transaction_control=False) as sent:
+                done = await queue.finish(child_id, None, attempt=attempts[child_id])
+            assert done == FinishResult(True, expected)
+            sent_with[siblings].append(sent)
+        with statements(sql, transaction_control=False) as sent:
+            assert await queue.finish(ids[0], None) == FinishResult(False, siblings - 2)
+        sent_with[siblings].append(sent)
+        for child_id in ids[2:-1]:
+            await queue.finish(child_id, None, attempt=attempts[child_id])
+        with statements(sql, transaction_control=False) as sent:
+            assert await queue.finish(ids[-1], None, attempt=attempts[ids[-1]]) == FinishResult(
+                True, 0
+            )
+        sent_with[siblings].append(sent)
+    assert [len(sent) for sent in sent_with[3]] == [len(sent) for sent in sent_with[300]]
+    assert sent_with[3] == sent_with[300]
 
 
 # --- arguments -------------------------------------------------------------------------
