@@ -36,12 +36,13 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `unwoken` | 1 | 1 |
 | `claim_wake`, `mark_woken` | 1 (2 when refused: a read tells a retry) | the same |
 
-A child whose own children run waits without its lease: `wait_for_children` locks the count
-of its children (as their finishers do), then its row, and moves it `running -> waiting` while one
-of them is unfinished; the finish that sees none left moves the waiting parent back to
-`queued` in its own transaction, so no wake of a waiting child is ever lost (every
-transaction locks a child, then its parent's count, then the parent: no lock cycle). `claim` and `running` see
-only `queued` and `running` rows, so neither a claimer nor the rescue takes a waiting child.
+A child whose own children run waits without its lease: `wait_for_children` locks the
+count of its children (as their finishers do), then its row, and moves it `running ->
+waiting` while one of them is unfinished; the finish that sees none left moves the waiting
+parent back to `queued` in its own transaction, so no wake of a waiting child is ever lost
+(every transaction locks a child, then its parent's count, then the parent: no lock
+cycle). `claim` and `running` see only `queued` and `running` rows, so neither a claimer
+nor the rescue takes a waiting child.
 
 A finish stores what it answered (`finish_remaining`): a retry of the same attempt's
 finish, after a lost reply, answers it again. The finish that saw none left owes the
@@ -513,10 +514,11 @@ class SqlChildExecutionQueueRepository(
         """In one transaction that locks the child's row, then its parent's count of
         unfinished children: move the child running -> finished with `outcome` (only at
         `attempt` when given) and take one off the count, whose rest it answers; the same
-        statements whatever the number of siblings. Exactly one finisher of the parent's last children
-        sees `remaining == 0`; a refused finish changes nothing and answers `finished=False`
-        with the count. Given `attempt`, a retry of that attempt's committed finish answers
-        what it answered (`finished=True`, the stored `remaining`) and changes nothing."""
+        statements whatever the number of siblings. Exactly one finisher of the parent's
+        last children sees `remaining == 0`; a refused finish changes nothing and answers
+        `finished=False` with the count. Given `attempt`, a retry of that attempt's
+        committed finish answers what it answered (`finished=True`, the stored `remaining`)
+        and changes nothing."""
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
             checked_int32("attempt", attempt)
@@ -557,11 +559,11 @@ class SqlChildExecutionQueueRepository(
         self, child_execution_id: str, *, attempt: int
     ) -> WaitResult | None:
         """In one transaction that first locks the count of the child's unfinished children
-        (as their finishers do), then the child's row: move the child running -> waiting at `attempt` while a
-        child of it is unfinished, or answer `WaitResult(False, 0)` when none is (it stays
-        running). A retry of this attempt's wait answers `WaitResult(True, …)` while the
-        entry waits or was woken and not claimed since; `None` when the child is not
-        running at `attempt`."""
+        (as their finishers do), then the child's row: move the child running -> waiting at
+        `attempt` while a child of it is unfinished, or answer `WaitResult(False, 0)` when
+        none is (it stays running). A retry of this attempt's wait answers `WaitResult(True,
+        …)` while the entry waits or was woken and not claimed since; `None` when the child
+        is not running at `attempt`."""
         checked_identifier("child_execution_id", child_execution_id)
         checked_int32("attempt", attempt)
         params = {**_WAIT_PARAMS, "child_execution_id": child_execution_id, "attempt": attempt}
