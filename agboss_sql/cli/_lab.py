@@ -72,7 +72,7 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-ms",
         type=int,
-        default=30,
+        default=100,
         help="tree: simulated work per step, ms (default: %(default)s)",
     )
     parser.add_argument("--no-chaos", action="store_true", help="no kill, no freeze, no cancel")

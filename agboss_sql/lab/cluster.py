@@ -86,7 +86,11 @@ class State:
     refused: int = 0
     lost: int = 0
     running: dict[str, str] = field(default_factory=dict)
-    answered: set[str] = field(default_factory=set)
+    answered: dict[str, float] = field(default_factory=dict)
+    """When each paused run was last answered (monotonic s): answered again when it is still,
+    or again, paused 2 s later (a run with a second pause; an answer sent to a worker that
+    died first)."""
+    paused: set[str] = field(default_factory=set)
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -249,18 +253,25 @@ def _observe(state: State, event: Event) -> None:
 
 def _answer_pauses(cluster: Cluster, state: State, tenant: str) -> None:
     """Each pause is answered by two live workers that did not pause it, at once: one
-    answer resolves it, the other is refused (`NotPausedError`)."""
-    for event in cluster.snapshot():
-        if event.get("kind") != "paused":
+    answer resolves it, the other is refused (`NotPausedError`). A pause is seen in the
+    workers' events, or in the database (`State.paused`, from `_poll`): a worker killed
+    right after it paused a run never says so, and its run must be answered all the same."""
+    now = time.monotonic()
+    waiting = {
+        (str(event["tree"]), str(event.get("pod")))
+        for event in cluster.snapshot()
+        if event.get("kind") == "paused" and str(event["tree"]) not in state.answered
+    }
+    waiting |= {
+        (run_id, "") for run_id in state.paused if now - state.answered.get(run_id, -10.0) >= 2.0
+    }
+    sent: set[str] = set()
+    for tree, paused_by in sorted(waiting, key=lambda w: (w[0], w[1] == "")):
+        others = [p for p in cluster.pods if p.alive and p.instance_id != paused_by]
+        if tree in sent or not others:
             continue
-        tree = str(event["tree"])
-        mark = f"{tree}|{event.get('pause')}"
-        if mark in state.answered:
-            continue
-        others = [p for p in cluster.pods if p.alive and p.instance_id != event.get("pod")]
-        if not others:
-            continue
-        state.answered.add(mark)
+        sent.add(tree)
+        state.answered[tree] = now
         for pod in others[:2]:
             cluster.send(
                 pod,
@@ -287,6 +298,14 @@ def _poll(
             .group_by(records.c.status)
         )
         state.statuses = Counter({str(status): int(count) for status, count in rows})
+        state.paused = {
+            str(run_id)
+            for (run_id,) in connection.execute(
+                sa.select(records.c.execution_id).where(
+                    records.c.tenant_id == tenant, records.c.status == "paused"
+                )
+            )
+        }
         kinds = connection.execute(
             sa.select(events.c.kind, events.c.reason).where(
                 events.c.tenant_id == tenant, events.c.kind.in_(("taken-over", "lost"))

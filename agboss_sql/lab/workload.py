@@ -26,7 +26,7 @@ class ClusterConfig:
     pause_every: int = 5
     lease_ms: int = 3_000
     max_concurrent_steps: int = 4
-    step_ms: int = 30
+    step_ms: int = 100
     chaos: bool = True
     cancel: bool = True
     timeout_s: float = 240.0
