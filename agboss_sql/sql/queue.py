@@ -79,8 +79,9 @@ from agboss_sql.contracts.types import (
     QueuedChild,
     WaitResult,
 )
-from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
+from agboss_sql.sql._base import ApplicationClockStore, dumps
 from agboss_sql.sql._child_parents import ParentCountStatements
+from agboss_sql.sql._queue_rows import CLAIMED, LISTED, claimed_of, columns, listed_of
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import child_executions
 
@@ -91,41 +92,9 @@ RUNNING = ChildStatus.RUNNING.value
 WAITING = ChildStatus.WAITING.value
 FINISHED = ChildStatus.FINISHED.value
 
-_CLAIMED = (
-    "tenant_id",
-    "root_execution_id",
-    "parent_execution_id",
-    "child_execution_id",
-    "depth",
-    "payload",
-    "attempt",
-    "claimed_by",
-)
-"""The columns a claim or a restart answers, in `ClaimedChild`'s order."""
-
-_LISTED = (
-    "tenant_id",
-    "root_execution_id",
-    "parent_execution_id",
-    "child_execution_id",
-    "depth",
-    "payload",
-    "status",
-    "attempt",
-    "claimed_by",
-    "queued_at",
-    "outcome",
-)
-"""The columns `children` and `running` answer, in `ChildExecution`'s order."""
-
-
 _MAX_CLAIM_SPREAD = 32
 """How many rows past the head of the queue a claim run again after a certification
 conflict may start (Galera)."""
-
-
-def _columns(names: Sequence[str]) -> list[sa.Column[Any]]:
-    return [C.c[name] for name in names]
 
 
 class QueueStatements:
@@ -157,14 +126,14 @@ class QueueStatements:
         )
 
         self.running = (
-            sa.select(*_columns(_LISTED))
+            sa.select(*columns(LISTED))
             .where(C.c.status == sa.bindparam("running"))
             .order_by(C.c.queued_at, C.c.id)
             .limit(sa.bindparam("limit", type_=sa.Integer))
         )
 
         self.children = (
-            sa.select(*_columns(_LISTED))
+            sa.select(*columns(LISTED))
             .where(
                 C.c.parent_execution_id == sa.bindparam("parent_execution_id"),
                 C.c.tenant_id == sa.bindparam("tenant_id"),
@@ -197,11 +166,11 @@ class QueueStatements:
                 C.c.status == sa.bindparam("queued"),
             )
             .values(claim_values)
-            .returning(*_columns(_CLAIMED))
+            .returning(*columns(CLAIMED))
         )
         # Without UPDATE … RETURNING: lock the next row, then move it (a transaction).
         next_row = (
-            sa.select(C.c.id, *_columns(_CLAIMED))
+            sa.select(C.c.id, *columns(CLAIMED))
             .where(C.c.status == sa.bindparam("queued"))
             .order_by(C.c.depth.desc(), C.c.queued_at, C.c.id)
             .limit(1)
@@ -237,9 +206,9 @@ class QueueStatements:
                 claimed_at=now,
             )
         )
-        self.restart_returning = restart.returning(*_columns(_CLAIMED))
+        self.restart_returning = restart.returning(*columns(CLAIMED))
         self.restart = restart
-        self.read_claimed = sa.select(*_columns(_CLAIMED)).where(
+        self.read_claimed = sa.select(*columns(CLAIMED)).where(
             C.c.child_execution_id == sa.bindparam("child_execution_id")
         )
 
@@ -306,7 +275,7 @@ class QueueStatements:
         owes_wake = sa.and_(C.c.finish_remaining == 0, C.c.parent_woken_at.is_(None))
         claim_free = sa.or_(C.c.wake_claimed_until.is_(None), C.c.wake_claimed_until <= now)
         self.unwoken = (
-            sa.select(*_columns(_LISTED))
+            sa.select(*columns(LISTED))
             .where(owes_wake, claim_free)
             .order_by(C.c.finished_at, C.c.id)
             .limit(sa.bindparam("limit", type_=sa.Integer))
@@ -331,49 +300,6 @@ class QueueStatements:
 
 _STATUS_PARAMS = {"queued": QUEUED, "running": RUNNING, "finished": FINISHED}
 _WAIT_PARAMS = {"queued": QUEUED, "running": RUNNING, "waiting": WAITING}
-
-
-def _claimed(row: Any) -> ClaimedChild:
-    tenant_id, root_id, parent_id, child_id, depth, payload, attempt, claimed_by = row
-    return ClaimedChild(
-        tenant_id=tenant_id,
-        root_execution_id=root_id,
-        parent_execution_id=parent_id,
-        child_execution_id=child_id,
-        depth=int(depth),
-        payload=loads(payload),
-        attempt=int(attempt),
-        claimed_by=claimed_by,
-    )
-
-
-def _listed(row: Any) -> ChildExecution:
-    (
-        tenant_id,
-        root_id,
-        parent_id,
-        child_id,
-        depth,
-        payload,
-        status,
-        attempt,
-        claimed_by,
-        queued_at,
-        outcome,
-    ) = row
-    return ChildExecution(
-        tenant_id=tenant_id,
-        root_execution_id=root_id,
-        parent_execution_id=parent_id,
-        child_execution_id=child_id,
-        depth=int(depth),
-        payload=loads(payload),
-        status=ChildStatus(status),
-        attempt=int(attempt),
-        claimed_by=claimed_by,
-        queued_at=int(queued_at),
-        outcome=loads(outcome),
-    )
 
 
 class SqlChildExecutionQueueRepository(
@@ -431,7 +357,7 @@ class SqlChildExecutionQueueRepository(
         params = {**_STATUS_PARAMS, "instance_id": instance_id, "now": self.clock.now()}
         if self._sql.update_returning:
             row = (await self.connection.execute(self._sql.claim, params)).first()
-            return None if row is None else _claimed(row)
+            return None if row is None else claimed_of(row)
         attempts = itertools.count()
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.connection.timeouts.retry_ms / 1000
@@ -462,7 +388,7 @@ class SqlChildExecutionQueueRepository(
         moved = yield Exec(self._sql.claim_locked, {**params, "id": row[0]})
         if moved.rowcount != 1:
             return None  # not reachable while the row is locked by this transaction
-        claimed = _claimed(row[1:])
+        claimed = claimed_of(row[1:])
         return ClaimedChild(
             tenant_id=claimed.tenant_id,
             root_execution_id=claimed.root_execution_id,
@@ -482,7 +408,7 @@ class SqlChildExecutionQueueRepository(
         result = await self.connection.execute(
             self._sql.running, {"running": RUNNING, "limit": limit}
         )
-        return [_listed(row) for row in result.rows]
+        return [listed_of(row) for row in result.rows]
 
     async def restart(self, child_execution_id: str, attempt: int) -> ClaimedChild | None:
         """For a running child still at `attempt`: this store's instance becomes its claimer
@@ -498,7 +424,7 @@ class SqlChildExecutionQueueRepository(
         }
         if self._sql.update_returning:
             row = (await self.connection.execute(self._sql.restart_returning, params)).first()
-            return None if row is None else _claimed(row)
+            return None if row is None else claimed_of(row)
         return await self.connection.run(lambda: self._restart_then_read(params))
 
     def _restart_then_read(self, params: dict[str, Any]) -> Step[ClaimedChild | None]:
@@ -506,7 +432,7 @@ class SqlChildExecutionQueueRepository(
             return None
         # The row is locked by the update above: this reads what it wrote.
         row = (yield Exec(self._sql.read_claimed, params)).first()
-        return None if row is None else _claimed(row)
+        return None if row is None else claimed_of(row)
 
     async def finish(
         self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
@@ -599,7 +525,7 @@ class SqlChildExecutionQueueRepository(
         result = await self.connection.execute(
             self._sql.unwoken, {"limit": limit, "now": self.clock.now()}
         )
-        return [_listed(row) for row in result.rows]
+        return [listed_of(row) for row in result.rows]
 
     async def claim_wake(self, child_execution_id: str, claimer: str, claim_ms: int) -> bool:
         """Claim the parent's wake owed by the child for `claimer` until `now + claim_ms`,
@@ -646,7 +572,7 @@ class SqlChildExecutionQueueRepository(
             self._sql.children,
             {"tenant_id": tenant_id, "parent_execution_id": parent_execution_id},
         )
-        return [_listed(row) for row in result.rows]
+        return [listed_of(row) for row in result.rows]
 
 
 __all__ = ["QueueStatements", "SqlChildExecutionQueueRepository"]
