@@ -10,14 +10,13 @@ is not queued again, an answered pause answers its decision.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agboss_sql.contracts.types import JsonValue
 from agboss_sql.runtime.signal import AbortSignal
 from agboss_sql.runtime.workflows import Child, checked_json, checked_name, fingerprint_of
 
 if TYPE_CHECKING:
-    from agboss_sql.runtime._collect import Collector
     from agboss_sql.runtime._execution import Executor
     from agboss_sql.runtime._run import Run
 
@@ -29,6 +28,30 @@ EffectUndo = Callable[[Any, Any], Awaitable[Any]]
 """Undoes a finished effect inside the fence's transaction: called with `(tx, result)`."""
 Send = Callable[[int], Awaitable[JsonValue]]
 """Sends attempt N of an outbound call and answers the other system's response."""
+
+
+class Replayer(Protocol):
+    """What a context hands its calls to while a cancelled tree is replayed for its undos
+    (`_collect.Collector`): each call answers what the first run stored, or ends the replay
+    where the first run stopped."""
+
+    async def step(
+        self,
+        run: Run,
+        key: str,
+        name: str,
+        fingerprint: str,
+        undo: Callable[..., Awaitable[Any]] | None,
+        business_key: str | None,
+        *,
+        effect: bool = False,
+    ) -> JsonValue: ...
+
+    async def outbound(self, run: Run, key: str, name: str) -> JsonValue: ...
+
+    async def children(self, run: Run, key: str, calls: Sequence[Child]) -> list[JsonValue]: ...
+
+    async def pause(self, run: Run, key: str) -> JsonValue: ...
 
 
 class WorkflowContext:
@@ -45,7 +68,7 @@ class WorkflowContext:
         run: Run,
         *,
         prefix: str = "",
-        collector: Collector | None = None,
+        collector: Replayer | None = None,
     ) -> None:
         self._executor = executor
         self._run = run
