@@ -71,6 +71,8 @@ class Capabilities:
     - `shared_with`: a `WITH` that several parts of one statement read is computed once and
       read in place (PostgreSQL); elsewhere it may be materialised (MariaDB writes it to a
       temporary table), so each part reads a scalar subquery instead.
+    - `notifications`: a transaction can notify listening sessions when it commits
+      (`pg_notify`, `LISTEN`; the driver's `wait_notification`).
     """
 
     inline: bool
@@ -87,6 +89,7 @@ class Capabilities:
     certified_writes: bool = False
     scripts: bool = False
     shared_with: bool = False
+    notifications: bool = False
 
 
 class Dialect(Protocol):
@@ -233,6 +236,11 @@ class ServerDriver(Protocol):
         ...
 
     def is_usable(self, raw: Any) -> bool: ...
+
+    async def wait_notification(self, raw: Any, timeout_s: float) -> bool:
+        """Wait at most `timeout_s` for a notification on a channel `raw` listens to: True
+        when one came (`Capabilities.notifications`; without it, `NotImplementedError`)."""
+        ...
 
     def close_without_loop(self, raw: Any) -> None:
         """Close `raw` once the event loop it was made on has ended: its socket directly,

@@ -277,6 +277,11 @@ def capabilities_of(raw: Any) -> Capabilities:
     return MARIADB_CAPABILITIES if _is_mariadb(raw) else CAPABILITIES
 
 
+async def wait_notification(raw: Any, timeout_s: float) -> bool:
+    """MySQL/MariaDB have no notifications (`Capabilities.notifications` is false)."""
+    raise NotImplementedError("MySQL and MariaDB have no notifications: poll")
+
+
 def abort(raw: Any) -> None:
     with contextlib.suppress(Exception):
         raw.close()

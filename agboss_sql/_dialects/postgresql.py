@@ -31,6 +31,7 @@ CAPABILITIES = Capabilities(
     insert_or_lock_returning=True,
     batch_migrations=False,
     shared_with=True,
+    notifications=True,
 )
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"
@@ -175,6 +176,14 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
 
 def capabilities_of(raw: Any) -> Capabilities:
     return CAPABILITIES
+
+
+async def wait_notification(raw: Any, timeout_s: float) -> bool:
+    """Wait at most `timeout_s` for a notification on a channel `raw` listens to (`LISTEN`,
+    in autocommit): True when one came, including one received before this call."""
+    async for _ in raw.notifies(timeout=timeout_s, stop_after=1):
+        return True
+    return False
 
 
 def abort(raw: Any) -> None:

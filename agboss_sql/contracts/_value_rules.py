@@ -4,10 +4,15 @@ requests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 from agboss_sql.contracts._number_rules import checked_int, checked_int32, checked_time
-from agboss_sql.contracts.errors import InvalidFingerprintError, InvalidIdentifierError
+from agboss_sql.contracts.errors import (
+    InvalidFingerprintError,
+    InvalidIdentifierError,
+    InvalidValueError,
+)
 from agboss_sql.contracts.keys import FINGERPRINT_RULE, checked_fingerprint, checked_identifier
 from agboss_sql.contracts.types import (
     BudgetScope,
@@ -104,6 +109,24 @@ def checked_queued_child(child: object) -> QueuedChild:
         ints=("depth",),
     )
     checked_int32("depth", checked.depth)
+    return checked
+
+
+def checked_queued_children(children: object) -> list[QueuedChild]:
+    """`children` as a list, each checked as `checked_queued_child`; `ValueError` when one
+    child id comes twice (a batch queues each child once), `TypeError` when it is not a
+    sequence of children. An `InvalidValueError` is a `ValueError`."""
+    if isinstance(children, (str, bytes)) or not isinstance(children, Sequence):
+        raise TypeError(f"children is a sequence of QueuedChild, got {children!r:.80}")
+    checked = [checked_queued_child(child) for child in children]
+    seen: set[str] = set()
+    for child in checked:
+        if child.child_execution_id in seen:
+            raise InvalidValueError(
+                f"child {child.child_execution_id!r:.200} comes twice in one batch: a batch "
+                "queues each child once"
+            )
+        seen.add(child.child_execution_id)
     return checked
 
 

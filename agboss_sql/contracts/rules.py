@@ -55,6 +55,7 @@ from agboss_sql.contracts._value_rules import (
     checked_optional_identifier,
     checked_pause,
     checked_queued_child,
+    checked_queued_children,
     checked_record,
     checked_snapshot,
 )
@@ -392,6 +393,7 @@ __all__ = [
     "checked_pause",
     "checked_positive_ms",
     "checked_queued_child",
+    "checked_queued_children",
     "checked_record",
     "checked_snapshot",
     "checked_time",
