@@ -6,29 +6,31 @@ from __future__ import annotations
 import json
 
 from agboss_sql.contracts.errors import InvalidNumberError, InvalidPayloadError
+from agboss_sql.contracts.limits import (
+    MAX_DURATION_MS,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_PAYLOAD_BYTES,
+    MIN_INT32,
+    MIN_INT64,
+)
 
 # --- numbers ---------------------------------------------------------------------------------
 #
-# The limits below are decided once, here, and every store (in memory and on SQL) checks them
-# before any statement runs, so a value out of range gets one typed error on every backend
-# (`InvalidNumberError`, a `ValueError`) and nothing is written. Without them SQLite stores
-# what the servers refuse (an int beyond 64 bits as a float, a depth beyond 32 bits).
+# The ranges (in `contracts.limits`, with every other limit) are checked here, and every
+# store (in memory and on SQL) checks them before any statement runs, so a value out of range
+# gets one typed error on every backend (`InvalidNumberError`, a `ValueError`) and nothing is
+# written. Without them SQLite stores what the servers refuse (an int beyond 64 bits as a
+# float, a depth beyond 32 bits).
 
-MAX_INT64 = 2**63 - 1
-MIN_INT64 = -(2**63)
-"""Whole numbers stored in BIGINT columns (times, epochs, tokens, amounts, counts)."""
-
-MAX_INT32 = 2**31 - 1
-MIN_INT32 = -(2**31)
-"""Whole numbers stored in INTEGER columns: a child's depth and attempt."""
-
-MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
-"""The longest duration a store takes (a lease, a slot's ttl, a window, a wake claim): ten
-years. A store adds it to its time, and the sum must stay a BIGINT on every backend."""
+_LIMIT_OF = {MAX_INT64: "MAX_INT64", MAX_INT32: "MAX_INT32", MAX_DURATION_MS: "MAX_DURATION_MS"}
 
 
 def _range_error(what: str, value: int, low: int, high: int) -> InvalidNumberError:
-    return InvalidNumberError(f"{what} must be between {low} and {high}, got {value}")
+    limit = _LIMIT_OF.get(high, "MAX_INT64")
+    return InvalidNumberError(
+        f"{what} must be between {low} and {high} ({limit}), got {value}", limit=limit
+    )
 
 
 def checked_int(
@@ -40,12 +42,12 @@ def checked_int(
     high: int = MAX_INT64,
 ) -> int:
     """`value` if it is an int (not a bool) of at least `minimum` within `[low, high]` (a
-    signed 64-bit number unless told), else `ValueError` (`InvalidNumberError` when it is
-    out of range)."""
+    signed 64-bit number unless told), else `InvalidNumberError` (a `ValueError`; out of range, it names
+    the limit)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {value!r:.80}")
+        raise InvalidNumberError(f"{what} must be an int, got {value!r:.80}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+        raise InvalidNumberError(f"{what} must be an int >= {minimum}, got {value!r}")
     if not low <= value <= high:
         raise _range_error(what, value, low, high)
     return value
@@ -58,16 +60,16 @@ def checked_int32(what: str, value: object, *, minimum: int | None = None) -> in
 
 def checked_count(what: str, value: object) -> int:
     """`value` if it is an int >= 0 (a count, a limit, an amount) of at most `MAX_INT64`,
-    else `ValueError`."""
+    else `InvalidNumberError` (a `ValueError`)."""
     return checked_int(what, value, minimum=0)
 
 
 def checked_positive_ms(what: str, value: object) -> int:
     """`value` if it is a positive whole number of ms, at most `MAX_DURATION_MS`, else
-    `ValueError`: a zero or negative duration (a lease, a slot, a window) would be granted
+    `InvalidNumberError` (a `ValueError`): a zero or negative duration (a lease, a slot, a window) would be granted
     already over; a longer one would overflow the store's time on some backend."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of ms, got {value!r:.80}")
+        raise InvalidNumberError(f"{what} must be a positive number of ms, got {value!r:.80}")
     if value > MAX_DURATION_MS:
         raise _range_error(what, value, 1, MAX_DURATION_MS)
     return value
@@ -75,9 +77,9 @@ def checked_positive_ms(what: str, value: object) -> int:
 
 def checked_time(what: str, value: object) -> int:
     """`value` if it is a time in ms since the epoch (an int that fits 64 bits), else
-    `ValueError`."""
+    `InvalidNumberError` (a `ValueError`)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is a time in ms (an int), got {value!r:.80}")
+        raise InvalidNumberError(f"{what} is a time in ms (an int), got {value!r:.80}")
     if not MIN_INT64 <= value <= MAX_INT64:
         raise _range_error(what, value, MIN_INT64, MAX_INT64)
     return value
@@ -85,21 +87,15 @@ def checked_time(what: str, value: object) -> int:
 
 def checked_token(value: object) -> int:
     """`value` if it is a lease token (an epoch: an int that fits 64 bits), else
-    `ValueError`."""
+    `InvalidNumberError` (a `ValueError`)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"a lease token is an int, got {value!r:.80}")
+        raise InvalidNumberError(f"a lease token is an int, got {value!r:.80}")
     if not MIN_INT64 <= value <= MAX_INT64:
         raise _range_error("a lease token", value, MIN_INT64, MAX_INT64)
     return value
 
 
 # --- payloads --------------------------------------------------------------------------------
-
-MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
-"""The largest payload (its JSON text, UTF-8) a store takes: 8 MiB. MariaDB and MySQL send a
-statement in one packet of at most `max_allowed_packet` (16 MiB by default on MariaDB 10.11
-and 64 MiB on MySQL 8): 8 MiB leaves room for the statement and the rest of the row.
-Checkpoint blobs are binary and kept apart."""
 
 
 def payload_text(what: str, value: object) -> str:
@@ -121,6 +117,20 @@ def payload_text(what: str, value: object) -> str:
         size = len(text)
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidPayloadError(
-            f"{what} is {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} bytes a store takes"
+            f"{what} is {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({MAX_PAYLOAD_BYTES} bytes)",
+            limit="MAX_PAYLOAD_BYTES",
         )
     return text
+
+
+def checked_payloads_together(what: str, *texts: str | None) -> None:
+    """`InvalidPayloadError` when the JSON texts one call writes (`payload_text`'s) are
+    together over `MAX_PAYLOAD_BYTES` (UTF-8), before any statement: the largest statement
+    a store sends stays within `MIN_MAX_ALLOWED_PACKET` on MySQL/MariaDB."""
+    size = sum(len(text.encode("utf-8")) for text in texts if text is not None)
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidPayloadError(
+            f"{what} are together {size} bytes of JSON, over MAX_PAYLOAD_BYTES "
+            f"({MAX_PAYLOAD_BYTES} bytes)",
+            limit="MAX_PAYLOAD_BYTES",
+        )

@@ -5,6 +5,7 @@ requests."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import TypeVar
 
 from agboss_sql.contracts._number_rules import checked_int, checked_int32, checked_time
@@ -14,6 +15,12 @@ from agboss_sql.contracts.errors import (
     InvalidValueError,
 )
 from agboss_sql.contracts.keys import FINGERPRINT_RULE, checked_fingerprint, checked_identifier
+from agboss_sql.contracts.limits import (
+    MAX_IDENTIFIER_LENGTH,
+    MAX_REASON_LENGTH,
+    MAX_STATUS_LENGTH,
+    checked_text,
+)
 from agboss_sql.contracts.types import (
     BudgetScope,
     CostEntry,
@@ -36,6 +43,17 @@ def checked_optional_identifier(what: str, value: object) -> str | None:
 
 
 V = TypeVar("V")
+E = TypeVar("E", bound=StrEnum)
+
+
+def checked_choice(what: str, kind: type[E], value: object) -> E:
+    """`value` as a member of `kind` (a status, a kind, a scope), else `InvalidValueError`
+    (a `ValueError`) naming the choices."""
+    try:
+        return kind(value)  # type: ignore[arg-type]  # anything else is its ValueError
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise InvalidValueError(f"{what} must be one of {choices}, got {value!r:.80}") from None
 
 
 def _checked_fields(
@@ -87,9 +105,11 @@ def checked_lease_event(event: object) -> ExecutionLeaseEvent:
         ints=("lease_epoch",),
         times=("at",),
     )
-    LeaseEventKind(checked.kind)
-    if checked.reason is not None and not isinstance(checked.reason, str):
-        raise TypeError(f"reason is a text or None, got {checked.reason!r:.80}")
+    checked_choice("kind", LeaseEventKind, checked.kind)
+    if checked.reason is not None:
+        if not isinstance(checked.reason, str):
+            raise TypeError(f"reason is a text or None, got {checked.reason!r:.80}")
+        checked_text("reason", checked.reason, "MAX_REASON_LENGTH", MAX_REASON_LENGTH, empty=True)
     holder = checked.taken_over_from
     if holder is not None:
         if not isinstance(holder, LeaseHolder):
@@ -140,7 +160,7 @@ def checked_record(record: object) -> ExecutionRecord:
         optional_identifiers=("parent_execution_id", "thread_id", "owner"),
         times=("created_at", "updated_at"),
     )
-    ExecutionRecordStatus(checked.status)
+    checked_choice("status", ExecutionRecordStatus, checked.status)
     return checked
 
 
@@ -155,7 +175,7 @@ def checked_pause(pause: object) -> PausedExecution:
         times=("created_at",),
         optional_times=("resolved_at",),
     )
-    PauseStatus(checked.status)
+    checked_choice("status", PauseStatus, checked.status)
     return checked
 
 
@@ -180,7 +200,7 @@ def checked_budget_key(scope: object, key: object, tenant_id: object) -> tuple[s
     `BudgetScope`, the key an identifier, the tenant an identifier or `None` (`NO_TENANT`).
     The EXECUTION scope needs its tenant, since an execution id is unique within its tenant
     only: `InvalidIdentifierError` without it, before anything is read or written."""
-    chosen = BudgetScope(scope)  # type: ignore[arg-type]  # a wrong scope is its ValueError
+    chosen = checked_choice("scope", BudgetScope, scope)
     checked_identifier("key", key)
     if tenant_id is None:
         if chosen is BudgetScope.EXECUTION:
@@ -192,24 +212,16 @@ def checked_budget_key(scope: object, key: object, tenant_id: object) -> tuple[s
     return chosen.value, checked_identifier("tenant_id", tenant_id)
 
 
-MAX_STATUS_LENGTH = 32
-"""The longest status text a history snapshot keeps."""
-
-
 def checked_snapshot(snapshot: object) -> ExecutionSnapshot:
-    """`snapshot` if its ids are identifiers, its status a text of 1-32 characters and its
-    times ints."""
+    """`snapshot` if its ids are identifiers, its status a text of 1-32 characters
+    (`MAX_STATUS_LENGTH`) a database can store and its times ints."""
     checked = _checked_fields(
         snapshot,
         ExecutionSnapshot,
         identifiers=("tenant_id", "execution_id", "workflow"),
         times=("started_at", "finished_at"),
     )
-    status = checked.status
-    if not isinstance(status, str) or not 1 <= len(status) <= MAX_STATUS_LENGTH:
-        raise ValueError(
-            f"a status is a text of 1-{MAX_STATUS_LENGTH} characters, got {status!r:.80}"
-        )
+    checked_text("a status", checked.status, "MAX_STATUS_LENGTH", MAX_STATUS_LENGTH)
     return checked
 
 
@@ -224,3 +236,11 @@ def checked_mesh_request(
         raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got a {type(fingerprint).__name__}")
     checked_fingerprint(fingerprint)
     checked_time("received_at", received_at)
+
+
+def checked_key_prefix(prefix: object) -> str:
+    """`prefix` if it is a text (empty included) of at most `MAX_IDENTIFIER_LENGTH`
+    characters (a tree key's) a database can store, else `InvalidValueError`."""
+    return checked_text(
+        "a key prefix", prefix, "MAX_IDENTIFIER_LENGTH", MAX_IDENTIFIER_LENGTH, empty=True
+    )

@@ -103,6 +103,27 @@ class InvalidPayloadError(AgbossError, TypeError, ValueError):
     code = "store.invalid-payload"
 
 
+class InvalidValueError(AgbossError, ValueError):
+    """An argument a store cannot keep as it is: a text over its limit or holding what a
+    database cannot store (a NUL character, a lone surrogate), or a value outside its
+    choices (a status, a scope). `facts["limit"]`, when set, names the limit
+    (`contracts.limits`)."""
+
+    code = "store.invalid-value"
+
+
+class StoreRefusedError(AgbossError):
+    """The database refused a store's statement (a constraint, a trigger, a server setting):
+    the driver's error is its cause (`__cause__`, and `orig`). Nothing of the statement was
+    applied; the transaction it was part of was rolled back."""
+
+    code = "store.refused"
+
+    def __init__(self, message: str | None = None, *, orig: BaseException | None = None) -> None:
+        self.orig = orig
+        AgbossError.__init__(self, message)
+
+
 class FencedEffectStoreMismatchError(AgbossError):
     """The fencing store is not on the lease store's backend: list one on the same backend."""
 
@@ -166,6 +187,30 @@ class StoreTimeoutError(StoreUnavailableError):
             message or f"the {what} wait passed its bound of {bound_ms} ms",
             what=what,
             bound_ms=bound_ms,
+        )
+
+
+class ServerSettingError(StoreUnavailableError):
+    """A server setting is below what the stores need (`setting`, its `value` and the
+    `required` minimum): MySQL/MariaDB's `max_allowed_packet` under
+    `contracts.limits.MIN_MAX_ALLOWED_PACKET`. No connection is handed out until it is
+    raised on the server."""
+
+    code = "store.server-setting"
+
+    def __init__(self, setting: str, value: int, required: int) -> None:
+        self.setting = setting
+        self.value = value
+        self.required = required
+        AgbossError.__init__(
+            self,
+            f"the server's {setting} is {value} bytes, under the {required} bytes the stores "
+            f"need to send their largest statement (limit MIN_MAX_ALLOWED_PACKET): raise it "
+            f"(SET GLOBAL {setting} = {required}, or in the server's configuration)",
+            setting=setting,
+            value=value,
+            required=required,
+            limit="MIN_MAX_ALLOWED_PACKET",
         )
 
 

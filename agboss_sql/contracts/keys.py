@@ -17,6 +17,15 @@ from agboss_sql.contracts.errors import (
     InvalidIdentifierError,
     InvalidStepError,
 )
+from agboss_sql.contracts.limits import (
+    MAX_BUSINESS_KEY_LENGTH,
+    MAX_EFFECT_NAME_LENGTH,
+    MAX_FINGERPRINT_LENGTH,
+    MAX_STEP_TEXT_LENGTH,
+    over_limit,
+)
+from agboss_sql.contracts.limits import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
+from agboss_sql.contracts.limits import unstorable_text_rule_of as unstorable_text_rule_of
 from agboss_sql.contracts.types import (
     AttemptOwner,
     ExecutionContext,
@@ -28,16 +37,17 @@ from agboss_sql.contracts.types import (
     StoredKeyFacts,
 )
 
-MAX_IDENTIFIER_LENGTH = 255
 _EFFECT_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 EFFECT_NAME_RULE = "an effect name is 1-100 characters of [A-Za-z0-9._-]"
 KEY_TEXT_RULE = "a key's text is 1-255 characters, not blank, with no control characters"
 STEP_RULE = (
     "a step is a StepRef of an execution id (an identifier), an idempotency key and a name "
-    "(non-empty texts a database can store: no NUL character, no lone surrogate)"
+    f"(non-empty texts of at most {MAX_STEP_TEXT_LENGTH} characters a database can store: "
+    "no NUL character, no lone surrogate)"
 )
 FINGERPRINT_RULE = (
-    "a fingerprint is None or a text a database can store (no NUL character, no lone surrogate)"
+    f"a fingerprint is None or a text of at most {MAX_FINGERPRINT_LENGTH} characters a "
+    "database can store (no NUL character, no lone surrogate)"
 )
 
 
@@ -46,30 +56,14 @@ def _joined(*parts: object) -> str:
     return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
 
-def unstorable_text_rule_of(text: str) -> str | None:
-    """Why no database here can store `text` as it is, or `None` when every one can.
-
-    PostgreSQL refuses a NUL character in a text; no database stores a lone surrogate
-    (it has no UTF-8 form). Refused on every backend, so a value never commits in one
-    store and fails in another.
-    """
-    if "\x00" in text:
-        return "a NUL character"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone surrogate"
-    return None
-
-
 def checked_identifier(what: str, value: object) -> str:
     """`value` if it is an identifier (1-255 characters of text a database can store, not
     ending with a space), else `InvalidIdentifierError`."""
     if not isinstance(value, str) or not value or len(value) > MAX_IDENTIFIER_LENGTH:
         raise InvalidIdentifierError(
-            f"{what} must be a non-empty text of at most {MAX_IDENTIFIER_LENGTH} characters, "
-            f"got {value!r:.80}"
+            f"{what} must be a non-empty text of at most {MAX_IDENTIFIER_LENGTH} characters "
+            f"(MAX_IDENTIFIER_LENGTH), got {value!r:.80}",
+            limit="MAX_IDENTIFIER_LENGTH",
         )
     unstorable = unstorable_text_rule_of(value)
     if unstorable is not None:
@@ -84,6 +78,11 @@ def checked_identifier(what: str, value: object) -> str:
 def checked_effect_name(name: object) -> str:
     """`name` if it is 1-100 of `[A-Za-z0-9._-]`, else `InvalidFencedEffectNameError`."""
     if not isinstance(name, str) or _EFFECT_NAME.fullmatch(name) is None:
+        if isinstance(name, str) and len(name) > MAX_EFFECT_NAME_LENGTH:
+            raise InvalidFencedEffectNameError(
+                f"{EFFECT_NAME_RULE} (MAX_EFFECT_NAME_LENGTH); got {len(name)} characters",
+                limit="MAX_EFFECT_NAME_LENGTH",
+            )
         raise InvalidFencedEffectNameError(f"{EFFECT_NAME_RULE}; got {name!r:.120}")
     return name
 
@@ -92,8 +91,8 @@ def key_text_rule_of(text: object) -> str | None:
     """The rule `text` breaks as a key's text, or `None` when it is a valid key text."""
     if not isinstance(text, str):
         return f"{KEY_TEXT_RULE}; got a {type(text).__name__}"
-    if not 1 <= len(text) <= MAX_IDENTIFIER_LENGTH:
-        return f"{KEY_TEXT_RULE}; got {len(text)} characters"
+    if not 1 <= len(text) <= MAX_BUSINESS_KEY_LENGTH:
+        return f"{KEY_TEXT_RULE} (MAX_BUSINESS_KEY_LENGTH); got {len(text)} characters"
     if not text.strip():
         return f"{KEY_TEXT_RULE}; got a blank text"
     if any(unicodedata.category(ch) == "Cc" for ch in text):
@@ -133,6 +132,13 @@ def checked_step(step: object) -> StepRef:
     ):
         if not isinstance(part, str) or not part:
             raise InvalidStepError(f"{STEP_RULE}; got the {what} {part!r:.80}")
+        if len(part) > MAX_STEP_TEXT_LENGTH:
+            raise InvalidStepError(
+                over_limit(
+                    f"the step's {what}", len(part), "MAX_STEP_TEXT_LENGTH", MAX_STEP_TEXT_LENGTH
+                ),
+                limit="MAX_STEP_TEXT_LENGTH",
+            )
         unstorable = unstorable_text_rule_of(part)
         if unstorable is not None:
             raise InvalidStepError(f"{STEP_RULE}; got {unstorable} in the {what} {part!r:.80}")
@@ -146,6 +152,13 @@ def checked_fingerprint(fingerprint: object) -> str | None:
         return None
     if not isinstance(fingerprint, str):
         raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got a {type(fingerprint).__name__}")
+    if len(fingerprint) > MAX_FINGERPRINT_LENGTH:
+        raise InvalidFingerprintError(
+            over_limit(
+                "a fingerprint", len(fingerprint), "MAX_FINGERPRINT_LENGTH", MAX_FINGERPRINT_LENGTH
+            ),
+            limit="MAX_FINGERPRINT_LENGTH",
+        )
     unstorable = unstorable_text_rule_of(fingerprint)
     if unstorable is not None:
         raise InvalidFingerprintError(f"{FINGERPRINT_RULE}; got {unstorable}")

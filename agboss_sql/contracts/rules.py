@@ -14,25 +14,6 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Literal, NamedTuple, Protocol, TypeVar, overload
 
-# The number, payload and value rules live in their own modules and are named from here.
-from agboss_sql.contracts._number_rules import (
-    MAX_DURATION_MS as MAX_DURATION_MS,
-)
-from agboss_sql.contracts._number_rules import (
-    MAX_INT32 as MAX_INT32,
-)
-from agboss_sql.contracts._number_rules import (
-    MAX_INT64 as MAX_INT64,
-)
-from agboss_sql.contracts._number_rules import (
-    MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
-)
-from agboss_sql.contracts._number_rules import (
-    MIN_INT32 as MIN_INT32,
-)
-from agboss_sql.contracts._number_rules import (
-    MIN_INT64 as MIN_INT64,
-)
 from agboss_sql.contracts._number_rules import (
     checked_count,
     checked_int,
@@ -43,12 +24,25 @@ from agboss_sql.contracts._number_rules import (
 from agboss_sql.contracts._number_rules import (
     checked_int32 as checked_int32,
 )
+
+# The number, payload and value rules live in their own modules and are named from here;
+# the limits they keep are in `contracts.limits`.
+from agboss_sql.contracts._number_rules import (
+    checked_payloads_together as checked_payloads_together,
+)
 from agboss_sql.contracts._number_rules import (
     payload_text as payload_text,
 )
 from agboss_sql.contracts._value_rules import (
-    MAX_STATUS_LENGTH,
+    NO_TENANT as NO_TENANT,
+)
+from agboss_sql.contracts._value_rules import (
+    checked_budget_key as checked_budget_key,
+)
+from agboss_sql.contracts._value_rules import (
+    checked_choice,
     checked_cost_entry,
+    checked_key_prefix,
     checked_lease,
     checked_lease_event,
     checked_mesh_request,
@@ -58,12 +52,6 @@ from agboss_sql.contracts._value_rules import (
     checked_queued_children,
     checked_record,
     checked_snapshot,
-)
-from agboss_sql.contracts._value_rules import (
-    NO_TENANT as NO_TENANT,
-)
-from agboss_sql.contracts._value_rules import (
-    checked_budget_key as checked_budget_key,
 )
 from agboss_sql.contracts.clocks import Clock, StoreClock
 from agboss_sql.contracts.errors import ExecutionFencedError, InvalidIdentifierError
@@ -75,6 +63,14 @@ from agboss_sql.contracts.keys import (
     checked_step,
     scope_key_of,
 )
+from agboss_sql.contracts.limits import MAX_DURATION_MS as MAX_DURATION_MS
+from agboss_sql.contracts.limits import MAX_INT32 as MAX_INT32
+from agboss_sql.contracts.limits import MAX_INT64 as MAX_INT64
+from agboss_sql.contracts.limits import MAX_OWNER_LENGTH, checked_text
+from agboss_sql.contracts.limits import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from agboss_sql.contracts.limits import MAX_STATUS_LENGTH as MAX_STATUS_LENGTH
+from agboss_sql.contracts.limits import MIN_INT32 as MIN_INT32
+from agboss_sql.contracts.limits import MIN_INT64 as MIN_INT64
 from agboss_sql.contracts.types import (
     ApplicationContext,
     AttemptRef,
@@ -248,23 +244,22 @@ def checked_fenced_key(key: object) -> FencedEffectKey:
 
 def checked_attempt(attempt: object) -> AttemptRef:
     """`attempt` if it is an `AttemptRef` (a known status, an attempt number >= 0, an owner
-    text), else `TypeError`/`ValueError`."""
+    text), else `TypeError` (not an `AttemptRef`) or `InvalidValueError`/`InvalidNumberError`
+    (both `ValueError`s)."""
     if not isinstance(attempt, AttemptRef):
         raise TypeError(f"expected an AttemptRef, got {type(attempt).__name__}")
-    OutboundCallStatus(attempt.status)
+    checked_choice("attempt.status", OutboundCallStatus, attempt.status)
     checked_count("attempt.attempt", attempt.attempt)
-    if not isinstance(attempt.attempt_owner, str):
-        raise ValueError(f"an attempt owner is a text, got {attempt.attempt_owner!r:.80}")
+    checked_text(
+        "an attempt owner", attempt.attempt_owner, "MAX_OWNER_LENGTH", MAX_OWNER_LENGTH, empty=True
+    )
     return attempt
 
 
 def checked_attempt_owner(owner: object) -> str:
-    """`owner` if it is a non-empty text a database can store, else `ValueError`."""
-    if not isinstance(owner, str) or not owner:
-        raise ValueError(f"an attempt owner is a non-empty text, got {owner!r:.80}")
-    if "\x00" in owner:
-        raise ValueError(f"an attempt owner must not hold a NUL character, got {owner!r:.80}")
-    return owner
+    """`owner` if it is a non-empty text of at most `MAX_OWNER_LENGTH` characters a database
+    can store, else `InvalidValueError` (a `ValueError`)."""
+    return checked_text("an attempt owner", owner, "MAX_OWNER_LENGTH", MAX_OWNER_LENGTH)
 
 
 # --- what a store's constructor takes ----------------------------------------------------------
@@ -381,11 +376,13 @@ __all__ = [
     "checked_application",
     "checked_attempt",
     "checked_attempt_owner",
+    "checked_choice",
     "checked_cost_entry",
     "checked_count",
     "checked_dependencies",
     "checked_fenced_key",
     "checked_int",
+    "checked_key_prefix",
     "checked_lease",
     "checked_lease_event",
     "checked_mesh_request",

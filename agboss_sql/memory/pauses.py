@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_pause, checked_time
+from agboss_sql.contracts.rules import checked_pause, checked_payloads_together, checked_time
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
     JsonValue,
@@ -15,7 +16,7 @@ from agboss_sql.contracts.types import (
     PauseStatus,
 )
 from agboss_sql.memory._fencing import ApplicationClockStore
-from agboss_sql.memory.backend import PauseRow, json_copy
+from agboss_sql.memory.backend import PauseRow, json_copy, json_text
 
 _PURGEABLE = frozenset({PauseStatus.TAKEN, PauseStatus.CANCELLED})
 
@@ -40,11 +41,13 @@ class InMemoryPausedExecutionRepository(ApplicationClockStore, PausedExecutionRe
 
     async def save(self, pause: PausedExecution) -> None:
         checked_pause(pause)
+        request, decision = json_text(pause.request), json_text(pause.decision)
+        checked_payloads_together("a pause's request and decision", request, decision)
         stored = dataclasses.replace(
             pause,
             status=PauseStatus(pause.status),
-            request=json_copy(pause.request),
-            decision=json_copy(pause.decision),
+            request=json.loads(request),
+            decision=json.loads(decision),
         )
         key = (pause.tenant_id, pause.pause_id)
         if key in self.memory.pauses:

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from agboss_sql.contracts.errors import DuplicateExecutionError, IdempotencyKeyConflictError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
+    checked_choice,
     checked_count,
+    checked_key_prefix,
     checked_mesh_request,
     checked_record,
     checked_snapshot,
@@ -89,7 +91,7 @@ class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRe
     async def find_by_status(
         self, status: ExecutionRecordStatus, limit: int
     ) -> Sequence[ExecutionRecord]:
-        status = ExecutionRecordStatus(status)
+        status = checked_choice("status", ExecutionRecordStatus, status)
         checked_count("limit", limit)
         rows = sorted(
             (row for row in self.memory.records.values() if row.record.status == status),
@@ -108,7 +110,7 @@ class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRe
     ) -> bool:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
-        new = ExecutionRecordStatus(new)
+        new = checked_choice("new", ExecutionRecordStatus, new)
         row = self.memory.records.get((tenant_id, execution_id))
         if row is None or row.record.status != expected or row.record.status in TERMINAL_STATUSES:
             return False
@@ -138,7 +140,7 @@ class InMemoryExecutionRecordRepository(ApplicationClockStore, ExecutionRecordRe
         final: ExecutionRecordStatus,
         outcome: JsonValue,
     ) -> bool:
-        if ExecutionRecordStatus(final) not in TERMINAL_STATUSES:
+        if checked_choice("final", ExecutionRecordStatus, final) not in TERMINAL_STATUSES:
             raise ValueError(f"a run completes as succeeded, failed or cancelled, not {final!r}")
         outcome = json_copy(outcome)
         if self._move(tenant_id, execution_id, expected, final, outcome, with_outcome=True):
@@ -181,6 +183,7 @@ class InMemoryExecutionTreeRepository(ApplicationClockStore, ExecutionTreeReposi
     ) -> dict[str, JsonValue]:
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("root_execution_id", root_execution_id)
+        checked_key_prefix(prefix)
         tree = self.memory.trees.get((tenant_id, root_execution_id), {})
         return {key: json.loads(tree[key]) for key in sorted(tree) if key.startswith(prefix)}
 

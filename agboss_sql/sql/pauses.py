@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.keys import checked_identifier
-from agboss_sql.contracts.rules import checked_pause, checked_time
+from agboss_sql.contracts.rules import checked_pause, checked_payloads_together, checked_time
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import (
     JsonValue,
@@ -150,6 +150,8 @@ class SqlPausedExecutionRepository(
         """Insert the pause (one statement); an existing `(tenant_id, pause_id)` is
         `DuplicatePauseError` and leaves the stored pause as it was."""
         checked_pause(pause)
+        request, decision = dumps(pause.request), dumps(pause.decision)
+        checked_payloads_together("a pause's request and decision", request, decision)
         params = {
             "tenant_id": pause.tenant_id,
             "pause_id": pause.pause_id,
@@ -157,8 +159,8 @@ class SqlPausedExecutionRepository(
             "root_execution_id": pause.root_execution_id,
             "thread_id": pause.thread_id,
             "status": PauseStatus(pause.status).value,
-            "request": dumps(pause.request),
-            "decision": dumps(pause.decision),
+            "request": request,
+            "decision": decision,
             "created_at": int(pause.created_at),
             "resolved_at": None if pause.resolved_at is None else int(pause.resolved_at),
             "updated_at": self.clock.now(),

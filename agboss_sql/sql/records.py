@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from agboss_sql.contracts.errors import DuplicateExecutionError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
+    checked_choice,
     checked_count,
     checked_record,
 )
@@ -166,7 +167,7 @@ class SqlExecutionRecordRepository(
         self, status: ExecutionRecordStatus, limit: int
     ) -> Sequence[ExecutionRecord]:
         """Up to `limit` records in `status` (every tenant's), oldest update first."""
-        status = ExecutionRecordStatus(status)
+        status = checked_choice("status", ExecutionRecordStatus, status)
         checked_count("limit", limit)
         if limit == 0:
             return []
@@ -186,7 +187,8 @@ class SqlExecutionRecordRepository(
         final status never moves). True when it moved."""
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
-        expected, new = ExecutionRecordStatus(expected), ExecutionRecordStatus(new)
+        expected = checked_choice("expected", ExecutionRecordStatus, expected)
+        new = checked_choice("new", ExecutionRecordStatus, new)
         if expected in FINAL_STATUSES:
             return False
         params = {
@@ -212,7 +214,8 @@ class SqlExecutionRecordRepository(
         an equal outcome (a retry after a lost reply answers as the first did)."""
         checked_identifier("tenant_id", tenant_id)
         checked_identifier("execution_id", execution_id)
-        expected, final = ExecutionRecordStatus(expected), ExecutionRecordStatus(final)
+        expected = checked_choice("expected", ExecutionRecordStatus, expected)
+        final = checked_choice("final", ExecutionRecordStatus, final)
         if final not in FINAL_STATUSES:
             raise ValueError(f"a run completes as succeeded, failed or cancelled, not {final!r}")
         text = None if outcome is None else dumps(outcome)

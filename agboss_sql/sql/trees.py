@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import checked_key_prefix
 from agboss_sql.contracts.stores import ExecutionTreeRepository
 from agboss_sql.contracts.types import JsonValue
 from agboss_sql.sql._base import ApplicationClockStore, dumps, loads
@@ -108,8 +109,7 @@ class SqlExecutionTreeRepository(ApplicationClockStore[TreeStatements], Executio
         """The tree's keys that start with `prefix` (a plain text, no pattern), in code
         point order, with their values."""
         params = self._tree(tenant_id, root_execution_id)
-        if not isinstance(prefix, str):
-            raise ValueError(f"a key prefix is a text, got {prefix!r:.80}")
+        checked_key_prefix(prefix)
         if not prefix:
             statement = self._sql.list_all
         else:

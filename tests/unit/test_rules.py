@@ -23,6 +23,7 @@ from agboss_sql.contracts import (
     fenced_effect_key_of,
     scope_key_of,
 )
+from agboss_sql.contracts.limits import MAX_FINGERPRINT_LENGTH, MAX_STEP_TEXT_LENGTH
 from agboss_sql.contracts.rules import (
     FenceRefusal,
     LeaseClosedReason,
@@ -195,8 +196,21 @@ def test_a_step_a_row_could_not_give_back_is_refused(step: object) -> None:
 
 def test_a_step_of_any_storable_texts_is_kept() -> None:
     assert checked_step(GOOD_STEP) is GOOD_STEP
-    long = StepRef("e", "k" * 5_000, " spaced name ")
+    long = StepRef("e", "k" * MAX_STEP_TEXT_LENGTH, " spaced name ")
     assert checked_step(long) is long
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        StepRef("e", "k" * (MAX_STEP_TEXT_LENGTH + 1), "name"),
+        StepRef("e", "k", "n" * (MAX_STEP_TEXT_LENGTH + 1)),
+    ],
+)
+def test_a_step_text_over_its_limit_is_refused(step: StepRef) -> None:
+    with pytest.raises(InvalidStepError, match="MAX_STEP_TEXT_LENGTH") as refused:
+        checked_step(step)
+    assert refused.value.facts["limit"] == "MAX_STEP_TEXT_LENGTH"
 
 
 @pytest.mark.parametrize("fingerprint", [5, b"fp", 1.5, ["fp"], "fp\x00", "\ud800"])
@@ -206,8 +220,10 @@ def test_a_fingerprint_that_is_not_a_storable_text_is_refused(fingerprint: objec
 
 
 def test_none_and_texts_are_fingerprints() -> None:
-    for fingerprint in (None, "", "sha256:ab", "é"):
+    for fingerprint in (None, "", "sha256:ab", "é", "f" * MAX_FINGERPRINT_LENGTH):
         assert checked_fingerprint(fingerprint) == fingerprint
+    with pytest.raises(InvalidFingerprintError, match="MAX_FINGERPRINT_LENGTH"):
+        checked_fingerprint("f" * (MAX_FINGERPRINT_LENGTH + 1))
 
 
 def _lease() -> ExecutionLease:
