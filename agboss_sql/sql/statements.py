@@ -89,6 +89,11 @@ class SqlBuilder:
 
 StatementListener = Callable[[str, Mapping[str, Any]], None]
 
+_SHARED: dict[
+    str, tuple[sa.Dialect, dict[int, tuple[Any, Compiled]], dict[tuple[Any, bool], Any]]
+] = {}
+"""Per dialect: its SQLAlchemy compile dialect, compiled statements, statement sets."""
+
 
 class StatementCache:
     """Statements compiled once per dialect, statement sets built once, and the listeners
@@ -96,9 +101,13 @@ class StatementCache:
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
-        self._sa_dialect = dialect.compile_dialect()
-        self._compiled: dict[int, tuple[Any, Compiled]] = {}
-        self._prepared: dict[tuple[Any, bool], Any] = {}
+        # Statement sets and compiled texts depend on the dialect only: every connection of
+        # a process to one kind of database shares them, so a new connection (a new saver
+        # instance, a store opened later) compiles nothing already compiled.
+        shared = _SHARED.get(dialect.NAME)
+        if shared is None:
+            shared = _SHARED[dialect.NAME] = (dialect.compile_dialect(), {}, {})
+        self._sa_dialect, self._compiled, self._prepared = shared
         self.listeners: list[StatementListener] = []
 
     def prepared(self, factory: Callable[[SqlBuilder], S], *, database_time: bool = False) -> S:
