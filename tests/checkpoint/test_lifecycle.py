@@ -40,11 +40,14 @@ async def _put(saver: SqlCheckpointSaver, thread_id: str) -> str:
     return checkpoint_id
 
 
-def _bridge_thread(saver: SqlCheckpointSaver) -> threading.Thread:
-    """The thread the saver's sync methods run on (started by a first sync call)."""
-    thread = saver._sync._thread
-    assert thread is not None and thread.is_alive()
-    return thread
+def _sync_connections(saver: SqlCheckpointSaver) -> int:
+    """How many synchronous driver connections the saver's sync methods hold open."""
+    return saver._native._open
+
+
+def _no_thread_of_ours() -> bool:
+    """No thread of the saver runs (the sync methods run in their callers' threads)."""
+    return not any(t.name.startswith("agboss-checkpoint-saver") for t in threading.enumerate())
 
 
 async def test_from_conn_string_owns_its_connection_and_closes_it_on_exit(
@@ -57,24 +60,23 @@ async def test_from_conn_string_owns_its_connection_and_closes_it_on_exit(
         checkpoint_id = await _put(saver, thread_id)
         found = await saver.aget_tuple(_config(thread_id))
         assert found is not None and found.checkpoint["channel_values"] == {"answer": 42}
-        # The sync methods, from a thread as a synchronous graph calls them (they run on
-        # this loop) ...
+        # The sync methods, from a thread as a synchronous graph calls them ...
         in_thread = await asyncio.to_thread(saver.get_tuple, _config(thread_id))
         assert in_thread is not None
         assert in_thread.config["configurable"]["checkpoint_id"] == checkpoint_id
-        assert saver._sync._thread is None
-        # ... and from this loop's own thread, which they block: on the saver's own loop.
+        # ... and from this loop's own thread: on a synchronous driver connection, in the
+        # caller's thread, with no loop or thread of the saver's.
         on_loop = saver.get_tuple(_config(thread_id))
         assert on_loop is not None
-        bridge = _bridge_thread(saver)
+        assert _sync_connections(saver) >= 1
+        assert _no_thread_of_ours()
 
     # Both its connections are closed: every later call is refused, sync or async ...
     with pytest.raises(StoreUnavailableError):
         await saver.aget_tuple(_config(thread_id))
     with pytest.raises(StoreUnavailableError):
         await asyncio.to_thread(saver.get_tuple, _config(thread_id))
-    assert not bridge.is_alive()
-    assert saver._sync._thread is None
+    assert _sync_connections(saver) == 0
     # ... and what it wrote stays, for any other connection to read.
     stored = await SqlCheckpointSaver(sql).aget_tuple(_config(thread_id))
     assert stored is not None and stored.config["configurable"]["checkpoint_id"] == checkpoint_id
@@ -88,11 +90,13 @@ async def test_from_conn_string_closes_when_the_block_raises(
         async with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
             await _put(saver, thread_id)
             saver.get_tuple(_config(thread_id))
-            bridge = _bridge_thread(saver)
+            assert _sync_connections(saver) >= 1
             raise RuntimeError("the graph failed")
     with pytest.raises(StoreUnavailableError):
         await saver.aget_tuple(_config(thread_id))
-    assert not bridge.is_alive()
+    with pytest.raises(StoreUnavailableError):
+        saver.get_tuple(_config(thread_id))
+    assert _sync_connections(saver) == 0
     assert await SqlCheckpointSaver(sql).aget_tuple(_config(thread_id)) is not None
 
 
@@ -142,22 +146,22 @@ async def test_a_graph_keeps_its_thread_across_two_savers_from_conn_string(
     assert done["steps"] == ["draft", "approve", "send"]
 
 
-async def test_async_with_on_a_saver_stops_its_loop_and_leaves_the_given_connection_open(
+async def test_async_with_on_a_saver_closes_its_sync_connections_and_leaves_the_given_one_open(
     sql: SqlConnection,
 ) -> None:
     thread_id = f"thread-{uuid.uuid4()}"
     async with SqlCheckpointSaver(sql) as saver:
         checkpoint_id = await _put(saver, thread_id)
         assert saver.get_tuple(_config(thread_id)) is not None
-        bridge = _bridge_thread(saver)
-    assert not bridge.is_alive()
+        assert _sync_connections(saver) >= 1
+    assert _sync_connections(saver) == 0
     # The connection is the caller's: still open, for this saver and any other.
     found = await saver.aget_tuple(_config(thread_id))
     assert found is not None and found.config["configurable"]["checkpoint_id"] == checkpoint_id
     await sql.ping()
-    # The sync methods start again on a new loop of their own.
+    # The sync methods open connections again.
     assert saver.get_tuple(_config(thread_id)) is not None
-    assert _bridge_thread(saver) is not bridge
+    assert _sync_connections(saver) >= 1
     await saver.aclose()
 
 

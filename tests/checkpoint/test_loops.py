@@ -70,10 +70,10 @@ async def test_async_and_sync_graphs_share_one_saver(sql: SqlConnection) -> None
     saver = SqlCheckpointSaver(sql)
     try:
         await _mixed_runs(saver)
-        # The sync calls ran on this loop, on the saver's connection: no thread, loop or
-        # connection (pool) of their own was started for them.
-        assert saver._sync._thread is None
+        # The sync calls ran in their callers' threads, on synchronous driver connections:
+        # no event loop, nor a connection for another loop, was started for them.
         assert saver._sync._others == {}
+        assert saver._native._open >= 1
     finally:
         await saver.aclose()
 
@@ -116,15 +116,15 @@ def test_one_saver_serves_one_event_loop_after_another(sql_url: str) -> None:
             asyncio.run(_runs_behind_another_writer(saver, sql_url))
 
 
-def test_a_sync_only_saver_from_conn_string_opens_one_connection(sql_url: str) -> None:
-    # Used only synchronously, a saver that owns its connection runs every call on it: no
-    # second connection (pool) is opened for the sync methods.
+def test_a_sync_only_saver_from_conn_string_opens_no_async_connection(sql_url: str) -> None:
+    # Used only synchronously, a saver runs every call on its synchronous driver
+    # connections: no event loop's connection (pool) is opened.
     with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
         graph = approval_graph().compile(checkpointer=saver)
         config = _threads(1)[0]
         assert graph.invoke(request("refund"), config)["steps"] == ["draft"]
         assert graph.invoke(Command(resume="yes"), config)["steps"][-1] == "send"
-        assert saver._sync._others == {}
+        assert saver._sync._others == {} and saver._sync._home is None
     with pytest.raises(StoreUnavailableError):
         saver.get_tuple(config)
 
@@ -217,7 +217,7 @@ def test_leaving_the_block_while_threads_are_inside_sync_calls(sql_url: str) -> 
             saver.get_tuple(_threads(1)[0])
 
 
-def test_a_sync_call_while_the_home_loop_is_blocked_takes_the_saver_loop(sql_url: str) -> None:
+def test_a_sync_call_while_the_home_loop_is_blocked_does_not_wait_for_it(sql_url: str) -> None:
     # A sync graph run on the event loop's own thread (a notebook cell, say) blocks that
     # loop while LangGraph's worker threads call the saver: they must not wait for it.
     connection = SqlConnection(sql_url)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy as copy_module
 import enum
 import re
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -937,29 +937,26 @@ async def test_the_sync_methods_work_while_a_loop_runs(
     saver.close()  # twice: nothing left to close
 
 
-async def test_a_sync_method_called_on_the_saver_own_loop_says_what_to_use(
+async def test_the_sync_methods_need_no_event_loop_and_run_on_the_calling_one(
     sql: SqlConnection,
 ) -> None:
+    # On this loop's own thread (a sync graph in a notebook cell): the call runs here, on a
+    # synchronous driver connection, and starts no loop or thread.
     saver = SqlCheckpointSaver(sql)
-    assert saver.get_tuple(_config(_thread())) is None  # starts the saver's loop
-    own_loop = saver._sync._loop
-    assert own_loop is not None
-
-    async def inside() -> None:
-        saver.get_tuple(_config(_thread()))
-
-    with pytest.raises(RuntimeError, match="aget_tuple"):
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inside(), own_loop))
+    before = set(threading.enumerate())
+    assert saver.get_tuple(_config(_thread())) is None
+    assert set(threading.enumerate()) <= before | {
+        t for t in threading.enumerate() if t.name == "agboss-checkpoint-deadlines"
+    }
+    assert saver._sync._home is None  # no async call came: no loop was claimed
     await saver.aclose()
 
 
-async def test_copies_langgraph_makes_share_the_saver_loop(sql: SqlConnection) -> None:
+async def test_copies_langgraph_makes_share_the_sync_connections(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     copy = copy_module.copy(saver)  # what `with_allowlist` makes
     assert copy is not saver
     assert copy.get_tuple(_config(_thread())) is None
-    assert saver._sync._thread is not None and saver._sync._thread.is_alive()
-    thread = saver._sync._thread
+    assert saver._native._open == 1
     saver.close()
-    assert not thread.is_alive()
-    assert copy._sync._loop is None
+    assert copy._native._open == 0

@@ -33,9 +33,11 @@ equal to the text without them): each is keyed by its SHA-256 (`thread_hash`, `n
 `task_hash`, `channel_hash`) and kept whole where a read answers it. Only text no database
 can store (a NUL character, a lone surrogate) is refused, before any statement.
 
-Loops and threads: the saver serves any event loop (a connection of its own on each loop
-but the first) and any thread; sync calls from another thread run on the first loop while
-it runs and takes them, else on the saver's own loop (`_bridge`).
+Loops and threads: the async methods serve any event loop (a connection of its own on each
+loop but the first, `_bridge`); the sync methods (`put`, `get_tuple`, `list`, ...) use no
+loop at all: they run the same operations in the caller's thread on synchronous driver
+connections (stdlib `sqlite3`, psycopg, PyMySQL: `_sync`, `_sync_drivers`), with the same
+statements, fence, bounds and typed errors.
 
 Statements per operation, by what the database can do (n: more than `MAX_ROWS` new
 versions or writes take more). "Folding" databases run data-modifying statements inside
@@ -100,8 +102,8 @@ Modules: `saver` (the saver: its synchronous methods and lifecycle on the async 
 `_reads`), `_core` (the state, keys and atomic write those share), `_statements` (its
 statements: the reads, listing and deletes, on `_write_statements`; the rows as they bind
 in `_layout`), `_appends` (values stored as appends), `_values` (kept values), `_decoded`
-(decoded lists), `_lease` (the writer's lease in a config), `_bridge` (the event loop the
-synchronous methods run on).
+(decoded lists), `_lease` (the writer's lease in a config), `_bridge` (a connection per
+event loop), `_sync` and `_sync_drivers` (the synchronous methods' connections).
 """
 
 from __future__ import annotations

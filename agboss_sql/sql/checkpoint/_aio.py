@@ -9,12 +9,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agboss_sql.sql._base import identity_hash
-from agboss_sql.sql.checkpoint._core import _key_text, _text
+from agboss_sql.sql.checkpoint._core import Database, _key_text, _text
 from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, chunks, keyed_params
 from agboss_sql.sql.checkpoint._reads import SaverReads
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._writes import SaverWrites
-from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.connection import Exec, Step
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
 
@@ -27,7 +27,7 @@ class AsyncSaver(SaverWrites, SaverReads):
         """Delete every checkpoint, pending write and value of `thread_id`, atomically."""
         await self._delete_thread(self._sync.here(), thread_id)
 
-    async def _delete_thread(self, connection: SqlConnection, thread_id: str) -> None:
+    async def _delete_thread(self, connection: Database, thread_id: str) -> None:
         sql = self._statements(connection)
         params = {"thread_hash": identity_hash(_key_text("thread_id", thread_id))}
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
@@ -39,7 +39,7 @@ class AsyncSaver(SaverWrites, SaverReads):
         (rows the target already has are kept)."""
         await self._copy_thread(self._sync.here(), source_thread_id, target_thread_id)
 
-    async def _copy_thread(self, connection: SqlConnection, source: str, target: str) -> None:
+    async def _copy_thread(self, connection: Database, source: str, target: str) -> None:
         sql = self._statements(connection)
         source = _key_text("source_thread_id", source)
         target = _key_text("target_thread_id", target)
@@ -57,7 +57,7 @@ class AsyncSaver(SaverWrites, SaverReads):
         and the values no remaining checkpoint of their namespace reads, in one transaction."""
         await self._delete_for_runs(self._sync.here(), run_ids)
 
-    async def _delete_for_runs(self, connection: SqlConnection, run_ids: Sequence[str]) -> None:
+    async def _delete_for_runs(self, connection: Database, run_ids: Sequence[str]) -> None:
         if isinstance(run_ids, str):
             raise TypeError("run_ids must be a sequence of run ids, not a str")
         hashes = list(dict.fromkeys(identity_hash(str(run_id)) for run_id in run_ids))
@@ -114,9 +114,7 @@ class AsyncSaver(SaverWrites, SaverReads):
         needs the ancestors."""
         await self._prune(self._sync.here(), thread_ids, strategy)
 
-    async def _prune(
-        self, connection: SqlConnection, thread_ids: Sequence[str], strategy: str
-    ) -> None:
+    async def _prune(self, connection: Database, thread_ids: Sequence[str], strategy: str) -> None:
         if isinstance(thread_ids, str):
             raise TypeError("thread_ids must be a sequence of thread ids, not a str")
         if strategy not in ("keep_latest", "delete"):
@@ -128,12 +126,10 @@ class AsyncSaver(SaverWrites, SaverReads):
             else:
                 await connection.run(self._keep_latest_of(connection, thread_id))
 
-    def _keep_latest_of(
-        self, connection: SqlConnection, thread_id: str
-    ) -> Callable[[], Step[None]]:
+    def _keep_latest_of(self, connection: Database, thread_id: str) -> Callable[[], Step[None]]:
         return lambda: self._keep_latest(connection, thread_id)
 
-    def _keep_latest(self, connection: SqlConnection, thread_id: str) -> Step[None]:
+    def _keep_latest(self, connection: Database, thread_id: str) -> Step[None]:
         sql = self._statements(connection)
         thread_hash = identity_hash(thread_id)
         rows = (yield Exec(sql.lock_thread, {"thread_hash": thread_hash})).rows

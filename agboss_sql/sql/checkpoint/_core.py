@@ -27,8 +27,13 @@ from agboss_sql.sql.checkpoint._bridge import SyncBridge
 from agboss_sql.sql.checkpoint._decoded import DecodedLists
 from agboss_sql.sql.checkpoint._lease import CheckpointLease
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
+from agboss_sql.sql.checkpoint._sync import SyncDatabase
 from agboss_sql.sql.checkpoint._values import DEFAULT_VALUE_CACHE_BYTES, ValueCache, ValueKey
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
+
+Database = SqlConnection | SyncDatabase
+"""What the saver's operations run on: the connection of the running event loop (async
+methods), or the synchronous driver connections (sync methods, `_sync`)."""
 
 ValueKeys = list[tuple[str, str, str]]
 """(channel, channel hash, version) of each value a checkpoint body reads from a blob row."""
@@ -151,6 +156,8 @@ class SaverCore(BaseCheckpointSaver[str]):
         self.application = application
         self._sql = self._statements(connection)
         self._sync = SyncBridge(connection)
+        # The sync methods' synchronous driver connections (`_sync`).
+        self._native = SyncDatabase(connection)
         self._owns_connection = False
         # The values the latest checkpoint of a thread namespace read when this saver last
         # wrote or read it: a read names them in its first statement (one round trip), and
@@ -169,7 +176,7 @@ class SaverCore(BaseCheckpointSaver[str]):
         # value from (`_decoded`): a growing conversation decodes only what it added.
         self._decoded = DecodedLists(value_cache_bytes)
 
-    def _statements(self, connection: SqlConnection) -> CheckpointStatements:
+    def _statements(self, connection: Database) -> CheckpointStatements:
         return connection.prepared(
             CheckpointStatements, database_time=self.store_clock.is_database_time
         )
@@ -246,7 +253,7 @@ class SaverCore(BaseCheckpointSaver[str]):
 
     async def _write(
         self,
-        connection: SqlConnection,
+        connection: Database,
         writes: list[Exec],
         lease: CheckpointLease | None = None,
         fence: Mapping[str, Any] | None = None,

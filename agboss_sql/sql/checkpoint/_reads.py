@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -20,6 +20,7 @@ from langgraph.checkpoint.base import (
 from agboss_sql.sql.checkpoint._appends import joined
 from agboss_sql.sql.checkpoint._core import (
     BlobKeys,
+    Database,
     SaverCore,
     ValueKeys,
     _kept,
@@ -41,7 +42,7 @@ from agboss_sql.sql.checkpoint._layout import (
 )
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements, ListShape
 from agboss_sql.sql.checkpoint._values import ValueKey, fetched_entries
-from agboss_sql.sql.connection import Exec, SqlConnection, Step
+from agboss_sql.sql.connection import Exec, Step
 from agboss_sql.sql.schema import checkpoint_blobs
 
 Found = tuple[
@@ -72,7 +73,7 @@ class SaverReads(SaverCore):
         return await self._get_tuple(self._sync.here(), config)
 
     async def _get_tuple(
-        self, connection: SqlConnection, config: RunnableConfig
+        self, connection: Database, config: RunnableConfig
     ) -> CheckpointTuple | None:
         sql = self._statements(connection)
         thread_id = self._thread_of(config)
@@ -281,12 +282,12 @@ class SaverReads(SaverCore):
 
     async def _list(
         self,
-        connection: SqlConnection,
+        connection: Database,
         config: RunnableConfig | None,
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
-    ) -> AsyncIterator[CheckpointTuple]:
+    ) -> AsyncGenerator[CheckpointTuple, None]:
         sql = self._statements(connection)
         if limit is not None and limit <= 0:
             return

@@ -22,6 +22,7 @@ from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params
 from agboss_sql.sql.checkpoint._appends import MIN_BASE, MSGPACK, appended, array_header
 from agboss_sql.sql.checkpoint._core import (
+    Database,
     SaverCore,
     _BaseGone,
     _checked_key,
@@ -42,7 +43,7 @@ from agboss_sql.sql.checkpoint._layout import (
 from agboss_sql.sql.checkpoint._lease import CheckpointLease, lease_of
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._values import Stored, ValueKey
-from agboss_sql.sql.connection import Exec, SqlConnection
+from agboss_sql.sql.connection import Exec
 
 INLINE_TEXT = 1024
 """Characters of the longest text value kept in the checkpoint body rather than a blob row."""
@@ -163,7 +164,7 @@ class SaverWrites(SaverCore):
 
     async def _put(
         self,
-        connection: SqlConnection,
+        connection: Database,
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
@@ -265,7 +266,7 @@ class SaverWrites(SaverCore):
 
     async def _send_put(
         self,
-        connection: SqlConnection,
+        connection: Database,
         row: dict[str, Any],
         new: _NewValues,
         lease: CheckpointLease | None,
@@ -294,7 +295,7 @@ class SaverWrites(SaverCore):
 
     async def _put_folded(
         self,
-        connection: SqlConnection,
+        connection: Database,
         sql: CheckpointStatements,
         row: dict[str, Any],
         new: _NewValues,
@@ -318,7 +319,7 @@ class SaverWrites(SaverCore):
 
     async def _put_script(
         self,
-        connection: SqlConnection,
+        connection: Database,
         sql: CheckpointStatements,
         row: dict[str, Any],
         new: _NewValues,
@@ -376,7 +377,7 @@ class SaverWrites(SaverCore):
 
     async def _put_writes(
         self,
-        connection: SqlConnection,
+        connection: Database,
         config: RunnableConfig,
         writes: Sequence[tuple[str, Any]],
         task_id: str,

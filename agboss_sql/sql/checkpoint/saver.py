@@ -3,7 +3,8 @@
 How it stores and what it sends per operation: the package's docstring
 (`agboss_sql.sql.checkpoint`). The async methods are the core (`_aio`: `_writes`, `_reads`,
 on the shared state of `_core`); this module adds the synchronous methods, which run the
-async ones on an event loop (`_bridge`), and the saver's lifecycle. The statements are in
+same operations in the caller's thread on synchronous driver connections (`_sync`), and
+the saver's lifecycle. The statements are in
 `_statements`, the writer's lease in `_lease`; fenced writes use the fence of the
 fenced-effect store (`agboss_sql.sql._fence`).
 """
@@ -11,8 +12,8 @@ fenced-effect store (`agboss_sql.sql._fence`).
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Sequence
+import contextlib
+from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,7 +30,7 @@ from sqlalchemy.engine import URL
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.types import ApplicationContext
 from agboss_sql.sql.checkpoint._aio import AsyncSaver
-from agboss_sql.sql.checkpoint._bridge import Pin
+from agboss_sql.sql.checkpoint._sync import next_sync, run_sync
 from agboss_sql.sql.checkpoint._values import DEFAULT_VALUE_CACHE_BYTES
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.timeouts import Timeouts
@@ -51,10 +52,11 @@ class SqlCheckpointSaver(AsyncSaver):
 
     Any event loop, any thread: the async methods run on the caller's loop, on the saver's
     connection on the first loop it serves and on a connection of its own on any other (a
-    second `asyncio.run`, say). The sync methods (`put`, `get_tuple`, `list`, ...) run on
-    that first loop while it runs on another thread (a sync graph in a worker thread beside
-    async ones), else on an event loop the saver starts on a daemon thread (see `_bridge`).
-    Sync and async calls mix freely; `close()` never leaves a sync call waiting.
+    second `asyncio.run`, say). The sync methods (`put`, `get_tuple`, `list`, ...) need no
+    loop: they run in the caller's thread on synchronous driver connections of the saver's
+    (at most the connection's `pool_size`), sending the statements the async methods send,
+    under the same bounds and fence (see `_sync`). Sync and async calls mix freely;
+    `close()` never leaves a sync call waiting.
 
     `value_cache_bytes`: how many bytes of serialised values the saver keeps to answer later
     reads without fetching them again, and at most as many again of decoded lists kept to
@@ -102,7 +104,6 @@ class SqlCheckpointSaver(AsyncSaver):
             value_cache_bytes=value_cache_bytes,
         )
         saver._owns_connection = True
-        saver._sync.owns = True
         return OwnedSaver(saver)
 
     def setup(self) -> _Done:
@@ -123,16 +124,7 @@ class SqlCheckpointSaver(AsyncSaver):
 
         await asyncio.to_thread(upgrade, self.connection.url)
 
-    # --- synchronous methods: the async ones on the saver's own event loop -----------------
-
-    def _run_sync(
-        self,
-        work: Callable[[SqlConnection], Coroutine[Any, Any, T]],
-        *,
-        writes: bool = False,
-        pin: Pin | None = None,
-    ) -> T:
-        return self._sync.run(work, writes=writes, pin=pin)
+    # --- synchronous methods: the async ones on the synchronous driver (`_sync`) ---------
 
     def put(
         self,
@@ -142,10 +134,7 @@ class SqlCheckpointSaver(AsyncSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """`aput`, from synchronous code."""
-        result: RunnableConfig = self._run_sync(
-            lambda c: self._put(c, config, checkpoint, metadata, new_versions), writes=True
-        )
-        return result
+        return run_sync(self._put(self._native, config, checkpoint, metadata, new_versions))
 
     def put_writes(
         self,
@@ -155,14 +144,11 @@ class SqlCheckpointSaver(AsyncSaver):
         task_path: str = "",
     ) -> None:
         """`aput_writes`, from synchronous code."""
-        self._run_sync(
-            lambda c: self._put_writes(c, config, writes, task_id, task_path), writes=True
-        )
+        run_sync(self._put_writes(self._native, config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`aget_tuple`, from synchronous code."""
-        found: CheckpointTuple | None = self._run_sync(lambda c: self._get_tuple(c, config))
-        return found
+        return run_sync(self._get_tuple(self._native, config))
 
     def list(
         self,
@@ -173,62 +159,53 @@ class SqlCheckpointSaver(AsyncSaver):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """`alist`, from synchronous code (read a page at a time)."""
-        pages: list[AsyncIterator[CheckpointTuple]] = []
-        pin = Pin()
-
-        async def next_item(connection: SqlConnection) -> tuple[bool, CheckpointTuple | None]:
-            if not pages:
-                pages.append(self._list(connection, config, filter, before, limit))
-            try:
-                return True, await anext(pages[0])
-            except StopAsyncIteration:
-                return False, None
-
-        while True:
-            more, found = self._run_sync(next_item, pin=pin)
-            if not more:
-                return
-            assert found is not None
-            yield found
+        pages = self._list(self._native, config, filter, before, limit)
+        try:
+            while True:
+                more, found = next_sync(pages)
+                if not more:
+                    return
+                assert found is not None
+                yield found
+        finally:
+            with contextlib.suppress(StopAsyncIteration, RuntimeError):
+                run_sync(pages.aclose())
 
     def delete_thread(self, thread_id: str) -> None:
         """`adelete_thread`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_thread(c, thread_id), writes=True)
+        run_sync(self._delete_thread(self._native, thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """`adelete_for_runs`, from synchronous code."""
-        self._run_sync(lambda c: self._delete_for_runs(c, run_ids), writes=True)
+        run_sync(self._delete_for_runs(self._native, run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """`acopy_thread`, from synchronous code."""
-        self._run_sync(
-            lambda c: self._copy_thread(c, source_thread_id, target_thread_id), writes=True
-        )
+        run_sync(self._copy_thread(self._native, source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`aprune`, from synchronous code."""
-        self._run_sync(lambda c: self._prune(c, thread_ids, strategy), writes=True)
+        run_sync(self._prune(self._native, thread_ids, strategy))
 
     def close(self) -> None:
-        """Stop the event loop of the sync methods and close its connection (a later sync
-        call starts them anew). A sync call in flight there finishes, or after
-        `CLOSE_GRACE_S` is cancelled and raises `StoreUnavailableError`
-        (`CommitOutcomeUnknownError` for a write): no caller is left waiting. The saver's
-        own connection is not closed here: one given to the constructor stays its owner's,
-        one from `from_conn_string` is closed on leaving the block (or by `aclose()`)."""
-        self._sync.close()
+        """Close the connections of the sync methods (a later sync call opens new ones). A
+        sync call in flight finishes, within its statements' bounds, and its connection is
+        closed then. The saver's own connection is not closed here: one given to the
+        constructor stays its owner's, one from `from_conn_string` is closed on leaving the
+        block (or by `aclose()`)."""
+        self._native.close()
 
     async def aclose(self) -> None:
-        """`close()` without blocking the caller's loop, and the connections the saver opened
-        for other event loops; then, for a saver from `from_conn_string`, its own connection
-        too: later calls, sync or async, fail with `StoreUnavailableError`. A connection
-        given to the constructor stays open."""
-        await asyncio.to_thread(functools.partial(self._sync.close, final=self._owns_connection))
+        """`close()`, and the connections the saver opened for other event loops; then, for a
+        saver from `from_conn_string`, its own connection too: later calls, sync or async,
+        fail with `StoreUnavailableError`. A connection given to the constructor stays
+        open."""
+        self._native.close(final=self._owns_connection)
         await self._sync.aclose_connections(home=self._owns_connection)
 
     def _close_owned(self) -> None:
         """The sync `with` block's exit: `aclose()`, from synchronous code."""
-        self._sync.close(final=self._owns_connection)
+        self._native.close(final=self._owns_connection)
         self._sync.close_connections(home=self._owns_connection)
 
     async def __aenter__(self) -> SqlCheckpointSaver:

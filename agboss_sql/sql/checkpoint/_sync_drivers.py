@@ -1,0 +1,323 @@
+"""The synchronous drivers of the saver's sync methods (`_sync`): SQLite's stdlib driver,
+psycopg's synchronous connection, PyMySQL. Each opens a connection with the same session
+bounds as the async driver of its database (`Timeouts`: PostgreSQL's `statement_timeout`,
+`lock_timeout` and idle-transaction timeout in the startup packet; MariaDB's
+`innodb_lock_wait_timeout`, `max_statement_time` and `idle_transaction_timeout` at
+connect; SQLite's wait for the write lock up to `lock_ms`), and gives up on a server
+statement `GRACE_S` past `statement_ms` as the async path does (`DeadlinePassed`): PyMySQL
+by its socket's read timeout, psycopg by `Watchdog`, which shuts the socket down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sqlalchemy.engine import URL
+
+from agboss_sql._dialects import inline_dialect
+from agboss_sql._dialects import mysql as mysql_dialect
+from agboss_sql._dialects import postgresql as pg_dialect
+from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.sql._deadline import DeadlinePassed, statement_bound_s
+
+Rows = tuple[list[Any] | None, int]
+
+_MAX_BACKOFF_S = 0.005
+"""SQLite: the longest pause between two tries of a statement that found the database locked."""
+
+
+class SyncDriver(Protocol):
+    """One database's synchronous driver, as `_sync.SyncDatabase` uses it."""
+
+    writer: threading.Lock | None
+    """Where the database takes one writer at a time (SQLite): the lock this process's
+    writers take turns on."""
+
+    def connect(self) -> Any:
+        """A new connection in autocommit, its session bounded by the `Timeouts`."""
+        ...
+
+    def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
+        """Run `sql` on `raw`: (rows or None, rowcount)."""
+        ...
+
+    def close(self, raw: Any) -> None: ...
+
+    def is_usable(self, raw: Any) -> bool:
+        """Open, outside any transaction, nothing unread from the server."""
+        ...
+
+
+def driver_for(url: URL, timeouts: Timeouts) -> SyncDriver:
+    """The synchronous driver of the database `url` names."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return SqliteDriver(url.database or "", timeouts)
+    if backend == "postgresql":
+        return PostgresDriver(url, timeouts)
+    return MysqlDriver(url, timeouts)
+
+
+def _unavailable(url: URL, exc: Exception) -> StoreUnavailableError:
+    where = url.render_as_string(hide_password=True)
+    return StoreUnavailableError(f"cannot connect to {where}: {type(exc).__name__}: {exc}")
+
+
+class SqliteDriver:
+    """The stdlib driver, busy timeout 0: a statement that finds the database locked by
+    another connection's write is sent again after a short sleep, up to `lock_ms` from the
+    first refusal; then the refusal is raised (a lock timeout: nothing applied)."""
+
+    def __init__(self, path: str, timeouts: Timeouts) -> None:
+        self.dialect = inline_dialect("sqlite")
+        self.path = path
+        self.writer: threading.Lock | None = threading.Lock()
+        self.lock_s = timeouts.lock_ms / 1000
+
+    def connect(self) -> Any:
+        try:
+            return self.dialect.connect_sync(self.path)
+        except Exception as exc:
+            raise StoreUnavailableError(
+                f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
+        execute = self.dialect.execute_sync
+        try:
+            return execute(raw, sql, params)
+        except Exception as exc:
+            if not self.dialect.is_busy(exc):
+                raise
+        deadline = time.monotonic() + self.lock_s
+        delay = 0.0005
+        while True:
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            try:
+                return execute(raw, sql, params)
+            except Exception as exc:
+                if not self.dialect.is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            delay = min(delay * 2, _MAX_BACKOFF_S)
+
+    def close(self, raw: Any) -> None:
+        with contextlib.suppress(Exception):
+            raw.close()
+
+    def is_usable(self, raw: Any) -> bool:
+        return not raw.in_transaction
+
+
+class Watchdog:
+    """Client deadlines of statements in flight on sockets: past its deadline, a statement's
+    socket is shut down (its blocked read ends at once) and `expired` set. One thread for
+    every deadline; arming and disarming take a lock, never a thread."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Condition()
+        self._heap: list[list[Any]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float, fd: int) -> list[Any]:
+        """Shut down socket `fd` `seconds` from now, unless `disarm` comes first."""
+        entry = [time.monotonic() + seconds, next(self._order), fd, True, False]
+        with self._guard:
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="agboss-checkpoint-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._guard.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> bool:
+        """No deadline for the statement any more; True if it had passed (`expired`)."""
+        with self._guard:
+            entry[3] = False
+        return bool(entry[4])
+
+    def _serve(self) -> None:
+        with self._guard:
+            while True:
+                heap = self._heap
+                while heap and not heap[0][3]:
+                    heapq.heappop(heap)
+                if not heap:
+                    self._guard.wait()
+                    continue
+                wait = heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._guard.wait(wait)
+                    continue
+                entry = heapq.heappop(heap)
+                entry[3], entry[4] = False, True
+                with contextlib.suppress(OSError):
+                    shut = socket.socket(fileno=os.dup(entry[2]))
+                    try:
+                        shut.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        shut.close()
+
+
+WATCHDOG = Watchdog()
+
+
+class PostgresDriver:
+    """psycopg's synchronous connection, with the session of the async pool's connections
+    (`postgresql.conninfo`); a statement unanswered `GRACE_S` past `statement_ms` has its
+    socket shut down by the `Watchdog` and raises `DeadlinePassed`."""
+
+    def __init__(self, url: URL, timeouts: Timeouts) -> None:
+        self.url = url
+        self.timeouts = timeouts
+        self.bound_s = statement_bound_s(timeouts)
+        self.writer: threading.Lock | None = None
+
+    def connect(self) -> Any:
+        import psycopg
+
+        try:
+            raw: Any = psycopg.Connection.connect(
+                **pg_dialect.conninfo(self.url, self.timeouts), autocommit=True
+            )
+        except Exception as exc:
+            if "timeout expired" in str(exc):
+                raise StoreTimeoutError(
+                    "connect",
+                    self.timeouts.connect_ms,
+                    f"no connection within {self.timeouts.connect_ms} ms "
+                    "(Timeouts.connect_ms, whole seconds for libpq); nothing was sent",
+                ) from exc
+            raise _unavailable(self.url, exc) from exc
+        raw.agboss_cursor = raw.cursor()
+        return raw
+
+    def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
+        cursor = raw.agboss_cursor
+        entry = WATCHDOG.arm(self.bound_s, raw.fileno())
+        try:
+            cursor.execute(sql, params)
+            result = cursor.pgresult
+            rows = cursor.fetchall() if result is not None and result.status == 2 else None
+            return rows, cursor.rowcount
+        except Exception as exc:
+            if WATCHDOG.disarm(entry):
+                raise DeadlinePassed(
+                    f"no answer within {self.timeouts.statement_ms} ms (Timeouts.statement_ms)"
+                ) from exc
+            raise
+        finally:
+            WATCHDOG.disarm(entry)
+            reset = getattr(cursor, "_reset", None)
+            if reset is not None:
+                reset()
+
+    def close(self, raw: Any) -> None:
+        with contextlib.suppress(Exception):
+            raw.close()
+
+    def is_usable(self, raw: Any) -> bool:
+        try:
+            return bool(pg_dialect.is_usable(raw))
+        except Exception:
+            return False
+
+
+class MysqlDriver:
+    """PyMySQL, with the session of the async pool's connections (`mysql.session_options`,
+    Galera's session on a Galera node); a statement unanswered `GRACE_S` past
+    `statement_ms` ends at the socket's read timeout and raises `DeadlinePassed`."""
+
+    def __init__(self, url: URL, timeouts: Timeouts) -> None:
+        self.url = url
+        self.timeouts = timeouts
+        self.bound_s = statement_bound_s(timeouts)
+        self.writer: threading.Lock | None = None
+
+    def connect(self) -> Any:
+        import pymysql
+        from pymysql.constants import CLIENT
+
+        url = self.url
+        try:
+            raw = pymysql.connect(
+                host=url.host or "localhost",
+                port=url.port or 3306,
+                user=url.username or "root",
+                password=url.password or "",
+                database=url.database,
+                autocommit=True,
+                charset="utf8mb4",
+                client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
+                read_timeout=self.bound_s,
+                write_timeout=self.bound_s,
+                **mysql_dialect.session_options(self.timeouts),
+            )
+        except Exception as exc:
+            if "timed out" in str(exc):
+                raise StoreTimeoutError(
+                    "connect",
+                    self.timeouts.connect_ms,
+                    f"no connection within {self.timeouts.connect_ms} ms "
+                    "(Timeouts.connect_ms); nothing was sent",
+                ) from exc
+            raise _unavailable(self.url, exc) from exc
+        try:
+            if "mariadb" in str(raw.get_server_info()).lower():
+                with raw.cursor() as cursor:
+                    cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                    if any(str(row[1]).upper() == "ON" for row in cursor.fetchall() or ()):
+                        cursor.execute(mysql_dialect.GALERA_SESSION)
+        except BaseException:
+            raw.close()
+            raise
+        return raw
+
+    def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
+        cursor = raw.cursor()
+        try:
+            count = cursor.execute(sql, params)
+            rows = list(cursor.fetchall()) if cursor.description is not None else None
+            # A script answers a result per statement: the rows of the last that returns
+            # rows, the count of the first.
+            while cursor.nextset():
+                if cursor.description is not None:
+                    rows = list(cursor.fetchall())
+            return rows, count
+        except Exception as exc:
+            if "timed out" in str(exc):
+                raise DeadlinePassed(
+                    f"no answer within {self.timeouts.statement_ms} ms (Timeouts.statement_ms)"
+                ) from exc
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def close(self, raw: Any) -> None:
+        with contextlib.suppress(Exception):
+            raw.close()
+
+    def is_usable(self, raw: Any) -> bool:
+        from pymysql.constants import SERVER_STATUS
+
+        sock = getattr(raw, "_sock", None)
+        if not raw.open or sock is None or raw.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return not poller.poll(0)
