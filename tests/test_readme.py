@@ -1,17 +1,22 @@
-"""The README's quick start, walked as a newcomer walks it.
+"""The README's quick start, walked as a newcomer walks it, and its test command.
 
 The shell blocks of README.md marked `<!-- readme-test: quick-start -->` are run in a
 directory of their own with no `AGBOSS_DATABASE_URL` (so on the embedded SQLite
-default). The block marked `<!-- readme-test: servers -->` runs the cluster on a server:
-the line for the server under test (`AGBOSS_TEST_DATABASE_URL`), with the ready
-script pointed at that server and at a database of the test's own, dropped after. In the default run the install steps (`python3 -m venv`, `pip install`) are
-taken as done by the environment running the tests, whose `agboss-sql` stands for
-`.venv/bin/agboss-sql`; the `slow` test runs every line as written, install included,
-in a copy of the checkout (it needs the package index).
+default), and what the cluster and the demo print is compared with the README's samples
+(`<!-- sample: COMMAND -->`), figures, times and ids aside. The block marked
+`<!-- readme-test: servers -->` runs the cluster on a server: the line for the server
+under test (`AGBOSS_TEST_DATABASE_URL`), with the ready script pointed at that server and
+at a database of the test's own, dropped after. In the default run the install steps
+(`python3 -m venv`, `pip install`) are taken as done by the environment running the
+tests, whose `agboss-sql` stands for `.venv/bin/agboss-sql`; the `slow` test runs every
+line as written, install included, in a copy of the checkout (it needs the package
+index). The block marked `<!-- readme-test: test-command -->` is the project's test
+command: the one `.ci/run` runs, over every env `tox.ini` lists.
 """
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import shlex
@@ -24,12 +29,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from support.capabilities import embedded_url
+from support.docs import README, blocks, normalised, samples
 from support.sql import server_admin
 
 from agboss_sql.sql.migrate import sync_url
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-README = REPOSITORY / "README.md"
+REPOSITORY = README.parent
 MARK = "<!-- readme-test: quick-start -->"
 SCRIPTS = Path(sys.executable).parent
 INSTALL_STEP = re.compile(r"^(python3 -m venv \.venv|\.venv/bin/pip install .*)$")
@@ -47,14 +52,10 @@ def marked_commands(mark: str = MARK) -> list[str]:
     return commands
 
 
-def readme_demo_output() -> str:
-    """The demo output the README shows (the first plain block after the quick start)."""
-    after = README.read_text().split(MARK, 1)[1]
-    return re.search(r"\n```\n(pod-a  acquired.*?)```", after, re.S).group(1)  # type: ignore[union-attr]
-
-
-def ids_hidden(text: str) -> str:
-    return re.sub(r"\b(tree|order)-[0-9a-f]+", r"\1-<id>", text)
+def readme_sample(command: str) -> str:
+    """The output the README shows for `command` (its `<!-- sample: COMMAND -->` block)."""
+    (block,) = [b for shown, b in samples(README) if shown == command]
+    return block.text
 
 
 def env_without_database_url() -> dict[str, str]:
@@ -67,35 +68,36 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
     )
 
 
-def readme_cluster_output() -> str:
-    """The cluster report the README shows (the first plain block after the quick start)."""
-    after = README.read_text().split(MARK, 1)[1]
-    return re.search(r"\n```\n(cluster on .*?)```", after, re.S).group(1)  # type: ignore[union-attr]
+CLUSTER_VARYING = [
+    (re.compile(r"\b(cluster-|r)[0-9a-f]{8}\b"), r"\1<id>"),
+    (re.compile(r"/tmp/agboss-cluster-\w+"), "<run dir>"),
+    (re.compile(r"^runs: .*$", re.M), "runs: <states>"),  # one cancel may come too late
+    (re.compile(r" \(run on w\d+\)$|: too late$", re.M), " <cancel's outcome>"),
+    (re.compile(r"\d+(\.\d+)?"), "N"),
+]
 
 
-def labels(report: str) -> list[str]:
-    """What each line of a cluster report says, without its figures."""
-    return [
-        line.split(":", 1)[0] if ":" in line else line.split(" ", 1)[0]
-        for line in (raw.strip() for raw in report.splitlines())
-    ]
+def cluster_shape(report: str) -> str:
+    """A cluster report without what changes from run to run: its figures, ids, which
+    worker the chaos picked, the run directory."""
+    for pattern, replacement in CLUSTER_VARYING:
+        report = pattern.sub(replacement, report)
+    return report.rstrip() + "\n"
 
 
 def check_cluster(out: str, url: str) -> None:
     """A cluster report on `url`, every invariant held, shaped as the README shows it."""
     assert out.startswith(f"cluster on {url}: 3 workers, workload tree, tenant cluster-"), out
     assert out.rstrip().endswith("\nevery invariant held"), out
-    shown = [label for label in labels(readme_cluster_output()) if label]
-    printed = set(labels(out))
-    assert [label for label in shown if label not in printed] == [], out
+    shown = readme_sample("agboss-sql cluster").replace("sqlite:///.agboss/agboss.sqlite", url)
+    assert cluster_shape(out) == cluster_shape(shown)
 
 
 def check_outputs(outputs: dict[str, str]) -> None:
     cluster = next(o for command, o in outputs.items() if command.endswith("agboss-sql cluster"))
     check_cluster(cluster, "sqlite:///.agboss/agboss.sqlite")
     demo = next(out for command, out in outputs.items() if command.endswith("agboss-sql demo"))
-    shown = demo.split("\n", 1)[1]  # after `demo on URL`
-    assert ids_hidden(shown) == ids_hidden(readme_demo_output())
+    assert normalised(demo) == normalised(readme_sample("agboss-sql demo"))
     check = next(out for command, out in outputs.items() if command.endswith("agboss-sql check"))
     assert check.startswith("database: sqlite:///.agboss/agboss.sqlite\n")
     assert check.rstrip().endswith("\nready")
@@ -196,3 +198,21 @@ def test_the_server_cluster_runs_as_written(database_url: str, tmp_path: Path) -
         assert done.stdout.rstrip().endswith("\nevery invariant held"), done.stdout
     finally:
         drop_database(url.set(database=own))
+
+
+def test_the_test_command_is_what_ci_runs_over_every_env_tox_lists() -> None:
+    """README's test command is `tox`; `.ci/run` runs it with no env named (so tox's
+    env_list), and the README names every env of that list."""
+    (command,) = [b.text.strip() for b in blocks(README) if b.mark == TEST_COMMAND_MARK]
+    assert command == "tox"
+    ci = (REPOSITORY / ".ci" / "run").read_text()
+    assert re.search(r"^\s*tox \"\$@\"$", ci, re.M), "run_tox no longer runs tox"
+    assert re.search(r"^run_tox$", ci, re.M), ".ci/run no longer runs the default tox run"
+    tox = configparser.ConfigParser()
+    tox.read(REPOSITORY / "tox.ini")
+    envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    tests = README.read_text().split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert [env for env in envs if f"`{env}`" not in tests] == [], envs
+
+
+TEST_COMMAND_MARK = "<!-- readme-test: test-command -->"
