@@ -53,7 +53,7 @@ steps at depth 5 (the four worlds of before made 56,434 at depth 6) and 186,554 
 (156,947 at depth 7), counted on the in-memory set. Measured on a loaded two-core machine
 (load 4-8, other suites running): SQLite at depth 6, 65 s for the five worlds; PostgreSQL
 15 at depth 5, 15 min (10-23 schedules/s, where an idle machine runs several times that);
-MariaDB 10.11 at depth 5, see the README."""
+MariaDB 10.11 at depth 5, see docs/figures.md."""
 
 SHALLOWER: dict[str, int] = {"outbound_call_takeover": 1}
 """How many levels less than the budget's depth a world searches: every schedule of the
