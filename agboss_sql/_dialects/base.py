@@ -200,6 +200,12 @@ class Dialect(Protocol):
         """The database could not write: its disk or file is full."""
         ...
 
+    def driver_error(self, exc: BaseException) -> BaseException | None:
+        """The driver's own error behind `exc` (`exc` itself, or the one a SQLAlchemy error
+        wraps), or `None` when `exc` is not the driver's: what a `StoreRefusedError` names
+        as its cause."""
+        ...
+
     def engine_options(self, url: URL, timeouts: Timeouts) -> dict[str, Any]:
         """Keyword arguments for `create_async_engine` on this dialect under `timeouts`."""
         ...
@@ -207,6 +213,14 @@ class Dialect(Protocol):
     def lock_database(self, connection: sa.Connection) -> contextlib.AbstractContextManager[None]:
         """The migration lock around one transaction on a synchronous connection."""
         ...
+
+
+def wrapped_driver_error(
+    exc: BaseException, driver_errors: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """`Dialect.driver_error` for a driver whose errors are `driver_errors`."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, sa.exc.DBAPIError) else exc
+    return orig if isinstance(orig, driver_errors) else None
 
 
 class ServerDriver(Protocol):

@@ -27,7 +27,7 @@ from sqlalchemy.dialects import mysql as my
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
-from agboss_sql._dialects.base import Capabilities, Suffixed
+from agboss_sql._dialects.base import Capabilities, Suffixed, wrapped_driver_error
 from agboss_sql._timeouts import Timeouts
 
 NAME = "mysql"
@@ -409,6 +409,12 @@ def is_storage_full(exc: BaseException) -> bool:
 def is_busy(exc: BaseException) -> bool:
     """SQLite's "database is locked"; a server waits on its own row locks instead."""
     return False
+
+
+def driver_error(exc: BaseException) -> BaseException | None:
+    from pymysql.err import MySQLError
+
+    return wrapped_driver_error(exc, MySQLError)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

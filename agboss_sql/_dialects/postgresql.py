@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
-from agboss_sql._dialects.base import Capabilities
+from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
 
@@ -290,6 +290,12 @@ def is_storage_full(exc: BaseException) -> bool:
 def is_busy(exc: BaseException) -> bool:
     """SQLite's "database is locked"; a server waits on its own row locks instead."""
     return False
+
+
+def driver_error(exc: BaseException) -> BaseException | None:
+    import psycopg
+
+    return wrapped_driver_error(exc, psycopg.Error)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

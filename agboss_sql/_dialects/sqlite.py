@@ -18,7 +18,7 @@ from sqlalchemy.dialects import sqlite as sq
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
-from agboss_sql._dialects.base import Capabilities
+from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
 
@@ -168,6 +168,10 @@ def is_busy(exc: BaseException) -> bool:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     text = str(orig).lower()
     return "database is locked" in text or "database is busy" in text
+
+
+def driver_error(exc: BaseException) -> BaseException | None:
+    return wrapped_driver_error(exc, sqlite3.Error)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

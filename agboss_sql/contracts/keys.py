@@ -21,7 +21,8 @@ from agboss_sql.contracts.limits import (
     MAX_BUSINESS_KEY_LENGTH,
     MAX_EFFECT_NAME_LENGTH,
     MAX_FINGERPRINT_LENGTH,
-    MAX_STEP_TEXT_LENGTH,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_STEP_NAME_LENGTH,
     over_limit,
 )
 from agboss_sql.contracts.limits import MAX_IDENTIFIER_LENGTH as MAX_IDENTIFIER_LENGTH
@@ -42,8 +43,8 @@ EFFECT_NAME_RULE = "an effect name is 1-100 characters of [A-Za-z0-9._-]"
 KEY_TEXT_RULE = "a key's text is 1-255 characters, not blank, with no control characters"
 STEP_RULE = (
     "a step is a StepRef of an execution id (an identifier), an idempotency key and a name "
-    f"(non-empty texts of at most {MAX_STEP_TEXT_LENGTH} characters a database can store: "
-    "no NUL character, no lone surrogate)"
+    f"(non-empty texts of at most {MAX_IDEMPOTENCY_KEY_LENGTH} and {MAX_STEP_NAME_LENGTH} "
+    "characters a database can store: no NUL character, no lone surrogate)"
 )
 FINGERPRINT_RULE = (
     f"a fingerprint is None or a text of at most {MAX_FINGERPRINT_LENGTH} characters a "
@@ -112,6 +113,12 @@ def checked_business_key(key: FencedEffectKey) -> FencedEffectKey:
     return key
 
 
+_STEP_LIMITS = {
+    "idempotency key": ("MAX_IDEMPOTENCY_KEY_LENGTH", MAX_IDEMPOTENCY_KEY_LENGTH),
+    "name": ("MAX_STEP_NAME_LENGTH", MAX_STEP_NAME_LENGTH),
+}
+
+
 def checked_step(step: object) -> StepRef:
     """`step` if it is a `StepRef` whose parts a stored row can give back (`replayed_from_of`
     requires three non-empty texts), else `InvalidStepError`."""
@@ -132,12 +139,10 @@ def checked_step(step: object) -> StepRef:
     ):
         if not isinstance(part, str) or not part:
             raise InvalidStepError(f"{STEP_RULE}; got the {what} {part!r:.80}")
-        if len(part) > MAX_STEP_TEXT_LENGTH:
+        limit, maximum = _STEP_LIMITS.get(what, ("MAX_IDENTIFIER_LENGTH", MAX_IDENTIFIER_LENGTH))
+        if len(part) > maximum:
             raise InvalidStepError(
-                over_limit(
-                    f"the step's {what}", len(part), "MAX_STEP_TEXT_LENGTH", MAX_STEP_TEXT_LENGTH
-                ),
-                limit="MAX_STEP_TEXT_LENGTH",
+                over_limit(f"the step's {what}", len(part), limit, maximum), limit=limit
             )
         unstorable = unstorable_text_rule_of(part)
         if unstorable is not None:

@@ -7,9 +7,10 @@ and MySQL/MariaDB, and nothing written. The limits are sized so that every suppo
 database stores a value at the limit and gives it back equal:
 
 - texts fit their columns on every database: an identifier a 255-character key column;
-  a longer text (a step's idempotency key, a fingerprint, a saver's thread id) a MySQL
-  `TEXT` column (65,535 bytes) even as four-byte characters, and the identity that joins
-  several of them as JSON (each character escaped at most to six);
+  a longer text (a step's name, a fingerprint, a saver's thread id) a MySQL `TEXT` column
+  (65,535 bytes) even as four-byte characters (`TEXT_COLUMN_CHARACTERS`), and a step's
+  idempotency key the identity that joins it with the key's scope as JSON (each character
+  escaped at most to six);
 - a payload's statement fits MySQL/MariaDB's `max_allowed_packet`: the driver escapes each
   quote and backslash of a text, so a JSON text can double on the wire; the stores need
   `MIN_MAX_ALLOWED_PACKET` (twice the largest payload, and room for the keys) and a server
@@ -45,17 +46,22 @@ MAX_EFFECT_NAME_LENGTH = 100
 """Characters of a fenced effect's name (`[A-Za-z0-9._-]`)."""
 MAX_BUSINESS_KEY_LENGTH = 255
 """Characters of a fenced effect's business key."""
-MAX_STEP_TEXT_LENGTH = 4096
-"""Characters of a step's idempotency key and of its name."""
-MAX_FINGERPRINT_LENGTH = 4096
+TEXT_COLUMN_CHARACTERS = 65_535 // 4
+"""Characters a MySQL `TEXT` column (65,535 bytes) holds as four-byte characters: 16,383."""
+MAX_IDEMPOTENCY_KEY_LENGTH = 4096
+"""Characters of a step's idempotency key: kept whole, and inside the JSON identity of an
+effect's row, where each character may take six."""
+MAX_STEP_NAME_LENGTH = TEXT_COLUMN_CHARACTERS
+"""Characters of a step's name."""
+MAX_FINGERPRINT_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of a fingerprint (a fenced effect's, a mesh request's)."""
-MAX_OWNER_LENGTH = 4096
+MAX_OWNER_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of an outbound call's attempt owner."""
-MAX_REASON_LENGTH = 4096
+MAX_REASON_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of a lease event's reason."""
 MAX_STATUS_LENGTH = 32
 """Characters of a history snapshot's status."""
-MAX_SAVER_KEY_LENGTH = 4096
+MAX_SAVER_KEY_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of a checkpoint's thread id and namespace, of a pending write's task id,
 task path and channel."""
 MAX_CHECKPOINT_ID_LENGTH = 64
@@ -119,10 +125,17 @@ LIMITS: tuple[Limit, ...] = (
         InvalidBusinessKeyError,
     ),
     Limit(
-        "MAX_STEP_TEXT_LENGTH",
-        MAX_STEP_TEXT_LENGTH,
+        "MAX_IDEMPOTENCY_KEY_LENGTH",
+        MAX_IDEMPOTENCY_KEY_LENGTH,
         "characters",
-        "a step's idempotency key, a step's name",
+        "a step's idempotency key",
+        InvalidStepError,
+    ),
+    Limit(
+        "MAX_STEP_NAME_LENGTH",
+        MAX_STEP_NAME_LENGTH,
+        "characters",
+        "a step's name",
         InvalidStepError,
     ),
     Limit(
@@ -274,7 +287,9 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "MAX_SAVER_KEY_LENGTH",
     "MAX_STATUS_LENGTH",
-    "MAX_STEP_TEXT_LENGTH",
+    "MAX_IDEMPOTENCY_KEY_LENGTH",
+    "MAX_STEP_NAME_LENGTH",
+    "TEXT_COLUMN_CHARACTERS",
     "MIB",
     "MIN_INT32",
     "MIN_INT64",

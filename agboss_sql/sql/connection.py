@@ -76,6 +76,7 @@ from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import (
     AgbossError,
     CommitOutcomeUnknownError,
+    StoreRefusedError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
@@ -366,7 +367,31 @@ class SqlConnection:
             return StoreUnavailableError(
                 f"{where} cannot write (storage full): {exc}; nothing was committed"
             )
-        return exc
+        return self.refused(exc) or exc
+
+    def refused(self, exc: BaseException) -> StoreRefusedError | None:
+        """The typed error of a statement the database refused with `exc` (a trigger, a
+        constraint, a check), its driver's error as `orig`; `None` for anything else (not
+        the driver's, or a failure `translate` types otherwise: a conflict, a lost
+        connection, a bound, a full disk)."""
+        if isinstance(exc, AgbossError | DeadlinePassed):
+            return None
+        ops = self.ops
+        driver = ops.driver_error(exc)
+        if driver is None or (
+            ops.is_retryable(exc)
+            or ops.is_disconnect(exc)
+            or ops.is_lock_timeout(exc)
+            or ops.is_statement_timeout(exc)
+            or ops.is_busy(exc)
+            or ops.is_storage_full(exc)
+        ):
+            return None
+        return StoreRefusedError(
+            f"{self._safe_url()} refused a statement: {type(driver).__name__}: {driver}"
+            f"; it was not applied",
+            orig=driver,
+        )
 
     def _safe_url(self) -> str:
         return self.url.render_as_string(hide_password=True)
@@ -382,15 +407,28 @@ class SqlConnection:
         """Run `step`'s statements on a SQLAlchemy connection's driver connection, inside the
         transaction the caller holds open on it (for work that shares our transaction), each
         under the same bounds as a step's; a server connection past its statement deadline
-        is invalidated (SQLAlchemy never hands it out again)."""
-        return await self._runner.drive_on(connection, step)
+        is invalidated (SQLAlchemy never hands it out again). A statement the database
+        refused is a `StoreRefusedError` (`refused`)."""
+        try:
+            return await self._runner.drive_on(connection, step)
+        except Exception as exc:
+            refused = self.refused(exc)
+            if refused is None:
+                raise
+            raise refused from exc
 
     async def execute_on(
         self, connection: AsyncConnection, statement: Any, params: Mapping[str, Any]
     ) -> Result:
         """`drive_on` of a one-statement step, without the step: one statement in the
         caller's transaction (the hot path of a fenced effect's own statements)."""
-        return await self._runner.execute_on(connection, statement, params)
+        try:
+            return await self._runner.execute_on(connection, statement, params)
+        except Exception as exc:
+            refused = self.refused(exc)
+            if refused is None:
+                raise
+            raise refused from exc
 
     # --- SQLAlchemy engine, for work that wants an AsyncConnection -------------------------
 

@@ -23,7 +23,11 @@ from agboss_sql.contracts import (
     fenced_effect_key_of,
     scope_key_of,
 )
-from agboss_sql.contracts.limits import MAX_FINGERPRINT_LENGTH, MAX_STEP_TEXT_LENGTH
+from agboss_sql.contracts.limits import (
+    MAX_FINGERPRINT_LENGTH,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_STEP_NAME_LENGTH,
+)
 from agboss_sql.contracts.rules import (
     FenceRefusal,
     LeaseClosedReason,
@@ -196,21 +200,24 @@ def test_a_step_a_row_could_not_give_back_is_refused(step: object) -> None:
 
 def test_a_step_of_any_storable_texts_is_kept() -> None:
     assert checked_step(GOOD_STEP) is GOOD_STEP
-    long = StepRef("e", "k" * MAX_STEP_TEXT_LENGTH, " spaced name ")
+    long = StepRef("e", "k" * MAX_IDEMPOTENCY_KEY_LENGTH, " spaced name " * 1000)
     assert checked_step(long) is long
 
 
 @pytest.mark.parametrize(
-    "step",
+    ("step", "limit"),
     [
-        StepRef("e", "k" * (MAX_STEP_TEXT_LENGTH + 1), "name"),
-        StepRef("e", "k", "n" * (MAX_STEP_TEXT_LENGTH + 1)),
+        (
+            StepRef("e", "k" * (MAX_IDEMPOTENCY_KEY_LENGTH + 1), "name"),
+            "MAX_IDEMPOTENCY_KEY_LENGTH",
+        ),
+        (StepRef("e", "k", "n" * (MAX_STEP_NAME_LENGTH + 1)), "MAX_STEP_NAME_LENGTH"),
     ],
 )
-def test_a_step_text_over_its_limit_is_refused(step: StepRef) -> None:
-    with pytest.raises(InvalidStepError, match="MAX_STEP_TEXT_LENGTH") as refused:
+def test_a_step_text_over_its_limit_is_refused(step: StepRef, limit: str) -> None:
+    with pytest.raises(InvalidStepError, match=limit) as refused:
         checked_step(step)
-    assert refused.value.facts["limit"] == "MAX_STEP_TEXT_LENGTH"
+    assert refused.value.facts["limit"] == limit
 
 
 @pytest.mark.parametrize("fingerprint", [5, b"fp", 1.5, ["fp"], "fp\x00", "\ud800"])
