@@ -105,6 +105,12 @@ def check_outputs(outputs: dict[str, str]) -> None:
     assert "taken-over from pod-a@1" in leases and "lost (superseded)" in leases
 
 
+def test_the_readme_reads_in_ten_minutes() -> None:
+    """What it is, the quick start, your own workflow, the tests, the install and the list
+    of docs/, in at most 350 lines: everything else lives in docs/, linked."""
+    assert len(README.read_text().splitlines()) <= 350
+
+
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     commands = marked_commands()
     installs = [c for c in commands if INSTALL_STEP.match(c)]
