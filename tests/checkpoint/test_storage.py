@@ -900,6 +900,34 @@ async def test_copy_thread_copies_history_values_and_writes(sql: SqlConnection) 
     assert len([t async for t in saver.alist(_config(target))]) == 2
 
 
+def test_the_sync_methods_store_bytes_that_are_no_text(sql_url: str) -> None:
+    # Values whose serialised bytes are not valid UTF-8 (every byte value), written by the
+    # sync methods' driver whole, as an append (a list that grew: on MySQL/MariaDB a script
+    # whose rows are a derived table) and as pending writes, then read back by a saver that
+    # keeps nothing: the same bytes.
+    blob = bytes(range(256)) * 20
+    with SqlCheckpointSaver.from_conn_string(sql_url) as saver:
+        thread = _thread()
+        config = _config(thread)
+        for step, items in enumerate(([blob, blob], [blob, blob, blob[:300]])):
+            checkpoint: Checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"raw": blob, "items": items}
+            versions = {channel: saver.get_next_version(None, None) for channel in ("raw", "items")}
+            checkpoint["channel_versions"] = versions
+            config = saver.put(config, checkpoint, {"step": step}, versions)
+        saver.put_writes(config, [("raw", blob)], "task")
+    with SqlCheckpointSaver.from_conn_string(sql_url) as reader:
+        found = reader.get_tuple(_config(thread))
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {
+            "raw": blob,
+            "items": [blob, blob, blob[:300]],
+        }
+        assert found.pending_writes == [("task", "raw", blob)]
+        listed = list(reader.list(_config(thread)))
+        assert [len(t.checkpoint["channel_values"]["items"]) for t in listed] == [3, 2]
+
+
 async def test_the_sync_methods_work_while_a_loop_runs(
     sql: SqlConnection, new_connection: Callable[[], SqlConnection]
 ) -> None:

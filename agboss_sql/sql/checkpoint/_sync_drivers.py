@@ -262,6 +262,9 @@ class MysqlDriver:
                 database=url.database,
                 autocommit=True,
                 charset="utf8mb4",
+                # Bytes sent as `_binary'…'`, as aiomysql sends them: a value's bytes are
+                # not text in the connection's character set.
+                binary_prefix=True,
                 client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
                 read_timeout=self.bound_s,
                 write_timeout=self.bound_s,
