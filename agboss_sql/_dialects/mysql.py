@@ -29,6 +29,8 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from agboss_sql._dialects.base import Capabilities, Suffixed, wrapped_driver_error
 from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import ServerSettingError
+from agboss_sql.contracts.limits import MIN_MAX_ALLOWED_PACKET
 
 NAME = "mysql"
 CAPABILITIES = Capabilities(
@@ -222,9 +224,17 @@ def engine_options(url: URL, timeouts: Timeouts) -> dict[str, Any]:
     return {"async_creator": create, "pool_timeout": timeouts.pool_ms / 1000}
 
 
+SETTINGS_QUERY = "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'max_allowed_packet')"
+"""What a new connection asks its server: whether it is a Galera node, and the largest
+statement it takes (checked against `MIN_MAX_ALLOWED_PACKET`)."""
+
+
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
     """A new connection; on a MariaDB Galera node (`wsrep_on`, asked once per connection)
-    its session is set for the cluster (`GALERA_SESSION`)."""
+    its session is set for the cluster (`GALERA_SESSION`). A server whose
+    `max_allowed_packet` is under `MIN_MAX_ALLOWED_PACKET` (asked in the same statement) is
+    `ServerSettingError`, and the connection is closed: a statement at the limits would be
+    refused by the server."""
     import aiomysql
     from pymysql.constants import CLIENT
 
@@ -241,22 +251,24 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
         client_flag=CLIENT.FOUND_ROWS | (CLIENT.MULTI_STATEMENTS if autocommit else 0),
         **session_options(timeouts),
     )
-    galera = False
-    if _is_mariadb(raw):
+    try:
+        cursor = await raw.cursor()
         try:
-            cursor = await raw.cursor()
-            try:
-                await cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
-                galera = _wsrep_on(await cursor.fetchall())
-                if galera:
-                    await cursor.execute(GALERA_SESSION)
-            finally:
-                await cursor.close()
-            if not autocommit and raw.get_transaction_status():
-                await raw.commit()  # end a transaction the reads began, if any
-        except BaseException:
-            raw.close()
-            raise
+            await cursor.execute(SETTINGS_QUERY)
+            settings = {str(name).lower(): value for name, value in await cursor.fetchall()}
+            packet = int(settings.get("max_allowed_packet") or 0)
+            if packet < MIN_MAX_ALLOWED_PACKET:
+                raise ServerSettingError("max_allowed_packet", packet, MIN_MAX_ALLOWED_PACKET)
+            galera = str(settings.get("wsrep_on", "")).upper() == "ON"
+            if galera:
+                await cursor.execute(GALERA_SESSION)
+        finally:
+            await cursor.close()
+        if not autocommit and raw.get_transaction_status():
+            await raw.commit()  # end a transaction the reads began, if any
+    except BaseException:
+        raw.close()
+        raise
     raw._agboss_galera = galera
     return raw
 

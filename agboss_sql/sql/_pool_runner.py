@@ -221,6 +221,8 @@ class PoolRunner:
                 ) from exc
             if not isinstance(exc, Exception):
                 raise  # cancelled (e.g. a readiness timeout): never turned into an error
+            if isinstance(exc, StoreUnavailableError):
+                raise  # typed by the dialect (a server setting below the limits)
             raise StoreUnavailableError(
                 f"cannot connect to {self._safe_url()}: {type(exc).__name__}: {exc}"
             ) from exc

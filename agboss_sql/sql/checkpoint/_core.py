@@ -18,8 +18,13 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agboss_sql.contracts.clocks import StoreClock
-from agboss_sql.contracts.errors import InvalidIdentifierError
-from agboss_sql.contracts.keys import unstorable_text_rule_of
+from agboss_sql.contracts.errors import InvalidIdentifierError, InvalidPayloadError
+from agboss_sql.contracts.limits import (
+    MAX_CHECKPOINT_WRITE_BYTES,
+    MAX_SAVER_KEY_LENGTH,
+    over_limit,
+    unstorable_text_rule_of,
+)
 from agboss_sql.contracts.types import ApplicationContext, LeaseCheck
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
@@ -50,12 +55,39 @@ def _text(value: Any) -> str:
 def _key_text(what: str, value: Any) -> str:
     """`value` as the text LangGraph means by it (any text: empty, long, ending in spaces:
     it is keyed by its SHA-256), or `InvalidIdentifierError` for a text no database here can
-    store (a NUL character, a lone surrogate), before anything is sent."""
+    store (a NUL character, a lone surrogate) or longer than `MAX_SAVER_KEY_LENGTH`, before
+    anything is sent."""
     text = _text(value)
+    if len(text) > MAX_SAVER_KEY_LENGTH:
+        raise InvalidIdentifierError(
+            over_limit(what, len(text), "MAX_SAVER_KEY_LENGTH", MAX_SAVER_KEY_LENGTH),
+            limit="MAX_SAVER_KEY_LENGTH",
+        )
     unstorable = unstorable_text_rule_of(text)
     if unstorable is not None:
         raise InvalidIdentifierError(f"{what} must not hold {unstorable}, got {text!r:.80}")
     return text
+
+
+def _checked_write_bytes(what: str, size: int) -> None:
+    """`InvalidPayloadError` when one saver call would write `size` bytes, over
+    `MAX_CHECKPOINT_WRITE_BYTES`, before anything is sent."""
+    if size > MAX_CHECKPOINT_WRITE_BYTES:
+        raise InvalidPayloadError(
+            over_limit(
+                what, size, "MAX_CHECKPOINT_WRITE_BYTES", MAX_CHECKPOINT_WRITE_BYTES, "bytes"
+            ),
+            limit="MAX_CHECKPOINT_WRITE_BYTES",
+        )
+
+
+def _utf8_size(what: str, text: str) -> int:
+    """Bytes of `text` as UTF-8, or `InvalidPayloadError` for a lone surrogate (no UTF-8
+    form: no database stores it), before anything is sent."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidPayloadError(f"{what} holds a lone surrogate: no UTF-8 form") from None
 
 
 @functools.lru_cache(maxsize=4096)

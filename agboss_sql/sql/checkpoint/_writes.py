@@ -26,10 +26,12 @@ from agboss_sql.sql.checkpoint._core import (
     SaverCore,
     _BaseGone,
     _checked_key,
+    _checked_write_bytes,
     _kept,
     _key_hash,
     _key_text,
     _text,
+    _utf8_size,
     _value_keys,
     _written_channel_hash,
 )
@@ -175,6 +177,12 @@ class SaverWrites(SaverCore):
         lease = lease_of(config) if self.fenced else None
         new = self._new_values(keys, checkpoint, new_versions, appends)
         row = self._checkpoint_row(keys, config, metadata, new.body)
+        _checked_write_bytes(
+            "a put",
+            len(row["p_checkpoint"] or b"")
+            + _utf8_size("a checkpoint's metadata", row["p_metadata"])
+            + sum(len(data or b"") for _, _, _, data, _ in new.rows),
+        )
         try:
             await self._send_put(connection, row, new, lease)
         except _BaseGone:
@@ -400,13 +408,17 @@ class SaverWrites(SaverCore):
             ),
             "p_task_hash": identity_hash(task),
             "p_task_id": task,
-            "p_task_path": task_path,
+            "p_task_path": _key_text("task_path", task_path),
         }
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         rows = [
             (WRITES_IDX_MAP.get(channel, idx), _key_text("channel", channel), *self._dumps(value))
             for idx, (channel, value) in enumerate(writes)
         ]
+        _checked_write_bytes(
+            "a put_writes",
+            sum(len(data or b"") + len(channel.encode("utf-8")) for _, channel, _, data in rows),
+        )
         execs: list[Exec] = []
         for chunk in chunks(rows):
             params = dict(shared)
