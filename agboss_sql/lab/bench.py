@@ -28,7 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import StoreClock, SystemClock
+from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.keys import fenced_effect_key_of, fenced_key_identity_of
 from agboss_sql.contracts.types import (
     ApplicationContext,
@@ -462,7 +462,7 @@ class Bench:
         )
 
     async def slot_acquire(self, connection: SqlConnection, floor: Floor) -> None:
-        store = SqlRateLimitRepository(connection, SystemClock(), ApplicationContext("bench"))
+        store = SqlRateLimitRepository(connection, StoreClock(), ApplicationContext("bench"))
 
         async def ours(i: int) -> None:
             assert await store.acquire_slot(f"k-{i}", "h", 3, 60_000)

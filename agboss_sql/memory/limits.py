@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agboss_sql.contracts.clocks import Clock, StoreClock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     NO_TENANT,
@@ -14,23 +15,38 @@ from agboss_sql.contracts.rules import (
 )
 from agboss_sql.contracts.stores import CostLedgerRepository, RateLimitRepository
 from agboss_sql.contracts.types import (
+    ApplicationContext,
     BudgetScope,
     CostEntry,
     CostTotal,
     WindowResult,
 )
-from agboss_sql.memory._fencing import ApplicationClockStore
-from agboss_sql.memory.backend import WindowRow
+from agboss_sql.memory._fencing import ApplicationClockStore, StoreClockStore, store_now
+from agboss_sql.memory.backend import InMemoryBackend, WindowRow
 
 
-class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
-    """Rate limits in an `InMemoryBackend`, on the application's clock.
+class InMemoryRateLimitRepository(StoreClockStore, RateLimitRepository):
+    """Rate limits in an `InMemoryBackend`, on the store's time (as the SQL store): with
+    `StoreClock()` the host's clock, which every instance of one in-process cluster shares;
+    `StoreClock(clock)` in tests. An application `Clock` given directly is taken as
+    `StoreClock(clock)`.
 
     Each method counts and takes without awaiting in between: one atomic step on the event
     loop. A slot is live while `expires_at > now`, as a lease is. A window is a fixed window
     aligned to a multiple of `window_ms`, one counter per key: a key counts in one window
     size (asked with another size, its count restarts whenever the window start differs).
     """
+
+    def __init__(
+        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        given: object = clock
+        if not isinstance(given, StoreClock) and isinstance(given, Clock):
+            clock = StoreClock(given)
+        super().__init__(backend, clock, application)
+
+    def _now(self) -> int:
+        return store_now(self.store_clock)
 
     def _live_slots(self, key: str, now: int) -> dict[str, int]:
         slots = self.memory.slots.setdefault(key, {})
@@ -43,7 +59,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         checked_identifier("holder", holder)
         checked_count("max_slots", max_slots)
         checked_positive_ms("ttl_ms", ttl_ms)
-        now = self.clock.now()
+        now = self._now()
         slots = self._live_slots(key, now)
         if holder in slots:
             slots[holder] = max(slots[holder], now + ttl_ms)
@@ -57,7 +73,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         checked_identifier("key", key)
         checked_identifier("holder", holder)
         checked_positive_ms("ttl_ms", ttl_ms)
-        now = self.clock.now()
+        now = self._now()
         slots = self._live_slots(key, now)
         if holder not in slots:
             return False
@@ -76,7 +92,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
         checked_positive_ms("window_ms", window_ms)
         checked_count("amount", amount)
         checked_count("limit", limit)
-        now = self.clock.now()
+        now = self._now()
         start = now - now % window_ms
         window = self.memory.windows.get(key)
         if window is None or window.start != start:
@@ -97,7 +113,7 @@ class InMemoryRateLimitRepository(ApplicationClockStore, RateLimitRepository):
     async def paused_until(self, key: str) -> int | None:
         checked_identifier("key", key)
         until = self.memory.rate_pauses.get(key)
-        if until is None or until <= self.clock.now():
+        if until is None or until <= self._now():
             return None
         return until
 

@@ -1,7 +1,13 @@
 """`SqlRateLimitRepository`: slots, windows and pauses shared by every instance.
 
-On the application's clock: each call reads `clock.now()` once and sends it as `:now`.
-A slot is live while `expires_at > now`, as a lease is.
+On the store's time, as leases are: with `StoreClock()` (what an `Application` gives it)
+the database's clock decides, so an instance whose own clock jumps (an hour ahead, say)
+can neither evict another's live slot nor move a window; `StoreClock(clock)` sends
+`clock.now()` as `:now` instead (tests move time that way), and an application `Clock`
+passed directly is taken as `StoreClock(clock)`. A slot is live while `expires_at > now`,
+as a lease is. With database time a slot take reads the time once under the key's lock
+(one `SELECT` more) and decides with it; a renewal and a pause's read read it inside
+their one statement; a window's start is counted from a time read just before its upsert.
 
 Each limited key has one row in `agboss_rate_limit_keys`: the lock under which its
 slots are counted and taken, its current window and its pause.
@@ -26,6 +32,9 @@ Statements per operation (BEGIN/COMMIT not counted):
 | `acquire_slot` | 3 in a transaction (2 when refused; +1 to delete expired slots) | the same | the same | 2 (1 when refused; +1) |
 | `renew_slot`, `release_slot`, `pause_until`, `paused_until` | 1 | 1 | 1 | 1 |
 | `add_to_window` | 1 | 1 | 2 in a transaction (the upsert, then a read of the locked row) | 1 |
+
+On database time `acquire_slot` and `add_to_window` send one statement more (the time's
+read); the others read it inside their statement.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from agboss_sql.contracts.clocks import Clock, StoreClock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
@@ -41,9 +51,10 @@ from agboss_sql.contracts.rules import (
     checked_time,
 )
 from agboss_sql.contracts.stores import RateLimitRepository
-from agboss_sql.contracts.types import WindowResult
-from agboss_sql.sql._base import ApplicationClockStore
-from agboss_sql.sql.connection import Exec, SqlBuilder, Step
+from agboss_sql.contracts.types import ApplicationContext, WindowResult
+from agboss_sql.sql._base import StoreClockStore
+from agboss_sql.sql._fence import store_time_params
+from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
 from agboss_sql.sql.schema import rate_limit_keys, rate_limit_slots
 
 K = rate_limit_keys
@@ -53,11 +64,16 @@ _WINDOW_ANSWER = ("window_allowed", "window_used", "window_start")
 
 
 class RateLimitStatements:
-    """The rate limit statements for one dialect."""
+    """The rate limit statements for one dialect and one kind of store time."""
 
     def __init__(self, b: SqlBuilder) -> None:
         ops = b.ops
         self.row_locks: bool = b.capabilities.row_locks
+        self.database_time = b.database_time
+        # `store_now` reads the store's time inside its statement; `now` is a time read
+        # before (by `read_now`, under the key's lock for a slot take) and sent as `:now`.
+        _, store_now = b.now()
+        self.read_now = sa.select(store_now.label("now"))
         now = sa.bindparam("now", type_=sa.BigInteger)
         key: sa.BindParameter[str] = sa.bindparam("key")
         holder: sa.BindParameter[str] = sa.bindparam("holder")
@@ -87,8 +103,8 @@ class RateLimitStatements:
         )
         self.renew_slot = (
             sa.update(S)
-            .where(of_holder, S.c.expires_at > now)
-            .values(expires_at=ops.greatest(S.c.expires_at, now + ttl))
+            .where(of_holder, S.c.expires_at > store_now)
+            .values(expires_at=ops.greatest(S.c.expires_at, store_now + ttl))
         )
         self.release_slot = sa.delete(S).where(of_holder)
 
@@ -142,16 +158,30 @@ class RateLimitStatements:
             },
         )
         self.paused_until = sa.select(K.c.paused_until).where(
-            K.c.key == key, K.c.paused_until > now
+            K.c.key == key, K.c.paused_until > store_now
         )
 
 
-class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLimitRepository):
-    """Rate limits on SQL, on the application's clock: a key's slots are counted and taken
-    under its row's lock and never exceed `max_slots`; a fixed window (aligned to multiples
-    of `window_ms`, one per key) adds only what fits; a pause never shortens."""
+class SqlRateLimitRepository(StoreClockStore[RateLimitStatements], RateLimitRepository):
+    """Rate limits on SQL, on the store's time (the database's clock with `StoreClock()`): a
+    key's slots are counted and taken under its row's lock and never exceed `max_slots`,
+    whatever any instance's own clock says; a fixed window (aligned to multiples of
+    `window_ms`, one per key) adds only what fits; a pause never shortens."""
 
     statements = RateLimitStatements
+
+    def __init__(
+        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
+    ) -> None:
+        # An application clock given directly (the store took one before it decided by the
+        # store's time) decides as `StoreClock(clock)` would.
+        given: object = clock
+        if not isinstance(given, StoreClock) and isinstance(given, Clock):
+            clock = StoreClock(given)
+        super().__init__(connection, clock, application)
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        return store_time_params(self.store_clock, **params)
 
     async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
         """Under the key's lock: take a slot for `holder` until `now + ttl_ms` while fewer
@@ -161,13 +191,17 @@ class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLim
         checked_identifier("holder", holder)
         checked_count("max_slots", max_slots)
         checked_positive_ms("ttl_ms", ttl_ms)
-        params = {"key": key, "holder": holder, "ttl_ms": ttl_ms, "now": self.clock.now()}
+        params = self._params(key=key, holder=holder, ttl_ms=ttl_ms)
         return await self.connection.run(lambda: self._acquire_slot(params, max_slots))
 
     def _acquire_slot(self, params: dict[str, Any], max_slots: int) -> Step[bool]:
         if self._sql.row_locks:
             counting = self.connection.capabilities.certified_writes
             yield Exec(self._sql.lock_key_counting if counting else self._sql.lock_key, params)
+        if self._sql.database_time:
+            # Read under the key's lock (SQLite: inside BEGIN IMMEDIATE): every take of the
+            # key decides in the order it got the lock, each with the time it got it.
+            params = {**params, "now": _time_of((yield Exec(self._sql.read_now, params)))}
         slots = (yield Exec(self._sql.slots_of_key, params)).rows
         now, holder = params["now"], params["holder"]
         mine = any(h == holder and expires_at > now for h, expires_at in slots)
@@ -185,7 +219,7 @@ class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLim
         checked_identifier("key", key)
         checked_identifier("holder", holder)
         checked_positive_ms("ttl_ms", ttl_ms)
-        params = {"key": key, "holder": holder, "ttl_ms": ttl_ms, "now": self.clock.now()}
+        params = self._params(key=key, holder=holder, ttl_ms=ttl_ms)
         return (await self.connection.execute(self._sql.renew_slot, params)).rowcount == 1
 
     async def release_slot(self, key: str, holder: str) -> None:
@@ -205,7 +239,10 @@ class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLim
         checked_positive_ms("window_ms", window_ms)
         checked_count("amount", amount)
         checked_count("limit", limit)
-        now = self.clock.now()
+        if self._sql.database_time:
+            now = _time_of(await self.connection.execute(self._sql.read_now))
+        else:
+            now = self.store_clock.now()
         params = {
             "key": key,
             "window_start": now - now % window_ms,
@@ -240,11 +277,14 @@ class SqlRateLimitRepository(ApplicationClockStore[RateLimitStatements], RateLim
     async def paused_until(self, key: str) -> int | None:
         """The end of the key's pause, or `None` once `now >= until` (or never paused)."""
         checked_identifier("key", key)
-        result = await self.connection.execute(
-            self._sql.paused_until, {"key": key, "now": self.clock.now()}
-        )
+        result = await self.connection.execute(self._sql.paused_until, self._params(key=key))
         until = result.scalar()
         return None if until is None else int(until)
+
+
+def _time_of(result: Any) -> int:
+    """The store's time a `read_now` answered."""
+    return int(result.scalar())
 
 
 __all__ = ["RateLimitStatements", "SqlRateLimitRepository"]

@@ -28,7 +28,9 @@ from agboss_sql.sql import sql_stores
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.testing.contracts import BusinessRows, Seam, StoreFactory, store_conformance
 
-STORE_TIME_CONTRACTS = frozenset({"execution_lease", "fenced_effect", "outbound_call"})
+STORE_TIME_CONTRACTS = frozenset(
+    {"execution_lease", "fenced_effect", "outbound_call", "rate_limit"}
+)
 """The contracts whose SQL store decides by the store's time; the others decide by the
 application's own (possibly skewed) clock."""
 

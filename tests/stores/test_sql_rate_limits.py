@@ -354,7 +354,7 @@ class CountThenInsertLimits(SqlRateLimitRepository):
     two statements without the key's lock. Concurrent takers all see room."""
 
     async def acquire_slot(self, key: str, holder: str, max_slots: int, ttl_ms: int) -> bool:
-        now = self.clock.now()
+        now = self.store_clock.now()
         live = await self.connection.execute(
             sa.select(sa.func.count())
             .select_from(S)

@@ -55,7 +55,7 @@ STORES: dict[str, Any] = {
     "fenced_effect": on_store_time(InMemoryFencedEffectRepository),
     "outbound_call": on_store_time(InMemoryOutboundCallRepository),
     "child_queue": on_own_clock(InMemoryChildExecutionQueueRepository),
-    "rate_limit": on_own_clock(InMemoryRateLimitRepository),
+    "rate_limit": on_store_time(InMemoryRateLimitRepository),
     "execution_record": on_own_clock(InMemoryExecutionRecordRepository),
     "execution_tree": on_own_clock(InMemoryExecutionTreeRepository),
     "mesh_request": on_own_clock(InMemoryMeshRequestRepository),

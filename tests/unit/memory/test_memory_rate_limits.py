@@ -182,6 +182,13 @@ async def test_a_pause_in_the_past_is_no_pause(cluster: Cluster) -> None:
     assert await limits.paused_until("model") is None
 
 
-def test_rate_limits_run_on_the_applications_clock() -> None:
-    with pytest.raises(TypeError, match="application's Clock"):
-        InMemoryRateLimitRepository(InMemoryBackend(), StoreClock(), ApplicationContext("i"))  # type: ignore[arg-type]
+def test_rate_limits_run_on_the_stores_time() -> None:
+    with pytest.raises(TypeError, match="store's time"):
+        InMemoryRateLimitRepository(InMemoryBackend(), object(), ApplicationContext("i"))  # type: ignore[arg-type]
+    on_store_time = InMemoryRateLimitRepository(
+        InMemoryBackend(), StoreClock(), ApplicationContext("i")
+    )
+    assert on_store_time.store_clock.is_database_time
+    clock = VirtualClock(START)
+    given = InMemoryRateLimitRepository(InMemoryBackend(), clock, ApplicationContext("i"))  # type: ignore[arg-type]
+    assert given.store_clock.clock is clock
