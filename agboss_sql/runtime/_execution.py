@@ -189,7 +189,15 @@ class Executor:
         work: Callable[[Any], Awaitable[JsonValue]],
     ) -> FencedEffectResult[JsonValue]:
         try:
-            return await self.effects.save_result_if_absent(fenced, work)
+            # The keeper knows when the effect's transaction holds the lease row (its work
+            # runs after the fence): its renewal waits behind that lock meanwhile.
+            async with run.keeper.effect() as held:
+
+                async def holding(tx: Any) -> JsonValue:
+                    held()
+                    return await work(tx)
+
+                return await self.effects.save_result_if_absent(fenced, holding)
         except ExecutionFencedError as refused:
             # A zombie's write: the store refused it. Logged as the lease lost, with why.
             await log_lease_event(

@@ -5,15 +5,22 @@ holder trust its lease for `remaining - 1000` ms from the moment it **sent** the
 request, on its monotonic clock. Nothing is trusted past that instant unless a
 later renewal, sent before it, was answered before it. The store decides expiry
 by its own time; the holder only ever under-estimates how long it has.
+
+One exception, its own fenced effect (`effect()`): while the effect's transaction holds
+the lease row (its fence passed), nobody can take the lease, and the holder's renewal
+waits behind that lock. The keeper then trusts to the end of the answered `remaining`
+(the margin not subtracted), and until then accepts a renewal answered after the
+effect's commit; past it the lease is lost, as always.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from agboss_sql.contracts.clocks import Clock
@@ -125,6 +132,8 @@ class LeaseKeeper:
         self._renewer: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._effects_holding = 0
+        self._held_past_trust = False
 
     # -- what the holder knows ---------------------------------------------------------
 
@@ -157,12 +166,26 @@ class LeaseKeeper:
 
     def trusted(self) -> bool:
         """True only while held and inside the trust window (`sent + remaining - margin`,
-        on `clock.monotonic()`)."""
+        on `clock.monotonic()`; `sent + remaining` while its own effect holds the lease
+        row, or until the renewal that waited behind it answers: see `effect`)."""
+        deadline = self._deadline()
         return (
             self._state is _State.HELD
-            and self._trusted_until is not None
-            and self.clock.monotonic() < self._trusted_until
+            and deadline is not None
+            and self.clock.monotonic() < deadline
         )
+
+    def _deadline(self) -> int | None:
+        """When the lease stops being trusted: the trust window's end, or, while this
+        keeper's own effect holds the lease row (and until a renewal answers after it held
+        it past the window), the answered `remaining`'s end: nobody else can take a lease
+        whose row its holder's transaction has locked."""
+        until = self._trusted_until
+        if until is None:
+            return None
+        if self._effects_holding or self._held_past_trust:
+            return until + self.trust_margin_ms
+        return until
 
     def check_lease(self) -> None:
         """Raise `ExecutionLeaseLostError` unless the lease is held and trusted now. A trust
@@ -221,6 +244,43 @@ class LeaseKeeper:
         self._state = _State.HELD
         self._trusted_until = sent + lease.remaining_ms - self.trust_margin_ms
 
+    # -- its own effects -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def effect(self) -> AsyncIterator[Callable[[], None]]:
+        """Around one fenced effect of this run: `async with keeper.effect() as held:` and
+        call `held()` first thing in the effect's work (its fence has passed: the effect's
+        transaction holds the lease row until it ends). While it does, a renewal waits
+        behind that lock, and the keeper trusts the lease to the end of the last answered
+        `remaining` instead of `remaining - margin`: an effect shorter than its lease
+        keeps it. When the effect ends after the trust window did, the keeper renews at
+        once (the lock is gone) before the block exits; an effect that outlasts its lease
+        loses it when the lease's time is up, though the effect itself commits (nobody
+        could take the lease while its transaction held the row)."""
+        holding = False
+
+        def held() -> None:
+            nonlocal holding
+            if not holding:
+                holding = True
+                self._effects_holding += 1
+
+        try:
+            yield held
+        finally:
+            if holding:
+                self._effects_holding -= 1
+                until = self._trusted_until
+                if (
+                    not self._effects_holding
+                    and self.held
+                    and until is not None
+                    and self.clock.monotonic() >= until
+                ):
+                    self._held_past_trust = True
+        if self._held_past_trust and self.held:
+            await self.confirm_now()
+
     # -- renewing ------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -265,12 +325,22 @@ class LeaseKeeper:
 
     async def _watch(self) -> None:
         while self._state is _State.HELD:
-            until = self._trusted_until
+            until = self._deadline()
             now = self.clock.monotonic()
             if until is None or now >= until:
+                if self._effects_holding and until is not None:
+                    # Its own effect still holds the row past the lease's answered end.
+                    await self._lose(
+                        "its own effect held the lease past the lease's end: the effect "
+                        "commits, but the lease is over"
+                    )
+                    return
                 await self._lose("the lease was not confirmed before its trust window ended")
                 return
-            await self.clock.sleep(until - now)
+            if self._effects_holding and now >= (self._trusted_until or now):
+                self._held_past_trust = True
+            # Woken at least every trust margin: an effect may begin holding meanwhile.
+            await self.clock.sleep(min(until - now, max(1, self.trust_margin_ms)))
 
     async def _renew(self) -> bool:
         lease = self._lease
@@ -294,13 +364,16 @@ class LeaseKeeper:
                     "the renewal was refused: the lease is over or another holder has it"
                 )
                 return False
-            if self._trusted_until is not None and answered >= self._trusted_until:
+            deadline = self._deadline()
+            if deadline is not None and answered >= deadline:
                 await self._lose("the renewal was confirmed only after the trust window ended")
                 return False
             until = sent + remaining - self.trust_margin_ms
             self._trusted_until = (
                 until if self._trusted_until is None else max(self._trusted_until, until)
             )
+            if answered < self._trusted_until:
+                self._held_past_trust = False
             if self.log_renewals:
                 await log_lease_event(self.events, self.clock, lease, LeaseEventKind.RENEWED)
             if cancel_check is not None:
@@ -331,7 +404,7 @@ class LeaseKeeper:
             except StoreUnavailableError as error:
                 attempt += 1
                 pause_ms = max(1, round(backoff_s(attempt) * 1000))
-                until = self._trusted_until
+                until = self._deadline()
                 if (
                     not self.held
                     or self._lease is not lease

@@ -29,6 +29,7 @@ from agboss_sql.lab.faults.holds import (
     with_hold_points,
 )
 from agboss_sql.lab.faults.network import network_scenarios
+from agboss_sql.lab.faults.probes import probe_scenarios
 from agboss_sql.lab.faults.run import FaultSettings, ScenarioRun
 from agboss_sql.lab.faults.scenarios import SCENARIOS, SHORT_SET, Hold, Scenario, register
 from agboss_sql.lab.faults.suite import (
@@ -43,6 +44,10 @@ from agboss_sql.lab.faults.suite import (
 # The network scenarios (server databases only) are named scenarios like the others, so
 # `agboss-sql faults` runs them too; they are not in SHORT_SET (tests run them apart).
 for _scenario in network_scenarios().values():
+    if _scenario.name not in SCENARIOS:
+        register(_scenario)
+# The probes (their own processes, no pods) too; tests/faults/test_probes.py runs them.
+for _scenario in probe_scenarios().values():
     if _scenario.name not in SCENARIOS:
         register(_scenario)
 

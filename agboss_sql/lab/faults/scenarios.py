@@ -62,6 +62,9 @@ class Scenario:
     """Builds the scenario's network fault for the database URL (a TCP proxy per pod):
     each pod then connects through `network.url_for_pod(index, url)`, and `act` drives it
     through `run.network`. Closed after the run."""
+    probe: Callable[[str], list[str]] | None = None
+    """A scenario that runs its own processes instead of the pods' trees (`probes`): called
+    with the database URL, it answers the violations it found; no pod is started."""
 
     def runs_on(self, dialect: str) -> bool:
         return self.dialects is None or dialect in self.dialects

@@ -154,6 +154,16 @@ def run_scenario(
     `AGBOSS_FAULT_DUMP_DIR` environment variable); with `keep`, a passed run's too."""
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
+    if scenario.probe is not None:
+        began = time.monotonic()
+        found = scenario.probe(url)
+        return ScenarioResult(
+            scenario=scenario.name,
+            violations=[Violation(scenario.name, detail) for detail in found],
+            seconds=time.monotonic() - began,
+            time_to_error_ms=[],
+            untyped_errors=[],
+        )
     settings = settings or FaultSettings()
     dump = dump_dir if dump_dir is not None else os.environ.get(DUMP_ENV) or None
     reset_database(url)
