@@ -3,13 +3,14 @@
 Each subcommand is one `Subcommand` in `SUBCOMMANDS`: a function that adds its
 arguments to its parser and a function that runs it and answers the exit
 status. Adding one is writing those two functions (in the module of its group:
-`_schema`, `_inspect`, `_worker`, `_lab`) and one table entry; heavy imports stay
+`_schema`, `_inspect`, `_views`, `_worker`, `_lab`) and one table entry; heavy imports stay
 inside the run function, so `agboss-sql --help` stays fast.
 
 A failure prints one line on stderr, `agboss-sql COMMAND: what is wrong: what to
 do`, and exits 1 (2 for a misuse of the options, 130 when interrupted);
 `--debug` prints the traceback instead (`_explain`). The read-only commands
-(`current`, `history`, `check`, `leases`) never create a database.
+(`current`, `history`, `check`, `leases`, `trees`, `show`, `queue`) never create a
+database.
 
 The library's commands import nothing from `agboss_sql.lab`. The lab's (`cluster`,
 `demo`, `bench`, `faults`: `lab=True` in the table) import it when they run,
@@ -65,6 +66,14 @@ from agboss_sql.cli._schema import (
     _upgrade,
     _upgrade_arguments,
 )
+from agboss_sql.cli._views import (
+    _queue,
+    _queue_arguments,
+    _show,
+    _show_arguments,
+    _trees,
+    _trees_arguments,
+)
 from agboss_sql.cli._worker import WORKER_SETTINGS, _worker, _worker_arguments, database_url_of
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -118,6 +127,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "the lease log: recent moves, or one lease and its history (tell a zombie from a takeover)",
         _leases_arguments,
         _leases,
+    ),
+    "trees": Subcommand(
+        "the trees: status, holder, epoch, age, children pending, pauses (read-only)",
+        _trees_arguments,
+        _trees,
+    ),
+    "show": Subcommand(
+        "one tree: its steps, children, pauses, compensations and lease moves in one "
+        "timeline (read-only)",
+        _show_arguments,
+        _show,
+    ),
+    "queue": Subcommand(
+        "the child queue: depth by state, oldest waiting, claims per instance (read-only)",
+        _queue_arguments,
+        _queue,
     ),
     "bench": Subcommand(
         "benchmark the hot operations beside the raw driver on the same database (it is "
