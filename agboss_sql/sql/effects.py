@@ -35,19 +35,27 @@ in ROLLBACK (then, on MySQL/MariaDB, the ROLLBACK aiomysql sends when
 SQLAlchemy's pool takes the failed transaction's connection back; a committed
 one's connection is kept for the next transaction).
 
+A transaction the work leaves idle (no statement sent) longer than
+`max(statement_ms, lock_ms)` is ended, as the servers end it
+(`idle_in_transaction_session_timeout`, MariaDB's `idle_transaction_timeout`): the call
+fails with `StoreUnavailableError` and nothing is committed. SQLite has no server to end
+it, so the store does (`_IdleBound`): the same bound, measured between the work's
+statements and up to its return, the same error.
+
 `get_result` reads a stored result outside any transaction: one `SELECT` in
 autocommit, no fence and no lock, which sees committed rows only.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agboss_sql.contracts.errors import CorruptStoredRowError
+from agboss_sql.contracts.errors import CorruptStoredRowError, StoreUnavailableError
 from agboss_sql.contracts.keys import fenced_key_identity_of, replayed_from_of
 from agboss_sql.contracts.rules import checked_fenced_key
 from agboss_sql.contracts.stores import ExecutionLeaseRepository, FencedEffectRepository
@@ -59,7 +67,8 @@ from agboss_sql.contracts.types import (
 from agboss_sql.sql._backoff import back_off
 from agboss_sql.sql._base import FencedStore, dumps, identity_hash, loads
 from agboss_sql.sql._fence import fence_on, fence_params
-from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder
+from agboss_sql.sql._inline_work import InlineWorkConnection
+from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder, SqlConnection
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.schema import fenced_effect_results
 
@@ -171,7 +180,14 @@ class SqlFencedEffectRepository(
             stored = await self._claim(tx, {**facts, **params})
             if stored is not None:
                 return _replay_of(key, stored)
-            value = await work(tx)
+            idle = _IdleBound.on(tx, connection)
+            try:
+                value = await work(tx)
+                if idle is not None:
+                    idle.check()
+            finally:
+                if idle is not None:
+                    idle.close()
             # A value that is not JSON fails here, inside the transaction: all rolls back.
             text = dumps(value)
             await connection.execute_on(
@@ -251,6 +267,46 @@ def _replay_of(key: FencedEffectKey, stored: Any) -> FencedEffectResult[Any]:
         },
     )
     return FencedEffectResult(loads(result), True, replayed_from)
+
+
+class _IdleBound:
+    """The servers' bound on a transaction left idle, kept by the store on SQLite (whose
+    work connection is an `InlineWorkConnection`): the work's statements are timed on the
+    monotonic clock, and one sent (or a return) after more than `max(statement_ms,
+    lock_ms)` without any fails with `StoreUnavailableError`, the transaction rolled back."""
+
+    def __init__(self, tx: InlineWorkConnection, bound_ms: int) -> None:
+        self.bound_ms = bound_ms
+        self.sync = tx.sync_connection
+        self.last = time.monotonic()
+        sa.event.listen(self.sync, "before_cursor_execute", self._before)
+        sa.event.listen(self.sync, "after_cursor_execute", self._after)
+
+    @classmethod
+    def on(cls, tx: AsyncConnection, connection: SqlConnection) -> _IdleBound | None:
+        if not isinstance(tx, InlineWorkConnection):
+            return None  # a server bounds it itself
+        timeouts = connection.timeouts
+        return cls(tx, max(timeouts.statement_ms, timeouts.lock_ms))
+
+    def _before(self, *_args: Any) -> None:
+        self.check()
+
+    def _after(self, *_args: Any) -> None:
+        self.last = time.monotonic()
+
+    def check(self) -> None:
+        idle_ms = round((time.monotonic() - self.last) * 1000)
+        if idle_ms > self.bound_ms:
+            raise StoreUnavailableError(
+                f"the effect's transaction was left idle for {idle_ms} ms, past the bound "
+                f"of {self.bound_ms} ms (max(statement_ms, lock_ms)) after which a server "
+                "ends it; nothing was committed"
+            )
+
+    def close(self) -> None:
+        sa.event.remove(self.sync, "before_cursor_execute", self._before)
+        sa.event.remove(self.sync, "after_cursor_execute", self._after)
 
 
 class _ClaimLostError(Exception):
