@@ -109,7 +109,13 @@ def checked_business_key(key: FencedEffectKey) -> FencedEffectKey:
     if key.business_key is not None:
         rule = key_text_rule_of(key.business_key)
         if rule is not None:
-            raise InvalidBusinessKeyError(f"business key refused: {rule}")
+            over = isinstance(key.business_key, str) and (
+                len(key.business_key) > MAX_BUSINESS_KEY_LENGTH
+            )
+            raise InvalidBusinessKeyError(
+                f"business key refused: {rule}",
+                **({"limit": "MAX_BUSINESS_KEY_LENGTH"} if over else {}),
+            )
     return key
 
 

@@ -127,3 +127,36 @@ def server_admin(url: URL) -> tuple[URL, str, str]:
     if url.get_backend_name() == "postgresql":
         return url.set(database="postgres"), '"', " WITH (FORCE)"
     return url.set(database=None), "`", ""
+
+
+def refusing_trigger_sql(
+    connection: SqlConnection, table: str, message: str
+) -> tuple[list[str], list[str]]:
+    """The statements that make every insert into `table` fail in a trigger with `message`
+    (each database's own trigger language), and those that drop it again."""
+    name = f"{table}_refuses"
+    if connection.dialect_name == "sqlite":
+        return (
+            [
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
+            ],
+            [f"DROP TRIGGER IF EXISTS {name}"],
+        )
+    if _postgresql(connection):
+        return (
+            [
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$",
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
+                f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+            ],
+            [f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {name}()"],
+        )
+    return (
+        [
+            f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW "
+            f"SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'"
+        ],
+        [f"DROP TRIGGER IF EXISTS {name}"],
+    )

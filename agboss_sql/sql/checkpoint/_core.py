@@ -20,6 +20,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.errors import InvalidIdentifierError, InvalidPayloadError
 from agboss_sql.contracts.limits import (
+    MAX_CHANNEL_VERSION_LENGTH,
+    MAX_CHECKPOINT_ID_LENGTH,
     MAX_CHECKPOINT_WRITE_BYTES,
     MAX_SAVER_KEY_LENGTH,
     over_limit,
@@ -150,10 +152,18 @@ def _kept(version: str) -> bool:
     return len(version) > 34 and version[32] == "."
 
 
+_KEY_LIMITS = {
+    MAX_CHECKPOINT_ID_LENGTH: "MAX_CHECKPOINT_ID_LENGTH",
+    MAX_CHANNEL_VERSION_LENGTH: "MAX_CHANNEL_VERSION_LENGTH",
+}
+
+
 def _checked_key(what: str, value: str, limit: int) -> str:
     if len(value) > limit:
+        name = _KEY_LIMITS.get(limit, "MAX_IDENTIFIER_LENGTH")
         raise InvalidIdentifierError(
-            f"{what} must be at most {limit} characters, got {len(value)}: {value!r:.80}"
+            f"{what} must be at most {limit} characters ({name}), got {len(value)}: {value!r:.80}",
+            limit=name,
         )
     return value
 

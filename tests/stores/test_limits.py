@@ -1,0 +1,440 @@
+"""The table of limits (`agboss_sql.contracts.limits.LIMITS`, docs/limits.md), walked on the
+database under test: a value at each limit is stored and read back equal, the same value one
+over is refused with the limit's typed error naming it, before any statement is sent.
+
+The values at the limits are the widest each limit allows: four-byte characters in every
+text (a MySQL `TEXT` column holds 65,535 bytes), control characters where a text is escaped
+inside a JSON identity, and a JSON payload of quotes, which the MySQL driver's escaping
+doubles on the wire (`max_allowed_packet`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
+from support.sql import statements
+
+from agboss_sql.contracts import (
+    ApplicationContext,
+    ExecutionContext,
+    ExecutionLease,
+    FencedEffectKey,
+    StepRef,
+    StoreClock,
+    VirtualClock,
+    fenced_effect_key_of,
+)
+from agboss_sql.contracts.errors import InvalidPayloadError
+from agboss_sql.contracts.limits import (
+    LIMITS,
+    MAX_BUSINESS_KEY_LENGTH,
+    MAX_CHANNEL_VERSION_LENGTH,
+    MAX_CHECKPOINT_ID_LENGTH,
+    MAX_CHECKPOINT_WRITE_BYTES,
+    MAX_DURATION_MS,
+    MAX_EFFECT_NAME_LENGTH,
+    MAX_FINGERPRINT_LENGTH,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_IDENTIFIER_LENGTH,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_OWNER_LENGTH,
+    MAX_PAYLOAD_BYTES,
+    MAX_REASON_LENGTH,
+    MAX_SAVER_KEY_LENGTH,
+    MAX_STATUS_LENGTH,
+    MAX_STEP_NAME_LENGTH,
+    MIN_MAX_ALLOWED_PACKET,
+    Limit,
+)
+from agboss_sql.contracts.types import (
+    AttemptRef,
+    ExecutionLeaseEvent,
+    ExecutionSnapshot,
+    LeaseEventKind,
+    OutboundCallStatus,
+    QueuedChild,
+)
+from agboss_sql.sql.checkpoint import SqlCheckpointSaver
+from agboss_sql.sql.checkpoint._layout import MAX_CHECKPOINT_ID, MAX_VERSION
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.effects import SqlFencedEffectRepository
+from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
+from agboss_sql.sql.history import SqlExecutionHistoryRepository
+from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+from agboss_sql.sql.mesh import SqlMeshRequestRepository
+from agboss_sql.sql.outbound import SqlOutboundCallRepository
+from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+from agboss_sql.sql.trees import SqlExecutionTreeRepository
+
+START = 1_700_000_000_000
+TENANT = "tenant-1"
+WIDE = "\U0001f600"
+"""A four-byte character (UTF-8): the most bytes a character takes in a column."""
+APP = ApplicationContext("instance-1")
+
+
+def wide(length: int) -> str:
+    return WIDE * length
+
+
+class Stores:
+    """The stores of one instance on the database under test."""
+
+    def __init__(self, sql: SqlConnection) -> None:
+        self.sql = sql
+        clock = VirtualClock(START)
+        self.leases = SqlExecutionLeaseRepository(sql, StoreClock(clock), APP)
+        self.effects = SqlFencedEffectRepository(sql, StoreClock(clock), APP)
+        self.outbound = SqlOutboundCallRepository(sql, StoreClock(clock), APP)
+        self.trees = SqlExecutionTreeRepository(sql, clock, APP)
+        self.mesh = SqlMeshRequestRepository(sql, clock, APP)
+        self.history = SqlExecutionHistoryRepository(sql, clock, APP)
+        self.events = SqlExecutionLeaseEventRepository(sql, StoreClock(clock), APP)
+        self.queue = SqlChildExecutionQueueRepository(sql, clock, APP)
+        self.saver = SqlCheckpointSaver(sql)
+        self.lease: ExecutionLease | None = None
+
+    async def key(self, **changes: Any) -> FencedEffectKey:
+        """A key of the lease of `tree-1` (taken at the first key, so a case's refusal sends
+        nothing), with `changes` made by hand (a key `fenced_effect_key_of` would refuse to
+        build)."""
+        if self.lease is None:
+            self.lease = await self.leases.acquire(TENANT, "tree-1", 60_000)
+        lease = self.lease
+        assert lease is not None
+        step = StepRef("tree-1", "step-key", "step")
+        ctx = ExecutionContext(TENANT, "tree-1", "tree-1", lease, step)
+        key = fenced_effect_key_of(ctx, "charge", fingerprint="fp")
+        return dataclasses.replace(key, **changes)
+
+    async def effect(self, key: FencedEffectKey, value: Any = "done") -> Any:
+        async def work(_tx: Any) -> Any:
+            return value
+
+        saved = await self.effects.save_result_if_absent(key, work)
+        replayed = await self.effects.get_result(key)
+        assert replayed is not None and replayed.value == saved.value
+        return saved.value
+
+
+@dataclass(frozen=True)
+class Case:
+    """A value at the limit, stored and read back (`at`), and one over it (`over`)."""
+
+    at: Callable[[Stores], Awaitable[None]]
+    over: Callable[[Stores], Awaitable[object]]
+
+
+# --- one case per limit ---------------------------------------------------------------------
+
+
+async def _identifier_at(s: Stores) -> None:
+    ident = wide(MAX_IDENTIFIER_LENGTH)
+    assert await s.trees.save_if_absent(ident, ident, ident, {"v": 1})
+    assert await s.trees.get(ident, ident, ident) == {"v": 1}
+
+
+async def _identifier_over(s: Stores) -> object:
+    return await s.trees.save_if_absent(TENANT, "root", wide(MAX_IDENTIFIER_LENGTH + 1), 1)
+
+
+async def _effect_name_at(s: Stores) -> None:
+    name = "n" * MAX_EFFECT_NAME_LENGTH
+    assert await s.effect(await s.key(name=name)) == "done"
+
+
+async def _effect_name_over(s: Stores) -> object:
+    return await s.effect(await s.key(name="n" * (MAX_EFFECT_NAME_LENGTH + 1)))
+
+
+async def _business_key_at(s: Stores) -> None:
+    key = await s.key(business_key=wide(MAX_BUSINESS_KEY_LENGTH))
+    assert await s.effect(key) == "done"
+
+
+async def _business_key_over(s: Stores) -> object:
+    return await s.effect(await s.key(business_key=wide(MAX_BUSINESS_KEY_LENGTH + 1)))
+
+
+def _step(idempotency_key: str = "step-key", name: str = "step") -> StepRef:
+    return StepRef("tree-1", idempotency_key, name)
+
+
+async def _idempotency_key_at(s: Stores) -> None:
+    # Control characters: six characters each inside the effect's JSON identity.
+    for text in ("\x01" * MAX_IDEMPOTENCY_KEY_LENGTH, wide(MAX_IDEMPOTENCY_KEY_LENGTH)):
+        key = await s.key(step=_step(idempotency_key=text))
+        assert await s.effect(key, text) == text
+        stored = await s.effects.get_result(key)
+        assert stored is not None and stored.replayed_from is None
+
+
+async def _idempotency_key_over(s: Stores) -> object:
+    return await s.effect(await s.key(step=_step(idempotency_key="k" * 4097)))
+
+
+async def _step_name_at(s: Stores) -> None:
+    key = await s.key(step=_step(name=wide(MAX_STEP_NAME_LENGTH)))
+    assert await s.effect(key) == "done"
+    other = dataclasses.replace(key, step=_step(name="another"))
+    replay = await s.effects.get_result(other)
+    assert replay is not None and replay.replayed_from == key.step
+
+
+async def _step_name_over(s: Stores) -> object:
+    return await s.effect(await s.key(step=_step(name=wide(MAX_STEP_NAME_LENGTH + 1))))
+
+
+async def _fingerprint_at(s: Stores) -> None:
+    fingerprint = wide(MAX_FINGERPRINT_LENGTH)
+    key = await s.key(business_key="b-1", fingerprint=fingerprint)
+    assert await s.effect(key) == "done"
+    saved = await s.mesh.save_if_absent("req-1", TENANT, fingerprint, START)
+    assert saved.created
+    again = await s.mesh.get(TENANT, "req-1")
+    assert again is not None and again.fingerprint == fingerprint
+
+
+async def _fingerprint_over(s: Stores) -> object:
+    return await s.mesh.save_if_absent("req-1", TENANT, wide(MAX_FINGERPRINT_LENGTH + 1), START)
+
+
+async def _owner_at(s: Stores) -> None:
+    key = await s.key()
+    call = (await s.outbound.save_if_absent(key, {"charge": 1}, START)).call
+    expected = AttemptRef(OutboundCallStatus.PENDING, call.attempt, call.attempt_owner)
+    owner = wide(MAX_OWNER_LENGTH)
+    assert await s.outbound.mark_pending(key, expected, owner)
+    stored = await s.outbound.get(key)
+    assert stored is not None and stored.attempt_owner == owner
+
+
+async def _owner_over(s: Stores) -> object:
+    key = await s.key()
+    expected = AttemptRef(OutboundCallStatus.PENDING, 0, "owner")
+    return await s.outbound.mark_pending(key, expected, wide(MAX_OWNER_LENGTH + 1))
+
+
+def _event(reason: str) -> ExecutionLeaseEvent:
+    return ExecutionLeaseEvent(
+        TENANT, "tree-1", "instance-1", 1, LeaseEventKind.LOST, START, None, reason
+    )
+
+
+async def _reason_at(s: Stores) -> None:
+    await s.events.save(_event(wide(MAX_REASON_LENGTH)))
+    assert [e.reason for e in await s.events.list(TENANT, "tree-1")] == [wide(MAX_REASON_LENGTH)]
+
+
+async def _reason_over(s: Stores) -> object:
+    return await s.events.save(_event(wide(MAX_REASON_LENGTH + 1)))
+
+
+def _snapshot(status: str = "done", finished_at: int = START) -> ExecutionSnapshot:
+    return ExecutionSnapshot(TENANT, "run-1", "flow", status, START, finished_at, {"r": 1})
+
+
+async def _status_at(s: Stores) -> None:
+    status = wide(MAX_STATUS_LENGTH)
+    await s.history.save(_snapshot(status))
+    stored = await s.history.get(TENANT, "run-1")
+    assert stored is not None and stored.status == status
+
+
+async def _status_over(s: Stores) -> object:
+    return await s.history.save(_snapshot(wide(MAX_STATUS_LENGTH + 1)))
+
+
+def _config(thread: str, ns: str = "", checkpoint_id: str | None = None) -> Any:
+    configurable = {"thread_id": thread, "checkpoint_ns": ns}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+async def _put(
+    s: Stores,
+    thread: str,
+    *,
+    ns: str = "",
+    checkpoint_id: str | None = None,
+    version: str = "1",
+    value: Any = None,
+) -> Any:
+    checkpoint: Checkpoint = empty_checkpoint()
+    if checkpoint_id is not None:
+        checkpoint["id"] = checkpoint_id
+    checkpoint["channel_values"] = {"ch": value if value is not None else ["v"]}
+    checkpoint["channel_versions"] = {"ch": version}
+    stored = await s.saver.aput(
+        _config(thread, ns), checkpoint, {"source": "loop", "step": 0}, {"ch": version}
+    )
+    found = await s.saver.aget_tuple(stored)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == checkpoint["channel_values"]
+    assert found.config["configurable"]["thread_id"] == thread
+    assert found.config["configurable"]["checkpoint_ns"] == ns
+    return found
+
+
+async def _saver_key_at(s: Stores) -> None:
+    text = wide(MAX_SAVER_KEY_LENGTH)
+    await _put(s, text, ns=text)
+
+
+async def _saver_key_over(s: Stores) -> object:
+    return await _put(s, wide(MAX_SAVER_KEY_LENGTH + 1))
+
+
+async def _checkpoint_id_at(s: Stores) -> None:
+    checkpoint_id = "c" * MAX_CHECKPOINT_ID_LENGTH
+    found = await _put(s, "thread-1", checkpoint_id=checkpoint_id)
+    assert found.config["configurable"]["checkpoint_id"] == checkpoint_id
+
+
+async def _checkpoint_id_over(s: Stores) -> object:
+    return await _put(s, "thread-1", checkpoint_id="c" * (MAX_CHECKPOINT_ID_LENGTH + 1))
+
+
+async def _version_at(s: Stores) -> None:
+    version = "9" * MAX_CHANNEL_VERSION_LENGTH
+    found = await _put(s, "thread-1", version=version)
+    assert found.checkpoint["channel_versions"] == {"ch": version}
+
+
+async def _version_over(s: Stores) -> object:
+    return await _put(s, "thread-1", version="9" * (MAX_CHANNEL_VERSION_LENGTH + 1))
+
+
+# JSON text '"' + '\\"' * n + '"': 2 + 2n bytes, every one of which the MySQL driver escapes.
+_QUOTES_AT_LIMIT = '"' * ((MAX_PAYLOAD_BYTES - 2) // 2)
+
+
+async def _payload_at(s: Stores) -> None:
+    assert await s.effect(await s.key(), _QUOTES_AT_LIMIT) == _QUOTES_AT_LIMIT
+    assert await s.trees.save_if_absent(TENANT, "root", "k", _QUOTES_AT_LIMIT)
+    assert await s.trees.get(TENANT, "root", "k") == _QUOTES_AT_LIMIT
+
+
+async def _payload_over(s: Stores) -> object:
+    # A fenced effect's result is the work's, known only inside its transaction:
+    # test_a_result_over_the_payload_limit_is_refused_and_rolled_back.
+    return await s.trees.save_if_absent(TENANT, "root", "k2", _QUOTES_AT_LIMIT + '"')
+
+
+# Bytes the MySQL driver escapes (NUL, quotes, backslash): twice as many on the wire.
+_ESCAPED = b"\x00'\"\\"
+
+
+async def _write_bytes_at(s: Stores) -> None:
+    # The value and the checkpoint's body and metadata (a few hundred bytes) together.
+    value = _ESCAPED * ((MAX_CHECKPOINT_WRITE_BYTES - 4096) // len(_ESCAPED))
+    await _put(s, "thread-1", value=value)
+
+
+async def _write_bytes_over(s: Stores) -> object:
+    value = _ESCAPED * (MAX_CHECKPOINT_WRITE_BYTES // len(_ESCAPED))
+    return await _put(s, "thread-1", value=value)
+
+
+async def _int64_at(s: Stores) -> None:
+    await s.history.save(_snapshot(finished_at=MAX_INT64))
+    stored = await s.history.get(TENANT, "run-1")
+    assert stored is not None and stored.finished_at == MAX_INT64
+
+
+async def _int64_over(s: Stores) -> object:
+    return await s.history.save(_snapshot(finished_at=MAX_INT64 + 1))
+
+
+def _child(depth: int) -> QueuedChild:
+    return QueuedChild(TENANT, "root", "parent", "child-1", depth, {"p": 1})
+
+
+async def _int32_at(s: Stores) -> None:
+    await s.queue.enqueue(_child(MAX_INT32))
+    assert [c.depth for c in await s.queue.children(TENANT, "parent")] == [MAX_INT32]
+
+
+async def _int32_over(s: Stores) -> object:
+    return await s.queue.enqueue(_child(MAX_INT32 + 1))
+
+
+async def _duration_at(s: Stores) -> None:
+    lease = await s.leases.acquire(TENANT, "long", MAX_DURATION_MS)
+    assert lease is not None
+    assert await s.leases.renew(lease, MAX_DURATION_MS) is not None
+    assert await s.leases.acquire(TENANT, "long", 1_000) is None  # still held
+
+
+async def _duration_over(s: Stores) -> object:
+    return await s.leases.acquire(TENANT, "long", MAX_DURATION_MS + 1)
+
+
+CASES: dict[str, Case] = {
+    "MAX_IDENTIFIER_LENGTH": Case(_identifier_at, _identifier_over),
+    "MAX_EFFECT_NAME_LENGTH": Case(_effect_name_at, _effect_name_over),
+    "MAX_BUSINESS_KEY_LENGTH": Case(_business_key_at, _business_key_over),
+    "MAX_IDEMPOTENCY_KEY_LENGTH": Case(_idempotency_key_at, _idempotency_key_over),
+    "MAX_STEP_NAME_LENGTH": Case(_step_name_at, _step_name_over),
+    "MAX_FINGERPRINT_LENGTH": Case(_fingerprint_at, _fingerprint_over),
+    "MAX_OWNER_LENGTH": Case(_owner_at, _owner_over),
+    "MAX_REASON_LENGTH": Case(_reason_at, _reason_over),
+    "MAX_STATUS_LENGTH": Case(_status_at, _status_over),
+    "MAX_SAVER_KEY_LENGTH": Case(_saver_key_at, _saver_key_over),
+    "MAX_CHECKPOINT_ID_LENGTH": Case(_checkpoint_id_at, _checkpoint_id_over),
+    "MAX_CHANNEL_VERSION_LENGTH": Case(_version_at, _version_over),
+    "MAX_PAYLOAD_BYTES": Case(_payload_at, _payload_over),
+    "MAX_CHECKPOINT_WRITE_BYTES": Case(_write_bytes_at, _write_bytes_over),
+    "MAX_INT64": Case(_int64_at, _int64_over),
+    "MAX_INT32": Case(_int32_at, _int32_over),
+    "MAX_DURATION_MS": Case(_duration_at, _duration_over),
+}
+"""Every limit a value can be over; MIN_MAX_ALLOWED_PACKET, a server's setting, is
+tests/stores/test_limits_server.py's."""
+
+WALKED = [limit for limit in LIMITS if limit.name != "MIN_MAX_ALLOWED_PACKET"]
+
+
+def test_every_limit_has_its_case() -> None:
+    assert set(CASES) == {limit.name for limit in WALKED}
+    assert MIN_MAX_ALLOWED_PACKET >= 2 * MAX_PAYLOAD_BYTES
+    # The saver's key columns are the widths the table gives.
+    assert (MAX_CHECKPOINT_ID, MAX_VERSION) == (
+        MAX_CHECKPOINT_ID_LENGTH,
+        MAX_CHANNEL_VERSION_LENGTH,
+    )
+
+
+@pytest.mark.parametrize("limit", WALKED, ids=lambda limit: limit.name)
+async def test_a_value_at_the_limit_is_kept_and_one_over_is_refused_before_any_statement(
+    sql: SqlConnection, limit: Limit
+) -> None:
+    case = CASES[limit.name]
+    stores = Stores(sql)
+    await case.at(stores)
+    with statements(sql) as sent, pytest.raises(limit.error) as refused:
+        await case.over(stores)
+    assert sent == []
+    assert refused.value.facts.get("limit") == limit.name
+    assert limit.name in str(refused.value)
+
+
+async def test_a_result_over_the_payload_limit_is_refused_and_rolled_back(
+    sql: SqlConnection,
+) -> None:
+    """The issue's case: a result of exactly 8 MiB of JSON (twice the limit now) was refused
+    by MariaDB with a raw `max_allowed_packet` error; it is `InvalidPayloadError` on every
+    database, nothing of the effect stored, and the key still runs its work once."""
+    stores = Stores(sql)
+    key = await stores.key(step=_step(idempotency_key="big"))
+    with pytest.raises(InvalidPayloadError, match="MAX_PAYLOAD_BYTES"):
+        await stores.effect(key, '"' * (8 * 1024 * 1024 // 2 - 1))
+    assert await stores.effects.get_result(key) is None
+    assert await stores.effect(key, "small") == "small"
