@@ -205,6 +205,27 @@ class ChildExecutionQueueRepository(Store):
         running for `instance_id`. Two claimers never get one child."""
 
     @abstractmethod
+    async def enqueue_many(self, children: Sequence[QueuedChild]) -> Sequence[str]:
+        """In one step: queue each of `children` whose id is not queued yet (as `enqueue`
+        does, each parent's count raised by the number of its children queued here) and
+        answer their ids, in the order given; a child id already queued is skipped (no
+        error, nothing of it changed). A batch naming one child id twice is a `ValueError`,
+        before anything is queued; an empty batch answers `[]`."""
+
+    @abstractmethod
+    async def claim_many(self, instance_id: str, n: int) -> Sequence[ClaimedChild]:
+        """In one step: take up to `n` queued children (deepest first, then oldest, as
+        `claim` picks them) and mark each running for `instance_id` at its own next
+        attempt, in that order; fewer (or none) when fewer are free. Two claimers never get
+        one child, and each claimed child is finished, restarted and leased on its own."""
+
+    def wakeups(self) -> QueueWakeups | None:
+        """Where an idle claimer learns that children were queued without polling, or
+        `None` when this store tells nobody (the claimer polls). Each call opens a new
+        listener, which its caller closes."""
+        return None
+
+    @abstractmethod
     async def running(self, limit: int) -> Sequence[ChildExecution]:
         """Running children, oldest first (the recovery sweep tries each one's lease)."""
 
@@ -269,6 +290,22 @@ class ChildExecutionQueueRepository(Store):
     async def children(self, tenant_id: str, parent_execution_id: str) -> Sequence[ChildExecution]:
         """The tenant's parent's children, in the order they were queued (never another
         tenant's, whatever its parent id)."""
+
+
+class QueueWakeups(ABC):
+    """A claimer's listener for children queued (or made claimable again) anywhere: a hint
+    to claim now, never a promise that a child is free. A claimer keeps polling beside it
+    (a hint can be lost, e.g. while the listener reconnects)."""
+
+    @abstractmethod
+    async def wait(self, timeout_ms: int) -> bool:
+        """Wait at most `timeout_ms` (on the event loop's clock) for a hint that children
+        were queued since the last call: True when one came, False when the time ran out
+        or the listener could not listen (it tries again at a later call)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop listening and close what the listener holds (bounded)."""
 
 
 class ExecutionRecordRepository(Store):
@@ -533,6 +570,7 @@ __all__ = [
     "MeshRequestRepository",
     "OutboundCallRepository",
     "PausedExecutionRepository",
+    "QueueWakeups",
     "RateLimitRepository",
     "Store",
 ]

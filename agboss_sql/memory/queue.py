@@ -11,6 +11,7 @@ from agboss_sql.contracts.rules import (
     checked_int32,
     checked_positive_ms,
     checked_queued_child,
+    checked_queued_children,
 )
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
@@ -84,16 +85,48 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
         counts = self.memory.unfinished_children
         counts[parent] = counts.get(parent, 0) + 1
 
+    async def enqueue_many(self, children: Sequence[QueuedChild]) -> Sequence[str]:
+        batch = checked_queued_children(children)
+        payloads = [json_copy(child.payload) for child in batch]
+        queued: list[str] = []
+        now = self.clock.now()
+        counts = self.memory.unfinished_children
+        for child, payload in zip(batch, payloads, strict=True):
+            if child.child_execution_id in self.memory.children:
+                continue
+            self.memory.children[child.child_execution_id] = ChildRow(
+                tenant_id=child.tenant_id,
+                root_execution_id=child.root_execution_id,
+                parent_execution_id=child.parent_execution_id,
+                child_execution_id=child.child_execution_id,
+                depth=child.depth,
+                payload=payload,
+                queued_at=now,
+                sequence=self.memory.next_sequence(),
+            )
+            parent = (child.tenant_id, child.parent_execution_id)
+            counts[parent] = counts.get(parent, 0) + 1
+            queued.append(child.child_execution_id)
+        return queued
+
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         checked_identifier("instance_id", instance_id)
+        claimed = self._claim_next(instance_id, 1)
+        return claimed[0] if claimed else None
+
+    async def claim_many(self, instance_id: str, n: int) -> Sequence[ClaimedChild]:
+        checked_identifier("instance_id", instance_id)
+        checked_count("n", n)
+        return self._claim_next(instance_id, n)
+
+    def _claim_next(self, instance_id: str, n: int) -> list[ClaimedChild]:
         queued = [row for row in self.memory.children.values() if row.status is ChildStatus.QUEUED]
-        if not queued:
-            return None
-        row = min(queued, key=lambda r: (-r.depth, r.queued_at, r.sequence))
-        row.status = ChildStatus.RUNNING
-        row.claimed_by = instance_id
-        row.attempt += 1
-        return _claimed(row, instance_id)
+        picked = sorted(queued, key=lambda r: (-r.depth, r.queued_at, r.sequence))[:n]
+        for row in picked:
+            row.status = ChildStatus.RUNNING
+            row.claimed_by = instance_id
+            row.attempt += 1
+        return [_claimed(row, instance_id) for row in picked]
 
     async def running(self, limit: int) -> Sequence[ChildExecution]:
         checked_count("limit", limit)

@@ -50,6 +50,18 @@ class ParentCountStatements:
             },
             lambda new: {"unfinished": P.c.unfinished + 1},
         )
+        # The same for a batch: `n` children of the parent queued in one transaction.
+        self.count_children = ops.upsert(
+            P,
+            ["tenant_id", "parent_execution_id"],
+            {
+                "tenant_id": sa.bindparam("tenant_id"),
+                "parent_execution_id": sa.bindparam("parent_execution_id"),
+                "unfinished": sa.bindparam("n", type_=sa.BigInteger),
+                "waits": sa.literal(0, sa.BigInteger),
+            },
+            lambda new: {"unfinished": P.c.unfinished + new.unfinished},
+        )
         self.read = sa.select(P.c.unfinished).where(*of_parent)
         self.lock = ops.for_update(self.read)
         take_one = sa.update(P).where(*of_parent).values(unfinished=P.c.unfinished - 1)

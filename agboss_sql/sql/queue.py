@@ -81,7 +81,9 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.sql._base import ApplicationClockStore, dumps
 from agboss_sql.sql._child_parents import ParentCountStatements
+from agboss_sql.sql._queue_batch import BatchQueueMethods, BatchStatements
 from agboss_sql.sql._queue_rows import CLAIMED, LISTED, claimed_of, columns, listed_of
+from agboss_sql.sql._queue_wakeups import NotifiedWakeups
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import child_executions
 
@@ -103,6 +105,7 @@ class QueueStatements:
     def __init__(self, b: SqlBuilder) -> None:
         self.update_returning: bool = b.capabilities.update_returning
         self.parents = ParentCountStatements(b.ops, self.update_returning)
+        self.batch = BatchStatements(b)
         self._build_enqueue_and_lists(b.ops)
         self._build_claims(b.ops)
         self._build_restarts()
@@ -303,7 +306,7 @@ _WAIT_PARAMS = {"queued": QUEUED, "running": RUNNING, "waiting": WAITING}
 
 
 class SqlChildExecutionQueueRepository(
-    ApplicationClockStore[QueueStatements], ChildExecutionQueueRepository
+    ApplicationClockStore[QueueStatements], BatchQueueMethods, ChildExecutionQueueRepository
 ):
     """The child queue on SQL, on the application's clock: a child is claimed by one
     claimer, restarted by compare-and-set on its attempt, finished once (by its current
@@ -347,7 +350,16 @@ class SqlChildExecutionQueueRepository(
         if (yield Exec(self._sql.enqueue, params)).rowcount != 1:
             return False
         yield Exec(self._sql.parents.count_child, params)
+        if self._sql.batch.notify is not None:
+            yield Exec(self._sql.batch.notify, {})  # sent to listeners at the commit
         return True
+
+    def wakeups(self) -> NotifiedWakeups | None:
+        """A listener on this database's notifications of children queued (one connection
+        of its own, opened at its first wait), where the database has them; else `None`."""
+        if not self.connection.capabilities.notifications:
+            return None
+        return NotifiedWakeups(self.connection)
 
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         """Take the next queued child (deepest first, then oldest, then in queue order) and
@@ -478,7 +490,9 @@ class SqlChildExecutionQueueRepository(
         finish = {**params, "id": row_id, "attempt": attempt, "remaining": remaining}
         yield Exec(self._sql.finish_locked, finish)
         if remaining == 0:
-            yield Exec(self._sql.wake_waiting_parent, {**_WAIT_PARAMS, **parent})
+            woke = yield Exec(self._sql.wake_waiting_parent, {**_WAIT_PARAMS, **parent})
+            if woke.rowcount == 1 and self._sql.batch.notify is not None:
+                yield Exec(self._sql.batch.notify, {})  # the parent is claimable again
         return FinishResult(True, remaining)
 
     async def wait_for_children(

@@ -21,6 +21,8 @@ from agboss_sql.contracts.clocks import StoreClock, remaining_of
 from agboss_sql.contracts.rules import LeaseClosedReason
 from agboss_sql.contracts.types import (
     AttemptRef,
+    ChildStatus,
+    ClaimedChild,
     ExecutionLease,
     FencedEffectKey,
     FencedEffectResult,
@@ -202,6 +204,34 @@ class QueueFinishWithoutCompare(InMemoryChildExecutionQueueRepository):
         return await super().finish(child_execution_id, outcome)
 
 
+class BatchClaimTakesRunning(InMemoryChildExecutionQueueRepository):
+    """A batch claim that takes running children too, not only queued ones."""
+
+    async def claim_many(self, instance_id: str, n: int) -> Any:
+        rows = sorted(
+            (r for r in self.memory.children.values() if r.status is not ChildStatus.FINISHED),
+            key=lambda r: (-r.depth, r.queued_at, r.sequence),
+        )[:n]
+        claimed = []
+        for row in rows:
+            row.status = ChildStatus.RUNNING
+            row.claimed_by = instance_id
+            row.attempt += 1
+            claimed.append(
+                ClaimedChild(
+                    row.tenant_id,
+                    row.root_execution_id,
+                    row.parent_execution_id,
+                    row.child_execution_id,
+                    row.depth,
+                    row.payload,
+                    row.attempt,
+                    instance_id,
+                )
+            )
+        return claimed
+
+
 class CallsKeyedByStep(InMemoryOutboundCallRepository):
     """Outbound calls whose row is the step's, whatever the business key: two trees under
     one business key each get a row of their own."""
@@ -353,6 +383,7 @@ def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
 
 
 __all__ = [
+    "BatchClaimTakesRunning",
     "CallsKeyedByStep",
     "EndsTrustAFinishedLease",
     "ClaimWithoutCompare",

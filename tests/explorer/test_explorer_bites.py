@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from naive_stores import (
+    BatchClaimTakesRunning,
     CallsKeyedByStep,
     ClaimWithoutCompare,
     EffectsTrustCurrentToken,
@@ -122,6 +123,13 @@ BITES = [
         "no-stale-write",
         3,
         {"queue": naive(QueueFinishWithoutCompare)},
+    ),
+    Bite(
+        "a batch claim that takes running children",
+        "child_queue",
+        "one-live-holder",
+        2,
+        {"queue": naive(BatchClaimTakesRunning)},
     ),
     Bite(
         "calls keyed by the step only",

@@ -127,6 +127,9 @@ REACHED: dict[str, tuple[str, ...]] = {
     "child_queue": (
         "claim-child: claimed",
         "claim-child: none",
+        "claim-children: 2",
+        "claim-children: 1",
+        "claim-children: 0",
         "running: 1",
         "running: 2",
         "restart: restarted",

@@ -82,8 +82,14 @@ class LossyQueue(ChildExecutionQueueRepository):
     async def enqueue(self, child: QueuedChild) -> None:
         await self.inner.enqueue(child)
 
+    async def enqueue_many(self, children: Sequence[QueuedChild]) -> Sequence[str]:
+        return await self.inner.enqueue_many(children)
+
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         return await self.inner.claim(instance_id)
+
+    async def claim_many(self, instance_id: str, n: int) -> Sequence[ClaimedChild]:
+        return await self.inner.claim_many(instance_id, n)
 
     async def running(self, limit: int) -> Sequence[ChildExecution]:
         return await self.inner.running(limit)

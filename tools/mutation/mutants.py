@@ -55,6 +55,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     ),
     "agboss_sql.memory.queue": (
         "InMemoryChildExecutionQueueRepository.claim",
+        "InMemoryChildExecutionQueueRepository._claim_next",
+        "InMemoryChildExecutionQueueRepository.enqueue_many",
         "InMemoryChildExecutionQueueRepository.restart",
         "InMemoryChildExecutionQueueRepository.finish",
         "InMemoryChildExecutionQueueRepository.unwoken",
@@ -99,6 +101,14 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "SqlChildExecutionQueueRepository._restart_then_read",
         "SqlChildExecutionQueueRepository.finish",
         "SqlChildExecutionQueueRepository._finish",
+    ),
+    "agboss_sql.sql._queue_batch": (
+        "BatchStatements.__init__",
+        "BatchStatements.lock_ids",
+        "BatchStatements.claim_locked",
+        "BatchQueueMethods._enqueue_many",
+        "BatchQueueMethods.claim_many",
+        "BatchQueueMethods._claim_many_locked",
     ),
     "agboss_sql.sql.outbound": (
         "OutboundStatements.__init__",

@@ -7,7 +7,8 @@ finisher of a parent's children sees none left; the parent's wake it owes is cla
 one claimer (compare-and-set, with a claim that runs out) and marked done once. A child
 whose own children run waits (`wait_for_children`): neither claimed nor rescued while it
 waits, and made claimable again by the finish of its last child in the same step, so a
-wait raced against that finish never loses the wake. Every case runs two instances on one
+wait raced against that finish never loses the wake. A batch (`enqueue_many`, `claim_many`)
+keeps every one of these per child. Every case runs two instances on one
 backing store; the races go through both.
 """
 
@@ -16,6 +17,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._child_queue_batches import (
+    claims_a_batch_in_claim_order_each_at_its_own_attempt,
+    never_gives_one_child_to_two_concurrent_batch_claimers,
+    queues_a_batch_once_skipping_ids_already_queued,
+    queues_and_counts_each_id_once_among_concurrent_batches,
+)
 from agboss_sql.testing.contracts._child_queue_claims import (
     claims_deepest_first_then_oldest,
     claims_every_queued_child_when_claimers_outnumber_them,
@@ -122,6 +129,22 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "never loses the wake of a wait raced by the last finish",
         never_loses_the_wake_of_a_wait_raced_by_the_last_finish,
+    ),
+    (
+        "queues a batch once, skipping ids already queued",
+        queues_a_batch_once_skipping_ids_already_queued,
+    ),
+    (
+        "claims a batch in claim order, each at its own attempt",
+        claims_a_batch_in_claim_order_each_at_its_own_attempt,
+    ),
+    (
+        "never gives one child to two concurrent batch claimers",
+        never_gives_one_child_to_two_concurrent_batch_claimers,
+    ),
+    (
+        "queues and counts each id once among concurrent batches",
+        queues_and_counts_each_id_once_among_concurrent_batches,
     ),
 ]
 

@@ -71,6 +71,45 @@ class ChildMoves(SimBase):
         child.status = ChildStatus.RUNNING
         child.attempt = int(found.attempt)
 
+    async def _claim_children(self, inst: Inst, n: int, check: bool, log: list[str] | None) -> None:
+        """A batch claim of up to `n`: each child it answers was queued and is claimed at its
+        next attempt, in claim order, and it leaves none queued while it had room."""
+        queue = self._queue(inst)
+        try:
+            found = list(await queue.claim_many(inst.name, n))
+        except Exception as exc:
+            raise self._error(inst, f"claim up to {n} children", exc) from exc
+        answer = ", ".join(f"{c.child_execution_id} attempt {c.attempt}" for c in found)
+        self._said(log, f"{inst.name} claim up to {n} children", answer or "none queued")
+        self.outcome = f"claim-children: {len(found)}"
+        queued_before = [c.index for c in self.children if c.status is ChildStatus.QUEUED]
+        got: list[int] = []
+        for claimed in found:
+            index = self._child_seen(inst, claimed, "batch claim", check)
+            if index is None:
+                continue
+            child = self.children[index]
+            if check and (
+                child.status is not ChildStatus.QUEUED
+                or claimed.attempt != child.attempt + 1
+                or index in got
+            ):
+                raise Broken(
+                    ONE_LIVE_HOLDER,
+                    f"{inst.name}'s batch claim took {claimed.child_execution_id} at attempt "
+                    f"{claimed.attempt} while it was {child.status.value} at attempt "
+                    f"{child.attempt}: a queued child is claimed once, at its next attempt",
+                )
+            got.append(index)
+            child.status = ChildStatus.RUNNING
+            child.attempt = int(claimed.attempt)
+        if check and (got != queued_before[:n]):
+            raise Broken(
+                ONE_LIVE_HOLDER,
+                f"{inst.name}'s batch claim of up to {n} took children {got} while "
+                f"{queued_before} were queued: it takes the first {n} queued, in claim order",
+            )
+
     async def _running(self, inst: Inst, log: list[str] | None) -> None:
         queue = self._queue(inst)
         try:

@@ -43,6 +43,7 @@ from agboss_sql.testing.explorer._world import (
     CHILDREN,
     CLAIM,
     CLAIM_CHILD,
+    CLAIM_CHILDREN,
     EFFECT,
     END,
     FENCED_EFFECT_WORLD,
@@ -220,7 +221,12 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         for inst in self.insts:
             i = inst.index
             if world.queue:
-                out.append((i, CLAIM_CHILD, 0))
+                # The first instance claims one child at a time, the others in batches of
+                # up to every child (one claim move each: the search stays as large).
+                if i == 0:
+                    out.append((i, CLAIM_CHILD, 0))
+                else:
+                    out.append((i, CLAIM_CHILDREN, CHILDREN))
                 out.append((i, RUNNING, 0))
                 for child, attempt in sorted(inst.attempts):
                     out.append((i, RESTART, child * ATTEMPTS + attempt))
@@ -353,6 +359,8 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
             await self._stale_step(inst, op[len(STALE) :], inst.contexts[param], check, log)
         elif op == CLAIM_CHILD:
             await self._claim_child(inst, check, log)
+        elif op == CLAIM_CHILDREN:
+            await self._claim_children(inst, param, check, log)
         elif op == RUNNING:
             await self._running(inst, log)
         elif op == RESTART:
@@ -455,6 +463,7 @@ __all__ = [
     "CHILD_QUEUE_WORLD",
     "TAKEOVER_WORLD",
     "CLAIM_CHILD",
+    "CLAIM_CHILDREN",
     "FINISH_CHILD",
     "RESTART",
     "RUNNING",

@@ -84,6 +84,8 @@ STALE_LEASE_MOVES = (RENEW, YIELD, RECLAIM, RELEASE, FINISH)
 """The lease moves an instance may make with any context it ever held."""
 # The child queue's steps: the parameter of a restart or finish is `child * 1000 + attempt`.
 CLAIM_CHILD = "claim-child"
+CLAIM_CHILDREN = "claim-children"
+"""A batch claim (`claim_many`); the parameter is how many children it asks for."""
 RUNNING = "running"
 RESTART = "restart"
 FINISH_CHILD = "finish-child"
