@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,12 @@ from agboss_sql.runtime.workflows import (
 )
 
 logger = logging.getLogger("agboss_sql.runtime")
+
+
+def _ms_since(started: float) -> float:
+    """Milliseconds since `started` (`time.perf_counter()`), for the events' `ms`: a step's
+    or effect's time, its wait for a slot and its store calls included."""
+    return round((time.perf_counter() - started) * 1000, 3)
 
 
 @dataclass
@@ -227,6 +234,7 @@ class Executor:
         compute: Callable[[], Awaitable[Any]],
     ) -> JsonValue:
         fenced = self.fenced_key(run, key, name, STEP_EFFECT)
+        started = time.perf_counter()
         async with self.slots.step(self._kind(run), run.depth):
             run.keeper.guard()
             if not run.fresh:
@@ -236,7 +244,13 @@ class Executor:
                 if stored is not None:
                     check_fingerprint(run, key, fingerprint, stored.value)
                     self.emit(
-                        {"kind": "step", "execution": run.execution, "step": key, "replayed": True}
+                        {
+                            "kind": "step",
+                            "execution": run.execution,
+                            "step": key,
+                            "replayed": True,
+                            "ms": _ms_since(started),
+                        }
                     )
                     return value_of(stored.value)
             run.keeper.guard()
@@ -253,7 +267,13 @@ class Executor:
             # Stored meanwhile by an earlier attempt of this same holder (a retried commit).
             check_fingerprint(run, key, fingerprint, result.value)
         self.emit(
-            {"kind": "step", "execution": run.execution, "step": key, "replayed": result.replayed}
+            {
+                "kind": "step",
+                "execution": run.execution,
+                "step": key,
+                "replayed": result.replayed,
+                "ms": _ms_since(started),
+            }
         )
         return value_of(result.value)
 
@@ -273,6 +293,7 @@ class Executor:
             output = checked_json(f"the result of effect {key!r}", await compute(tx))
             return {"v": output, "fp": fingerprint}
 
+        started = time.perf_counter()
         async with self.slots.step(self._kind(run), run.depth):
             result = await self.retrying(
                 run, f"effect {key}", lambda: self._save(run, fenced, key, work)
@@ -280,7 +301,13 @@ class Executor:
         if result.replayed and business_key is None:
             check_fingerprint(run, key, fingerprint, result.value)
         self.emit(
-            {"kind": "effect", "execution": run.execution, "step": key, "replayed": result.replayed}
+            {
+                "kind": "effect",
+                "execution": run.execution,
+                "step": key,
+                "replayed": result.replayed,
+                "ms": _ms_since(started),
+            }
         )
         return value_of(result.value)
 
