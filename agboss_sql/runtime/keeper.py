@@ -36,7 +36,7 @@ from agboss_sql.contracts.stores import (
     ExecutionTreeRepository,
 )
 from agboss_sql.contracts.types import ExecutionLease, LeaseEventKind
-from agboss_sql.runtime._log import log_lease_event, log_take
+from agboss_sql.runtime._log import log_lease_event, log_take, notify_lease_move
 from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.signal import AbortSignal
 from agboss_sql.sql._backoff import backoff_s
@@ -376,6 +376,8 @@ class LeaseKeeper:
                 self._held_past_trust = False
             if self.log_renewals:
                 await log_lease_event(self.events, self.clock, lease, LeaseEventKind.RENEWED)
+            else:
+                notify_lease_move(lease, LeaseEventKind.RENEWED)
             if cancel_check is not None:
                 check, cancel_check = cancel_check, None
                 if await check:
