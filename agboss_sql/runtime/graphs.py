@@ -61,7 +61,9 @@ except ImportError as missing:  # pragma: no cover - the extra is not installed
         "(`pip install 'agboss-sql[langgraph]' langgraph`)"
     ) from missing
 
-from agboss_sql.contracts.types import ExecutionLease, JsonValue
+from agboss_sql.contracts.errors import ExecutionFencedError
+from agboss_sql.contracts.types import ExecutionLease, JsonValue, LeaseEventKind
+from agboss_sql.runtime._log import log_lease_event
 from agboss_sql.runtime._run import bounded
 from agboss_sql.runtime.context import WorkflowContext
 from agboss_sql.runtime.engine import DEFAULT_TENANT, Engine
@@ -272,22 +274,29 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
             state = await graph.aget_state(config)
             started = state.created_at is not None
             command = None if started else value
-            invoke = not started or bool(state.next and not _interrupts(state))
+            # Tasks left (even ones whose writes are stored, which `next` leaves out): the
+            # super-step the last holder was in runs on from its checkpoint.
+            invoke = not started or bool(state.tasks and not _interrupts(state))
+        seen: str | None = None
         while True:
             if invoke:
-                try:
-                    await graph.ainvoke(command, config, durability="sync")
-                except Exception:
-                    ctx.check()  # a cancel or a lost lease, rather than what it broke
-                    raise
+                await _invoke(ctx, executor, run, graph, command, config)
                 state = await graph.aget_state(config)
             assert state is not None
             interrupts = _interrupts(state)
             if not interrupts:
-                if state.next:
-                    command, invoke = None, True  # a static breakpoint: go on past it
-                    continue
-                return definition.output(dict(state.values))
+                if not state.tasks:
+                    return definition.output(dict(state.values))
+                # Tasks left and no interrupt (a static breakpoint): go on past it, unless
+                # the last invocation moved nothing.
+                at = _checkpoint_id(state)
+                if command is None and invoke and at == seen:
+                    raise RuntimeError(
+                        f"graph {definition.name!r} stopped at checkpoint {at} with tasks "
+                        f"{[t.name for t in state.tasks]} and no interrupt"
+                    )
+                seen, command, invoke = at, None, True
+                continue
             answers: dict[str, Any] = {}
             for interrupt in sorted(interrupts, key=lambda i: str(i.id)):
                 answers[str(interrupt.id)] = await ctx.pause(
@@ -296,6 +305,46 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
             command, invoke = Command(resume=answers), True
     finally:
         _current.reset(token)
+
+
+async def _invoke(
+    ctx: WorkflowContext,
+    executor: Executor,
+    run: Run,
+    graph: Any,
+    command: Any,
+    config: dict[str, Any],
+) -> None:
+    """One invocation of the graph; a checkpoint write the store refused is logged as the
+    lease lost (with why), as a refused step is."""
+    try:
+        await graph.ainvoke(command, config, durability="sync")
+    except ExecutionFencedError as refused:
+        await log_lease_event(
+            executor.events,
+            executor.clock,
+            run.lease,
+            LeaseEventKind.LOST,
+            reason=f"refused by the store: a checkpoint write: {refused.reason}",
+        )
+        executor.emit(
+            {
+                "kind": "refused",
+                "execution": run.execution,
+                "step": "checkpoint",
+                "epoch": run.lease.lease_epoch,
+                "reason": refused.reason,
+            }
+        )
+        raise
+    except Exception:
+        ctx.check()  # a cancel or a lost lease, rather than what it broke
+        raise
+
+
+def _checkpoint_id(state: StateSnapshot) -> str | None:
+    found = (state.config.get("configurable") or {}).get("checkpoint_id")
+    return str(found) if found is not None else None
 
 
 def _interrupts(state: StateSnapshot) -> list[Any]:

@@ -38,6 +38,7 @@ from langgraph.types import Send, interrupt
 
 from agboss_sql.runtime.graphs import (
     EPOCH_KEY,
+    FencedGraphSaver,
     add_graph,
     current_lease,
     node_effect,
@@ -160,9 +161,48 @@ async def test_a_frozen_holders_late_checkpoint_is_refused_and_its_effect_not_re
 
     await until(a_handed_over, lambda: f"a handing t-1 over; events: {cluster.events}")
     assert [e["error"] for e in cluster.of("handover", tree="t-1")] == ["ExecutionFencedError"]
+    [refused] = cluster.of("refused", execution="t-1")
+    assert (refused["engine"], refused["step"], refused["epoch"]) == ("a", "checkpoint", 1)
+    assert ("lost", "a", 1) in await cluster.lease_log(b, "t-1")
     assert await epochs_of(b, cluster.tenant, "t-1") == stored
     assert await committed_rows(sql) == ["o-1|charge|a", "o-1|ship|b"]
     assert (await b.status("t-1", tenant_id=cluster.tenant)).result == status.result
+
+
+async def test_a_thread_taken_over_between_a_steps_writes_and_its_checkpoint_goes_on(
+    cluster: Cluster, sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder stored `charge`'s writes, then froze before the checkpoint that applies
+    them: LangGraph's `next` is empty there (the task has its writes), yet the thread is
+    not done; the new holder goes on from those writes without running `charge` again."""
+    ran: list[tuple[str, str]] = []
+    app = shop(Gates(), ran)
+    frozen = Gate()
+    put = FencedGraphSaver.aput
+
+    async def aput(self: Any, config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+        if metadata.get("step") == 1 and current_lease().holder_instance_id == "a":
+            await frozen()
+        return await put(self, config, checkpoint, metadata, versions)
+
+    monkeypatch.setattr(FencedGraphSaver, "aput", aput)
+    a = await cluster.engine("a", app, background=False, clock=frozen_clock())
+    b = await cluster.engine("b", app, background=False)
+    await a.start("order", {"order": "o-5", "log": []}, id="t-5", tenant_id=cluster.tenant)
+    await frozen.wait_reached()
+    await cluster.take_over(b, "t-5")
+    await cluster.wait_state(b, "t-5", WorkflowState.SUCCEEDED)
+    status = await b.status("t-5", tenant_id=cluster.tenant)
+    assert isinstance(status.result, dict)
+    assert status.result["log"] == ["charged by a", "shipped by b", "notified"]
+    assert ran == [("charge", "a"), ("ship", "b"), ("notify", "b")]
+    assert await committed_rows(sql) == ["o-5|charge|a", "o-5|ship|b"]
+    frozen.open()
+
+    async def a_handed_over() -> bool:
+        return bool(cluster.of("handover", tree="t-5", engine="a"))
+
+    await until(a_handed_over, lambda: f"a handing t-5 over; events: {cluster.events}")
 
 
 def approvals(ran: list[tuple[str, Any]]) -> Workflows:
