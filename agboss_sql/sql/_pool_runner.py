@@ -499,7 +499,10 @@ class PoolRunner:
         except Exception as exc:
             if self.dialect.is_retryable(exc):
                 raise
-            raise translate(exc, progress) from exc
+            typed = translate(exc, progress)
+            if typed is exc:
+                raise  # typed already (its own cause kept)
+            raise typed from exc
 
     def _unusable_after(self, exc: BaseException) -> bool:
         """Whether an engine connection must never be handed out again after `exc`: a

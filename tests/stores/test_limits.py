@@ -2,6 +2,11 @@
 database under test: a value at each limit is stored and read back equal, the same value one
 over is refused with the limit's typed error naming it, before any statement is sent.
 
+Every error out of a store is an `AgbossError`: a text no database can store (a NUL
+character, a lone surrogate) refused the same way everywhere before any statement,
+arguments out of their choices typed, and a statement the database refuses in a trigger
+wrapped (`StoreRefusedError`) with the driver's error as its cause.
+
 The values at the limits are the widest each limit allows: four-byte characters in every
 text (a MySQL `TEXT` column holds 65,535 bytes), control characters where a text is escaped
 inside a JSON identity, and a JSON payload of quotes, which the MySQL driver's escaping
@@ -17,7 +22,7 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
-from support.sql import statements
+from support.sql import refusing_trigger_sql, statements
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -29,7 +34,15 @@ from agboss_sql.contracts import (
     VirtualClock,
     fenced_effect_key_of,
 )
-from agboss_sql.contracts.errors import InvalidPayloadError
+from agboss_sql.contracts.errors import (
+    AgbossError,
+    InvalidFingerprintError,
+    InvalidIdentifierError,
+    InvalidNumberError,
+    InvalidPayloadError,
+    InvalidValueError,
+    StoreRefusedError,
+)
 from agboss_sql.contracts.limits import (
     LIMITS,
     MAX_BUSINESS_KEY_LENGTH,
@@ -54,6 +67,7 @@ from agboss_sql.contracts.limits import (
 )
 from agboss_sql.contracts.types import (
     AttemptRef,
+    BudgetScope,
     ExecutionLeaseEvent,
     ExecutionSnapshot,
     LeaseEventKind,
@@ -63,6 +77,7 @@ from agboss_sql.contracts.types import (
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
 from agboss_sql.sql.checkpoint._layout import MAX_CHECKPOINT_ID, MAX_VERSION
 from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.costs import SqlCostLedgerRepository
 from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
 from agboss_sql.sql.history import SqlExecutionHistoryRepository
@@ -70,6 +85,8 @@ from agboss_sql.sql.leases import SqlExecutionLeaseRepository
 from agboss_sql.sql.mesh import SqlMeshRequestRepository
 from agboss_sql.sql.outbound import SqlOutboundCallRepository
 from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+from agboss_sql.sql.records import SqlExecutionRecordRepository
+from agboss_sql.sql.schema import execution_tree_keys, fenced_effect_results
 from agboss_sql.sql.trees import SqlExecutionTreeRepository
 
 START = 1_700_000_000_000
@@ -438,3 +455,153 @@ async def test_a_result_over_the_payload_limit_is_refused_and_rolled_back(
         await stores.effect(key, '"' * (8 * 1024 * 1024 // 2 - 1))
     assert await stores.effects.get_result(key) is None
     assert await stores.effect(key, "small") == "small"
+
+
+# --- every error typed -----------------------------------------------------------------
+
+Call = Callable[[Stores], Awaitable[object]]
+
+
+async def _outbound_owner(s: Stores, owner: str) -> object:
+    key = await s.key()
+    return await s.outbound.mark_pending(
+        key, AttemptRef(OutboundCallStatus.PENDING, 0, "owner"), owner
+    )
+
+
+async def _put_metadata(s: Stores, config: Any, metadata: Any) -> object:
+    checkpoint = empty_checkpoint()
+    return await s.saver.aput(config, checkpoint, metadata, {})
+
+
+async def _put_writes(s: Stores, task_path: str) -> object:
+    config = _config("thread-1", checkpoint_id="c-1")
+    return await s.saver.aput_writes(config, [("ch", 1)], "task-1", task_path)
+
+
+def _records(s: Stores) -> SqlExecutionRecordRepository:
+    return SqlExecutionRecordRepository(s.sql, VirtualClock(START), APP)
+
+
+def _costs(s: Stores) -> SqlCostLedgerRepository:
+    return SqlCostLedgerRepository(s.sql, VirtualClock(START), APP)
+
+
+UNSTORABLE: dict[str, tuple[type[AgbossError], Call]] = {
+    "a NUL in a tree key prefix": (InvalidValueError, lambda s: s.trees.list(TENANT, "r", "a\x00")),
+    "a lone surrogate in a tree key prefix": (
+        InvalidValueError,
+        lambda s: s.trees.list(TENANT, "r", "a\ud800"),
+    ),
+    "a NUL in a history status": (InvalidValueError, lambda s: s.history.save(_snapshot("d\x00"))),
+    "a lone surrogate in a history status": (
+        InvalidValueError,
+        lambda s: s.history.save(_snapshot("d\udc00")),
+    ),
+    "a NUL in an attempt owner": (InvalidValueError, lambda s: _outbound_owner(s, "o\x00")),
+    "a lone surrogate in an attempt owner": (
+        InvalidValueError,
+        lambda s: _outbound_owner(s, "o\ud800"),
+    ),
+    "a NUL in a lease event's reason": (InvalidValueError, lambda s: s.events.save(_event("\x00"))),
+    "a NUL in a thread id": (
+        InvalidIdentifierError,
+        lambda s: _put_metadata(s, _config("t\x00"), {"source": "loop"}),
+    ),
+    "a NUL in a task path": (InvalidIdentifierError, lambda s: _put_writes(s, "p\x00")),
+    "a lone surrogate in a checkpoint's metadata": (
+        InvalidPayloadError,
+        lambda s: _put_metadata(s, _config("thread-1"), {"source": "\ud800"}),
+    ),
+    "a NUL in a mesh fingerprint": (
+        InvalidFingerprintError,
+        lambda s: s.mesh.save_if_absent("req-1", TENANT, "f\x00", START),
+    ),
+    "an unknown record status": (
+        InvalidValueError,
+        lambda s: _records(s).find_by_status("bogus", 1),  # type: ignore[arg-type]
+    ),
+    "an unknown budget scope": (
+        InvalidValueError,
+        lambda s: _costs(s).total("bogus", "k", tenant_id=TENANT),  # type: ignore[arg-type]
+    ),
+    "a limit that is not a whole number": (
+        InvalidNumberError,
+        lambda s: s.history.list(TENANT, limit="10"),  # type: ignore[arg-type]
+    ),
+    "a lease of zero ms": (InvalidNumberError, lambda s: s.leases.acquire(TENANT, "e", 0)),
+    "a budget scope of the execution without its tenant": (
+        InvalidIdentifierError,
+        lambda s: _costs(s).total(BudgetScope.EXECUTION, "k"),
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(UNSTORABLE))
+async def test_an_input_no_database_stores_is_refused_typed_before_any_statement(
+    sql: SqlConnection, what: str
+) -> None:
+    error, call = UNSTORABLE[what]
+    stores = Stores(sql)
+    await stores.key()  # the lease the outbound cases fence on, taken first
+    with statements(sql) as sent, pytest.raises(error) as refused:
+        await call(stores)
+    assert isinstance(refused.value, AgbossError)
+    assert sent == []
+
+
+async def _with_refusing_trigger(
+    sql: SqlConnection, table: str, call: Callable[[], Awaitable[object]]
+) -> StoreRefusedError:
+    create, drop = refusing_trigger_sql(sql, table, "refused by a trigger")
+    for statement in create:
+        await sql.execute(statement)
+    try:
+        with pytest.raises(StoreRefusedError) as refused:
+            await call()
+    finally:
+        for statement in drop:
+            await sql.execute(statement)
+    return refused.value
+
+
+async def test_a_trigger_refusing_a_fenced_effect_is_a_typed_error_with_the_drivers_cause(
+    sql: SqlConnection,
+) -> None:
+    stores = Stores(sql)
+    key = await stores.key(step=_step(idempotency_key="refused"))
+    ran: list[int] = []
+
+    async def work(_tx: Any) -> str:
+        ran.append(1)
+        return "done"
+
+    error = await _with_refusing_trigger(
+        sql,
+        fenced_effect_results.name,
+        lambda: stores.effects.save_result_if_absent(key, work),
+    )
+    assert error.code == "store.refused"
+    assert "refused by a trigger" in str(error)
+    driver = sql.dialect.driver_error(error.orig) if error.orig is not None else None
+    assert driver is error.orig and driver is not None
+    assert error.__cause__ is error.orig
+    assert ran == []  # the claim is refused before the work runs
+    assert await stores.effects.get_result(key) is None
+    # Without the trigger the same key runs its work once.
+    assert (await stores.effects.save_result_if_absent(key, work)).value == "done"
+    assert ran == [1]
+
+
+async def test_a_trigger_refusing_an_autocommit_write_is_a_typed_error_with_the_drivers_cause(
+    sql: SqlConnection,
+) -> None:
+    stores = Stores(sql)
+    error = await _with_refusing_trigger(
+        sql,
+        execution_tree_keys.name,
+        lambda: stores.trees.save_if_absent(TENANT, "root", "k", {"v": 1}),
+    )
+    assert error.orig is not None and sql.dialect.driver_error(error.orig) is error.orig
+    assert error.__cause__ is not None
+    assert await stores.trees.get(TENANT, "root", "k") is None
