@@ -119,6 +119,32 @@ def test_a_growing_conversation_decodes_as_the_serde_decodes_it_and_only_what_it
     assert len(lists) == 1
 
 
+def test_a_conversation_read_newest_first_decodes_as_the_serde_and_mostly_from_the_pickle() -> None:
+    # A history read newest first meets each list before the states it grew from: those
+    # decode to the first objects of the kept list (new objects each read), not through
+    # the serde.
+    serde, decoded = _serde()
+    lists = DecodedLists(8 * 1024 * 1024)
+    reference = JsonPlusSerializer()
+    states = []
+    conversation: list[BaseMessage] = []
+    for turn in range(40):
+        conversation = [*conversation, *_turn(turn)]
+        states.append(serde.dumps_typed(conversation))
+    read: list[Any] = []
+    decoded.clear()
+    for data in reversed(states):
+        value = lists.decode(serde, CHANNEL, *data)
+        same(value, reference.loads_typed(data))
+        read.append(value)
+    # The newest two through the serde (the second is seen to shrink and kept), the rest
+    # from the kept pickle but the first turns' lists, too small to keep (`MIN_BASE`).
+    assert decoded == [120, 117, 6, 3], decoded
+    assert not mutable_ids(read[2]) & mutable_ids(read[3])
+    read[2][0].content = "changed in place"
+    same(lists.decode(serde, CHANNEL, *states[0]), reference.loads_typed(states[0]))
+
+
 def test_no_two_reads_share_an_object_and_a_callers_change_reaches_no_later_read() -> None:
     serde, _ = _serde()
     lists = DecodedLists(8 * 1024 * 1024)

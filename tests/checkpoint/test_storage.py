@@ -643,6 +643,45 @@ async def test_list_filters_non_ascii_metadata_alike_on_every_database(sql: SqlC
     assert await matching(**{"clé": "e"}) == []
 
 
+async def test_a_new_saver_lists_every_value_and_pending_write_of_a_long_history(
+    sql: SqlConnection, new_connection: Callable[[], SqlConnection]
+) -> None:
+    # Pages of more values than one look-up statement takes (two new list values per
+    # checkpoint), each checkpoint with its own pending writes, read by savers that wrote
+    # nothing (async, then sync): every checkpoint's values and writes, none of another's.
+    writer = SqlCheckpointSaver(sql)
+    thread = Thread(writer, _thread())
+    total = LIST_PAGE * 2 + 7
+    for i in range(total):
+        stored = await thread.put({"a": [i, "a"], "b": [i, "b"], "n": i})
+        await writer.aput_writes(
+            _config(thread.thread, checkpoint_id=stored), [("a", [i, "w"]), ("n", -i)], f"t{i}"
+        )
+    expected = [
+        ({"a": [i, "a"], "b": [i, "b"], "n": i}, [(f"t{i}", "a", [i, "w"]), (f"t{i}", "n", -i)])
+        for i in reversed(range(total))
+    ]
+    async_reader = SqlCheckpointSaver(new_connection())
+    try:
+        listed = [
+            (t.checkpoint["channel_values"], t.pending_writes)
+            async for t in async_reader.alist(_config(thread.thread))
+        ]
+        assert listed == expected
+    finally:
+        await async_reader.aclose()
+    sync_reader = SqlCheckpointSaver(new_connection())
+    try:
+        listed = [
+            (t.checkpoint["channel_values"], t.pending_writes)
+            for t in sync_reader.list(_config(thread.thread))
+        ]
+        assert listed == expected
+    finally:
+        sync_reader.close()
+        await sync_reader.aclose()
+
+
 async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())

@@ -20,7 +20,8 @@ not a list decodes through the serde every time, as before. The pickles never le
 process: made here, of objects the serde made, loaded here.
 
 The test is on bytes, as for stored appends (`_appends`): how the list grew does not
-matter. A channel's kept list is refreshed when what reads add to it outgrows
+matter. Read the other way (a history newest first), a value whose elements are the first
+ones of the kept list decodes to the first objects of its pickle. A channel's kept list is refreshed when what reads add to it outgrows
 `1/APPEND_SHARE` of it, and made only once a channel was seen to grow (a value read
 begins with the one read before), so a channel whose value is replaced each turn costs a
 prefix comparison and nothing more.
@@ -110,6 +111,16 @@ class _Kept:
         self.pickled = pickled
         self.refused = refused
 
+    def begins_with(self, serde: object, data: bytes, start: int, count: int) -> bool:
+        """Whether this list begins with every element of `data` (elements from `start`),
+        for the same serde: `data` is this list as it was `self.count - count` elements ago
+        (a history read newest first meets its lists so)."""
+        return (
+            serde is self.serde
+            and count <= self.count
+            and self.data.startswith(memoryview(data)[start:], self.start)
+        )
+
     def prefix_of(self, serde: object, data: bytes, start: int, count: int) -> bool:
         """Whether `data` (elements from `start`) begins with every element of this list,
         for the same serde."""
@@ -144,6 +155,17 @@ class DecodedLists(BoundedCache[ChannelKey, _Kept]):
             return serde.loads_typed((kind, data))
         count, start = of_data
         kept = self.found((channel,)).get(channel)
+        if kept is not None and count < kept.count and kept.begins_with(serde, data, start, count):
+            # An earlier state of the kept list (a history read newest first).
+            if kept.pickled is not None:
+                shorter: list[Any] = pickle.loads(kept.pickled)
+                del shorter[count:]
+                return shorter
+            value = serde.loads_typed((kind, data))
+            if not kept.refused and type(value) is list:
+                # Seen to shrink: keep what it decoded to, for the states before it.
+                self._keep(channel, serde, data, start, count, value)
+            return value
         if kept is None or not kept.prefix_of(serde, data, start, count):
             value = serde.loads_typed((kind, data))
             self._keep(channel, serde, data, start, count, None)

@@ -53,6 +53,10 @@ CHECKPOINT_ROW = 0
 WRITE_ROW = 1
 BLOB_ROW = 2
 
+PAGE_BLOBS = (0, 8, 32, 128)
+"""How many value look-ups a statement of a listing's page takes (`page_values`): a page's
+keys are padded up to the next of these, so a process compiles four shapes at most."""
+
 MAX_LOOKUPS = 64
 """Keyed look-ups per statement where values and pending writes are read together (a page of
 `list`): at most four parameters each."""

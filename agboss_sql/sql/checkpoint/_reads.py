@@ -36,6 +36,7 @@ from agboss_sql.sql.checkpoint._layout import (
     LIST_PAGE,
     MAX_LOOKUPS,
     MAX_ROWS,
+    PAGE_BLOBS,
     WRITE_ROW,
     chunks,
     keyed_params,
@@ -360,6 +361,9 @@ class SaverReads(SaverCore):
             return 0, []
         bodies = [self._loads(row[5], row[6]) for row in rows]
         value_keys = [_value_keys(body) for body in bodies]
+        if shape.thread and shape.namespace and not shape.checkpoint_id and not shape.filters:
+            # One namespace's page: its ids are contiguous, so its writes are one range.
+            return (yield from self._page_by_range(sql, rows, bodies, value_keys))
         # The page's values and pending writes, by key, in as few statements as fit.
         lookups: list[tuple[int, tuple[Any, ...]]] = [
             (BLOB_ROW, key)
@@ -395,4 +399,53 @@ class SaverReads(SaverCore):
         return len(rows), [
             (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys)
             for row, body, keys in zip(rows, bodies, value_keys, strict=True)
+        ]
+
+    def _page_by_range(
+        self,
+        sql: CheckpointStatements,
+        rows: Sequence[Sequence[Any]],
+        bodies: Sequence[dict[str, Any]],
+        value_keys: Sequence[ValueKeys],
+    ) -> Step[tuple[int, list[Found]]]:
+        """The values and pending writes of a page of one thread namespace: the values by
+        key (a `PAGE_BLOBS` count of keys, the last repeated to fill it), the writes by the
+        page's range of ids, in one statement (more when the page reads more than
+        `PAGE_BLOBS[-1]` values)."""
+        thread_hash, ns_hash = rows[0][8], rows[0][2]
+        keys = list(
+            dict.fromkeys(
+                (channel_hash, version)
+                for keys_of_row in value_keys
+                for _, channel_hash, version in keys_of_row
+            )
+        )
+        ids = [row[3] for row in rows]
+        rows_read: Rows = {}
+        writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
+        first = True
+        for chunk in chunks(keys, PAGE_BLOBS[-1]) if keys else [[]]:
+            size = next(n for n in PAGE_BLOBS if n >= len(chunk))
+            params: dict[str, Any] = {
+                "w_thread_hash": thread_hash,
+                "w_ns_hash": ns_hash,
+                # The writes once, in the first statement: the others' range is empty.
+                "w_lo": min(ids) if first else "~",
+                "w_hi": max(ids) if first else "",
+            }
+            first = False
+            for i in range(size):
+                params[f"c{i}"], params[f"v{i}"] = chunk[min(i, len(chunk) - 1)]
+            for kind_of_row, row_thread, row_ns, key, *rest in (
+                yield Exec(sql.page_values(size), params)
+            ).rows:
+                if kind_of_row == BLOB_ROW:
+                    version, base, _, _, value_type, value = rest
+                    rows_read[(row_thread, row_ns, key, version)] = (value_type, value, base)
+                else:
+                    writes.setdefault((row_thread, row_ns, key), []).append(rest)
+        blobs = yield from self._whole(sql, rows_read)
+        return len(rows), [
+            (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys_of_row)
+            for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
         ]

@@ -268,6 +268,73 @@ class CheckpointStatements(WriteStatements):
         ]
         return lookups[0] if len(lookups) == 1 else sa.union_all(*lookups)
 
+    def page_values(self, blobs: int) -> Any:
+        """The values of one thread namespace (`w_thread_hash`, `w_ns_hash`) under `blobs`
+        (channel hash, version) keys (`c<i>`, `v<i>`; `blobs` one of `PAGE_BLOBS`, a key
+        repeated to fill it), and the pending writes of its checkpoints whose ids are in a
+        range (`w_lo`, `w_hi`: a page of a listing, whose ids are contiguous), in one
+        statement of a few fixed shapes: rows as `values_and_writes` answers them. The keys
+        are one row-value `IN` (a probe of the primary key each), not a `UNION ALL` of
+        look-ups, which PostgreSQL took milliseconds to plan at a hundred keys."""
+        return self.cached(("page values", blobs), lambda: self._page_values(blobs))
+
+    def _page_values(self, blobs: int) -> Any:
+        b, w = checkpoint_blobs, checkpoint_writes
+        text_null = sa.cast(sa.null(), sa.Text)
+        writes = sa.select(
+            sa.literal_column(str(WRITE_ROW), sa.Integer),
+            w.c.thread_hash,
+            w.c.ns_hash,
+            w.c.checkpoint_id,
+            w.c.task_id,
+            w.c.channel,
+            w.c.task_path,
+            w.c.idx,
+            w.c.value_type,
+            w.c.value,
+        ).where(
+            w.c.thread_hash == _bind("w_thread_hash", w.c.thread_hash),
+            w.c.ns_hash == _bind("w_ns_hash", w.c.ns_hash),
+            w.c.checkpoint_id >= _bind("w_lo", w.c.checkpoint_id),
+            w.c.checkpoint_id <= _bind("w_hi", w.c.checkpoint_id),
+        )
+        if not blobs:
+            return writes
+        values = sa.select(
+            sa.literal_column(str(BLOB_ROW), sa.Integer),
+            b.c.thread_hash,
+            b.c.ns_hash,
+            b.c.channel_hash,
+            b.c.version,
+            sa.type_coerce(b.c.base_version, sa.Text),
+            text_null,
+            sa.cast(sa.null(), sa.Integer),
+            b.c.value_type,
+            b.c.value,
+        ).where(
+            b.c.thread_hash == _bind("w_thread_hash", b.c.thread_hash),
+            b.c.ns_hash == _bind("w_ns_hash", b.c.ns_hash),
+        )
+        pairs = [
+            (_bind(f"c{i}", b.c.channel_hash), _bind(f"v{i}", b.c.version)) for i in range(blobs)
+        ]
+        if self._with_cte:
+            # PostgreSQL filters a row-value `IN` over a scan of the namespace's rows; joined
+            # to the keys as a `VALUES` list, each key is a probe of the primary key.
+            keys = sa.values(
+                sa.column("c", b.c.channel_hash.type),
+                sa.column("v", b.c.version.type),
+                name="agboss_keys",
+            ).data(pairs)
+            values = values.join_from(
+                b, keys, sa.and_(b.c.channel_hash == keys.c.c, b.c.version == keys.c.v)
+            )
+        else:
+            values = values.where(
+                sa.tuple_(b.c.channel_hash, b.c.version).in_([sa.tuple_(*p) for p in pairs])
+            )
+        return sa.union_all(values, writes)
+
     def _thread_statements(self, build: Any) -> list[Any]:
         """The statements of a whole-thread change, in the order a `put` takes its locks
         (values before checkpoints); on a dialect that folds writes into `WITH`, one."""

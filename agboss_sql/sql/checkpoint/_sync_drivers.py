@@ -280,11 +280,11 @@ class MysqlDriver:
                 ) from exc
             raise _unavailable(self.url, exc) from exc
         try:
-            if "mariadb" in str(raw.get_server_info()).lower():
-                with raw.cursor() as cursor:
-                    cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
-                    if any(str(row[1]).upper() == "ON" for row in cursor.fetchall() or ()):
-                        cursor.execute(mysql_dialect.GALERA_SESSION)
+            with raw.cursor() as cursor:
+                # The async driver's check: a Galera node's session, the server's packet size.
+                cursor.execute(mysql_dialect.SETTINGS_QUERY)
+                if mysql_dialect.checked_settings(cursor.fetchall()):
+                    cursor.execute(mysql_dialect.GALERA_SESSION)
         except BaseException:
             raw.close()
             raise
