@@ -1,0 +1,438 @@
+"""Checkpoint savers measured through real compiled LangGraph graphs: ours against the
+official savers, in one run, on each database given.
+
+    python benchmarks/graph_saver_bench.py --url sqlite:////tmp/bench/bench.sqlite \
+        --url postgresql://postgres@127.0.0.1:5432/bench --url mysql://root@127.0.0.1:3306/bench
+
+(`tox -e bench-saver` runs it on the three local databases.) What a user's graph runs, timed
+from outside the saver:
+
+- `invoke 300 threads`: a 4-node graph (`a → b → c → d`, a small state) invoked once on
+  each of 300 threads, sync (`invoke`) and async (`ainvoke`);
+- `chat 60 turns`: a chat graph (`messages` under `add_messages`, one reply node) on one
+  thread, 60 turns, sync and async;
+- `history cold`: a thread of about 210 checkpoints (the chat graph, and the small
+  4-node graph) written by one saver, then read back whole by `get_state_history` /
+  `aget_state_history` through a new saver instance on a new connection (what a new
+  process reads), opening it included;
+- `20 tasks x 30 ainvoke`: 20 asyncio tasks each invoking the 4-node graph 30 times.
+
+Contestants: `SqlCheckpointSaver` (sync paths: `from_conn_string` + `with`; async: `async
+with`) against `SqliteSaver` / `AsyncSqliteSaver` on SQLite (at their default durability,
+`synchronous=FULL`, and at ours, `synchronous=NORMAL`, both shown), `PostgresSaver` /
+`AsyncPostgresSaver` on PostgreSQL, and the community `PyMySQLSaver` / `AIOMySQLSaver`
+(`langgraph-checkpoint-mysql`) on MySQL/MariaDB, each when installed. Each repetition
+starts from empty tables (a new file on SQLite), and the contestants take turns in an order
+that alternates between repetitions. Ratio = their time / ours (above 1: ours is faster);
+the table gives the median over the repetitions and the range. `uptime`'s load is printed
+first: figures taken on a loaded machine say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import operator
+import os
+import shutil
+import sqlite3
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import sqlalchemy as sa
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from sqlalchemy.engine import URL, make_url
+
+from agboss_sql.sql.checkpoint import SqlCheckpointSaver
+from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
+from agboss_sql.testing.database import sync_url
+
+OURS = "SqlCheckpointSaver"
+
+
+# --- the graphs ------------------------------------------------------------------------
+
+
+class Small(TypedDict):
+    n: int
+    log: Annotated[list[str], operator.add]
+    note: str
+
+
+def small_graph() -> StateGraph:
+    builder = StateGraph(Small)
+    names = ["a", "b", "c", "d"]
+    for name in names:
+        builder.add_node(
+            name,
+            lambda state, name=name: {
+                "n": state["n"] + 1,
+                "log": [name],
+                "note": f"{name} saw {state['n']} " * 8,
+            },
+        )
+    builder.add_edge(START, "a")
+    for first, then in itertools.pairwise(names):
+        builder.add_edge(first, then)
+    builder.add_edge("d", END)
+    return builder
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+def chat_graph() -> StateGraph:
+    def reply(state: Chat) -> dict[str, Any]:
+        last = state["messages"][-1].content
+        return {
+            "messages": [
+                AIMessage(content=f"About '{last[:40]}': here is what I found, step by step. " * 3)
+            ]
+        }
+
+    builder = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder
+
+
+def small_input() -> dict[str, Any]:
+    return {"n": 0, "log": [], "note": ""}
+
+
+def chat_input(turn: int) -> dict[str, Any]:
+    return {"messages": [HumanMessage(content=f"Turn {turn}: my order arrived damaged. " * 3)]}
+
+
+def config(thread: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread}}
+
+
+# --- the contestants ---------------------------------------------------------------------
+
+
+class Contestant:
+    """One saver kind on one database: opens a sync or async saver on a fresh database."""
+
+    def __init__(self, name: str, url: URL, *, normal: bool = False) -> None:
+        self.name = name
+        self.url = url
+        self.normal = normal  # SQLite official savers at synchronous=NORMAL
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (NORMAL)" if self.normal else self.name
+
+    def conn_string(self) -> str:
+        backend = self.url.get_backend_name()
+        plain = self.url.set(drivername=backend)
+        if backend == "sqlite":
+            return self.url.database or ""
+        return plain.render_as_string(hide_password=False)
+
+    @contextlib.contextmanager
+    def sync_saver(self) -> Iterator[Any]:
+        backend = self.url.get_backend_name()
+        if self.name == OURS:
+            with SqlCheckpointSaver.from_conn_string(self.url) as saver:
+                yield saver
+        elif backend == "sqlite":
+            from langgraph.checkpoint.sqlite import SqliteSaver
+
+            conn = sqlite3.connect(self.conn_string(), check_same_thread=False)
+            if self.normal:
+                conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                saver = SqliteSaver(conn)
+                saver.setup()
+                yield saver
+            finally:
+                conn.close()
+        elif backend == "postgresql":
+            from langgraph.checkpoint.postgres import PostgresSaver
+
+            with PostgresSaver.from_conn_string(self.conn_string()) as saver:
+                saver.setup()
+                yield saver
+        else:
+            from langgraph.checkpoint.mysql.pymysql import PyMySQLSaver
+
+            with PyMySQLSaver.from_conn_string(self.conn_string()) as saver:
+                saver.setup()
+                yield saver
+
+    @contextlib.asynccontextmanager
+    async def async_saver(self) -> AsyncIterator[Any]:
+        backend = self.url.get_backend_name()
+        if self.name == OURS:
+            async with SqlCheckpointSaver.from_conn_string(self.url) as saver:
+                yield saver
+        elif backend == "sqlite":
+            import aiosqlite
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+            conn = await aiosqlite.connect(self.conn_string())
+            if self.normal:
+                await conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                saver = AsyncSqliteSaver(conn)
+                await saver.setup()
+                yield saver
+            finally:
+                await conn.close()
+        elif backend == "postgresql":
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+            async with AsyncPostgresSaver.from_conn_string(self.conn_string()) as saver:
+                await saver.setup()
+                yield saver
+        else:
+            from langgraph.checkpoint.mysql.aio import AIOMySQLSaver
+
+            async with AIOMySQLSaver.from_conn_string(self.conn_string()) as saver:
+                await saver.setup()
+                yield saver
+
+
+def official_names(url: URL) -> list[tuple[str, str]]:
+    """(name, module) of the official savers of the database, to import."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return [("SqliteSaver", "langgraph.checkpoint.sqlite")]
+    if backend == "postgresql":
+        return [("PostgresSaver", "langgraph.checkpoint.postgres")]
+    return [("PyMySQLSaver", "langgraph.checkpoint.mysql.pymysql")]
+
+
+# --- workloads: each answers seconds (and how many units it ran) -------------------------
+
+
+def invoke_threads(c: Contestant, threads: int) -> tuple[float, int]:
+    with c.sync_saver() as saver:
+        graph = small_graph().compile(checkpointer=saver)
+        started = time.perf_counter()
+        for _ in range(threads):
+            graph.invoke(small_input(), config(str(uuid.uuid4())))
+        return time.perf_counter() - started, threads
+
+
+def ainvoke_threads(c: Contestant, threads: int) -> tuple[float, int]:
+    async def go() -> float:
+        async with c.async_saver() as saver:
+            graph = small_graph().compile(checkpointer=saver)
+            started = time.perf_counter()
+            for _ in range(threads):
+                await graph.ainvoke(small_input(), config(str(uuid.uuid4())))
+            return time.perf_counter() - started
+
+    return asyncio.run(go()), threads
+
+
+def chat_turns(c: Contestant, turns: int) -> tuple[float, int]:
+    with c.sync_saver() as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        cfg = config(str(uuid.uuid4()))
+        started = time.perf_counter()
+        for turn in range(turns):
+            graph.invoke(chat_input(turn), cfg)
+        return time.perf_counter() - started, turns
+
+
+def achat_turns(c: Contestant, turns: int) -> tuple[float, int]:
+    async def go() -> float:
+        async with c.async_saver() as saver:
+            graph = chat_graph().compile(checkpointer=saver)
+            cfg = config(str(uuid.uuid4()))
+            started = time.perf_counter()
+            for turn in range(turns):
+                await graph.ainvoke(chat_input(turn), cfg)
+            return time.perf_counter() - started
+
+    return asyncio.run(go()), turns
+
+
+def _write_history(c: Contestant, chat: bool, checkpoints_wanted: int) -> str:
+    thread = str(uuid.uuid4())
+    with c.sync_saver() as saver:
+        graph = (chat_graph() if chat else small_graph()).compile(checkpointer=saver)
+        # A chat turn adds 2 checkpoints, an invoke of the 4-node graph 6.
+        for turn in range(checkpoints_wanted // (2 if chat else 6)):
+            graph.invoke(chat_input(turn) if chat else small_input(), config(thread))
+    return thread
+
+
+def history_cold(c: Contestant, chat: bool, wanted: int) -> tuple[float, int]:
+    thread = _write_history(c, chat, wanted)
+    started = time.perf_counter()
+    with c.sync_saver() as saver:
+        graph = (chat_graph() if chat else small_graph()).compile(checkpointer=saver)
+        count = sum(1 for _ in graph.get_state_history(config(thread)))
+    return time.perf_counter() - started, count
+
+
+def ahistory_cold(c: Contestant, chat: bool, wanted: int) -> tuple[float, int]:
+    thread = _write_history(c, chat, wanted)
+
+    async def go() -> tuple[float, int]:
+        started = time.perf_counter()
+        async with c.async_saver() as saver:
+            graph = (chat_graph() if chat else small_graph()).compile(checkpointer=saver)
+            count = 0
+            async for _ in graph.aget_state_history(config(thread)):
+                count += 1
+        return time.perf_counter() - started, count
+
+    return asyncio.run(go())
+
+
+def tasks_ainvoke(c: Contestant, tasks: int, each: int) -> tuple[float, int]:
+    async def go() -> float:
+        async with c.async_saver() as saver:
+            graph = small_graph().compile(checkpointer=saver)
+
+            async def task() -> None:
+                for _ in range(each):
+                    await graph.ainvoke(small_input(), config(str(uuid.uuid4())))
+
+            started = time.perf_counter()
+            await asyncio.gather(*(task() for _ in range(tasks)))
+            return time.perf_counter() - started
+
+    return asyncio.run(go()), tasks * each
+
+
+Workload = Callable[[Contestant], tuple[float, int]]
+
+
+def workloads(scale: float) -> list[tuple[str, str, Workload]]:
+    """(path, unit, run) of every path measured."""
+    threads = max(1, int(300 * scale))
+    turns = max(1, int(60 * scale))
+    history = max(12, int(210 * scale))
+    tasks, each = 20, max(1, int(30 * scale))
+    return [
+        (f"invoke, 4-node graph x {threads} threads (sync)", "invoke", lambda c: invoke_threads(c, threads)),
+        (f"ainvoke, 4-node graph x {threads} threads", "invoke", lambda c: ainvoke_threads(c, threads)),
+        (f"chat add_messages, {turns} turns (sync)", "turn", lambda c: chat_turns(c, turns)),
+        (f"chat add_messages, {turns} turns (async)", "turn", lambda c: achat_turns(c, turns)),
+        (f"get_state_history cold, chat ~{history} (sync)", "checkpoint", lambda c: history_cold(c, True, history)),
+        (f"get_state_history cold, small ~{history} (sync)", "checkpoint", lambda c: history_cold(c, False, history)),
+        (f"aget_state_history cold, chat ~{history}", "checkpoint", lambda c: ahistory_cold(c, True, history)),
+        (f"aget_state_history cold, small ~{history}", "checkpoint", lambda c: ahistory_cold(c, False, history)),
+        (f"{tasks} tasks x {each} ainvoke", "invoke", lambda c: tasks_ainvoke(c, tasks, each)),
+    ]  # fmt: skip
+
+
+# --- fresh databases ----------------------------------------------------------------------
+
+OFFICIAL_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints", "writes")
+
+
+def fresh(url: URL, repetition: int, contestant: Contestant) -> URL:
+    """Empty tables for one repetition of one contestant: a new SQLite file, or the server
+    tables emptied (ours created if absent)."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        base = Path(url.database or "bench.sqlite")
+        folder = base.parent / f"run-{repetition}-{contestant.label.replace(' ', '_')}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        url = url.set(database=str(folder / base.name))
+    engine = sa.create_engine(sync_url(url.render_as_string(hide_password=False)))
+    try:
+        ours = [checkpoints, checkpoint_blobs, checkpoint_writes]
+        checkpoints.metadata.create_all(engine, tables=ours, checkfirst=True)
+        if backend != "sqlite":
+            present = set(sa.inspect(engine).get_table_names())
+            with engine.begin() as conn:
+                for table in [t.name for t in reversed(ours)] + list(OFFICIAL_TABLES):
+                    if table in present:
+                        conn.exec_driver_sql(f"DELETE FROM {table}")
+    finally:
+        engine.dispose()
+    return url
+
+
+def installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def measure(urls: list[URL], repetitions: int, scale: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for url in urls:
+        backend = url.get_backend_name()
+        theirs: list[Contestant] = []
+        for name, module in official_names(url):
+            if not installed(module):
+                print(f"# {backend}: {name} not installed ({module}); ours alone")
+                continue
+            theirs.append(Contestant(name, url))
+            if backend == "sqlite":
+                theirs.append(Contestant(name, url, normal=True))
+        ours = Contestant(OURS, url)
+        for path, unit, run in workloads(scale):
+            times: dict[str, list[float]] = {c.label: [] for c in [ours, *theirs]}
+            units = 0
+            for repetition in range(repetitions):
+                order = [ours, *theirs] if repetition % 2 == 0 else [*theirs, ours]
+                for contestant in order:
+                    contestant.url = fresh(url, repetition, contestant)
+                    seconds, units = run(contestant)
+                    times[contestant.label].append(seconds)
+            row = {"database": backend, "path": path, "unit": unit, "units": units, "times": times}
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def print_row(row: dict[str, Any]) -> None:
+    times: dict[str, list[float]] = row["times"]
+    ours = times[OURS]
+    ours_ms = statistics.median(ours) * 1000 / row["units"]
+    cells = [f"{row['database']:<10} {row['path']:<48} ours {ours_ms:8.3f} ms/{row['unit']}"]
+    for label, theirs in times.items():
+        if label == OURS:
+            continue
+        ratios = sorted(t / o for t, o in zip(theirs, ours, strict=True))
+        cells.append(
+            f"| {label}: {statistics.median(theirs) * 1000 / row['units']:8.3f} ms, ratio "
+            f"{statistics.median(ratios):5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+        )
+    print(" ".join(cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", action="append", required=True, help="a database URL; repeat")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every workload's size (0.1: a smoke run)"
+    )
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"# load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    print("# ratio = their time / ours, median over repetitions (range); above 1: ours faster")
+    started = time.perf_counter()
+    measure([make_url(u) for u in args.url], args.repetitions, args.scale)
+    print(f"# {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
