@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import (
@@ -21,8 +20,17 @@ from agboss_sql.contracts.stores import (
     ExecutionLeaseEventRepository,
     ExecutionLeaseRepository,
     ExecutionTreeRepository,
+    QueueWakeups,
 )
 from agboss_sql.contracts.types import ChildExecution, ClaimedChild, ExecutionLease, JsonValue
+from agboss_sql.runtime._child_stop import (
+    STUCK_GRACE_S,
+    FinishReporting,
+    OnStuck,
+    cancel_and_wait,
+    flush_bounded,
+    release_bounded,
+)
 from agboss_sql.runtime._tasks import wait_cancelled
 from agboss_sql.runtime.keeper import DEFAULT_LEASE_MS, LeaseKeeper, bind_keeper, unbind_keeper
 
@@ -144,6 +152,8 @@ class ChildWorker:
         self.store_retries = store_retries
         self.accepts = accepts
         self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._queued: asyncio.Event | None = None
         self._runs: set[asyncio.Task[None]] = set()
         self._keepers: set[LeaseKeeper] = set()
         self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
@@ -207,6 +217,88 @@ class ChildWorker:
             )
             return claimed, None
         return claimed, self._spawn_run(claimed, keeper, lease)
+
+    async def start_many(self, n: int) -> list[tuple[ClaimedChild, asyncio.Task[None] | None]]:
+        """As `start_once` for up to `n` children claimed in one step (`claim_many`): each
+        claimed child's lease taken (together) and its run started as a task of this
+        worker; `(child, None)` for a child whose lease is held elsewhere (left to the
+        rescue). Empty when none was queued."""
+        claimed = list(await self.queue.claim_many(self.instance_id, n))
+        if not claimed:
+            return []
+        keepers = [self._keeper(child.root_execution_id) for child in claimed]
+        leases = await asyncio.gather(
+            *(
+                self._take(keeper, child.tenant_id, child.child_execution_id)
+                for keeper, child in zip(keepers, claimed, strict=True)
+            )
+        )
+        started: list[tuple[ClaimedChild, asyncio.Task[None] | None]] = []
+        for child, keeper, lease in zip(claimed, keepers, leases, strict=True):
+            if lease is None:
+                logger.warning(
+                    "child %s is claimed but its lease is held elsewhere; leaving it to the rescue",
+                    child.child_execution_id,
+                )
+                started.append((child, None))
+            else:
+                started.append((child, self._spawn_run(child, keeper, lease)))
+        return started
+
+    def listen(
+        self, on_queued: Callable[[], None] | None = None, *, bound_ms: int = 30_000
+    ) -> None:
+        """Listen for children queued anywhere, where the queue can tell (`wakeups()`):
+        each hint wakes this worker's idle loop and calls `on_queued` (the engine's child
+        pump). One wait at a time, each bounded by `bound_ms`; a listener that fails is
+        tried again at its next wait (the loops poll meanwhile). `stop()` ends it. Nothing
+        happens where the queue has no wake-ups, or when already listening."""
+        if self._listener is not None and not self._listener.done():
+            return
+        wakeups = self.queue.wakeups()
+        if wakeups is None:
+            return
+        self._queued = asyncio.Event()
+        self._listener = asyncio.get_running_loop().create_task(
+            self._listen(wakeups, on_queued, bound_ms)
+        )
+
+    async def _listen(
+        self, wakeups: QueueWakeups, on_queued: Callable[[], None] | None, bound_ms: int
+    ) -> None:
+        try:
+            while True:
+                if await wakeups.wait(bound_ms):
+                    if self._queued is not None:
+                        self._queued.set()
+                    if on_queued is not None:
+                        on_queued()
+        finally:
+            await wakeups.close()
+
+    @property
+    def listening(self) -> bool:
+        """Whether this worker listens for children queued (see `listen`)."""
+        return self._listener is not None and not self._listener.done()
+
+    async def _idle(self, ms: int) -> None:
+        """Sleep `ms` on the application clock, or less when told children were queued."""
+        queued = self._queued
+        if queued is None:
+            await self.clock.sleep(ms)
+            return
+        if queued.is_set():
+            queued.clear()
+            return
+        loop = asyncio.get_running_loop()
+        sleeper = loop.create_task(self.clock.sleep(ms))
+        told = loop.create_task(queued.wait())
+        try:
+            await asyncio.wait({sleeper, told}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            told.cancel()
+        queued.clear()
 
     async def _take(
         self, keeper: LeaseKeeper, tenant_id: str, child_execution_id: str
@@ -411,8 +503,12 @@ class ChildWorker:
                 logger.warning("%s failed (%s); trying again, %d retries left", what, error, left)
 
     def start(self, *, poll_ms: int = 1_000, rescue_every_ms: int = 30_000) -> None:
-        """Run children until `stop()`: claim and run one after another, sleeping `poll_ms`
-        on the application clock when none is queued, and rescue every `rescue_every_ms`."""
+        """Run children until `stop()`: claim and run one after another and rescue every
+        `rescue_every_ms`. When none is queued it waits on the application clock, first
+        `poll_ms / 16`, doubling at each empty pass up to `poll_ms` (adaptive polling: a
+        busy queue is polled often, an idle one seldom), and less when its listener (see
+        `listen`, started here) is told of children queued."""
+        self.listen()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
                 self._loop(poll_ms, rescue_every_ms)
@@ -434,7 +530,8 @@ class ChildWorker:
         more and left, and its lease released all the same. The number of leases
         released."""
         task, self._task = self._task, None
-        tasks = [*([task] if task is not None else []), *self._runs]
+        listener, self._listener = self._listener, None
+        tasks = [*(t for t in (task, listener) if t is not None), *self._runs]
         await cancel_and_wait(tasks, timeout_s, on_stuck=on_stuck)
         released = 0
         if release:
@@ -448,6 +545,8 @@ class ChildWorker:
 
     async def _loop(self, poll_ms: int, rescue_every_ms: int) -> None:
         next_rescue = self.clock.monotonic()
+        shortest = max(1, poll_ms // 16)
+        nap = shortest
         while True:
             try:
                 if self.clock.monotonic() >= next_rescue:
@@ -455,99 +554,26 @@ class ChildWorker:
                     await self.rescue_once()
                     await self.wake_once()
                 if await self.run_once():
+                    nap = shortest
                     continue
             except Exception:
                 logger.warning("the child worker failed a pass", exc_info=True)
-            await self.clock.sleep(poll_ms)
-
-
-STUCK_GRACE_S = 1.0
-"""How long a task cancelled a second time (stuck in its clean-up) is waited for."""
-
-
-OnStuck = Callable[[set[asyncio.Task[Any]]], None]
-
-
-async def cancel_and_wait(
-    tasks: list[asyncio.Task[Any]],
-    timeout_s: float | None,
-    *,
-    on_stuck: OnStuck | None = None,
-    cancel: bool = True,
-) -> None:
-    """Cancel `tasks` (unless `cancel=False`: they stop on their own) and wait for them to
-    end, at most `timeout_s` (unbounded when `None`). Tasks still going past the bound are
-    stuck in a clean-up that outlived its cancellation: `on_stuck` is told (while they
-    still wait), then they are cancelled (again) and waited for `STUCK_GRACE_S` more."""
-    for each in tasks if cancel else ():
-        each.cancel()
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    if not pending:
-        return
-    if on_stuck is not None:
-        on_stuck(pending)
-    for each in pending:
-        each.cancel()
-    await asyncio.wait(pending, timeout=STUCK_GRACE_S)
-
-
-async def release_bounded(keeper: LeaseKeeper) -> int:
-    """Release the keeper's lease, bounded to 2 s; 1 when released, else 0."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(2):
-            return 1 if await keeper.release() else 0
-    return 0
-
-
-async def flush_bounded(keepers: list[LeaseKeeper]) -> None:
-    """Wait for the lease log writes of `keepers` (together), each bounded to 2 s."""
-
-    async def flush(keeper: LeaseKeeper) -> None:
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(2):
-                await keeper.flush()
-
-    await asyncio.gather(*(flush(keeper) for keeper in keepers))
-
-
-class FinishReporting:
-    """A child queue that reports every finish it answered (which child, which attempt,
-    whether it counted, how many siblings remain) to `emit` as a `child-finish` event, so
-    an audit can tell a finish that counted from a superseded one. Everything else is the
-    wrapped queue's."""
-
-    def __init__(self, queue: Any, emit: Callable[[dict[str, Any]], None]) -> None:
-        self._queue = queue
-        self._emit = emit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._queue, name)
-
-    async def finish(
-        self, child_execution_id: str, outcome: JsonValue, *, attempt: int | None = None
-    ) -> Any:
-        result = await self._queue.finish(child_execution_id, outcome, attempt=attempt)
-        self._emit(
-            {
-                "kind": "child-finish",
-                "child": child_execution_id,
-                "attempt": attempt,
-                "finished": result.finished,
-                "remaining": result.remaining,
-            }
-        )
-        return result
+            await self._idle(nap)
+            nap = min(poll_ms, nap * 2)
 
 
 __all__ = [
+    "STUCK_GRACE_S",
     "DEFAULT_STORE_RETRIES",
     "DEFAULT_WAKE_CLAIM_MS",
     "ChildWorker",
     "ChildYielded",
     "FinishReporting",
+    "OnStuck",
     "RunChild",
     "WakeParent",
+    "cancel_and_wait",
     "error_outcome",
+    "flush_bounded",
+    "release_bounded",
 ]
