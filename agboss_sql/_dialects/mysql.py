@@ -229,6 +229,16 @@ SETTINGS_QUERY = "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'max_allowe
 statement it takes (checked against `MIN_MAX_ALLOWED_PACKET`)."""
 
 
+def checked_settings(rows: Any) -> bool:
+    """Whether the server answering `SETTINGS_QUERY` with `rows` is a Galera node; a
+    `max_allowed_packet` under `MIN_MAX_ALLOWED_PACKET` is `ServerSettingError`."""
+    settings = {str(name).lower(): value for name, value in rows or ()}
+    packet = int(settings.get("max_allowed_packet") or 0)
+    if packet < MIN_MAX_ALLOWED_PACKET:
+        raise ServerSettingError("max_allowed_packet", packet, MIN_MAX_ALLOWED_PACKET)
+    return str(settings.get("wsrep_on", "")).upper() == "ON"
+
+
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
     """A new connection; on a MariaDB Galera node (`wsrep_on`, asked once per connection)
     its session is set for the cluster (`GALERA_SESSION`). A server whose
@@ -255,11 +265,7 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
         cursor = await raw.cursor()
         try:
             await cursor.execute(SETTINGS_QUERY)
-            settings = {str(name).lower(): value for name, value in await cursor.fetchall()}
-            packet = int(settings.get("max_allowed_packet") or 0)
-            if packet < MIN_MAX_ALLOWED_PACKET:
-                raise ServerSettingError("max_allowed_packet", packet, MIN_MAX_ALLOWED_PACKET)
-            galera = str(settings.get("wsrep_on", "")).upper() == "ON"
+            galera = checked_settings(await cursor.fetchall())
             if galera:
                 await cursor.execute(GALERA_SESSION)
         finally:
