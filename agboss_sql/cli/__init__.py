@@ -29,6 +29,7 @@ from agboss_sql.cli._common import (
     MISUSED,
     PROG,
     CommandFailed,
+    HelpFormatter,
     Subcommand,
     add_url_argument,
     database_url,
@@ -36,6 +37,7 @@ from agboss_sql.cli._common import (
     require_head,
     require_lab,
     shown,
+    version,
 )
 from agboss_sql.cli._explain import explain, shown_or
 from agboss_sql.cli._inspect import (
@@ -165,8 +167,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 def parser() -> argparse.ArgumentParser:
     """The command line parser, with a subparser per entry of `SUBCOMMANDS`."""
     top = argparse.ArgumentParser(
-        prog=PROG, description="Durable stores on SQLite, PostgreSQL and MySQL/MariaDB."
+        prog=PROG,
+        description="Durable stores on SQLite, PostgreSQL and MySQL/MariaDB.",
+        formatter_class=HelpFormatter,
     )
+    top.add_argument("--version", action="version", version=version())
     top.add_argument("--debug", action="store_true", help="on a failure, print the traceback")
     # Accepted after the subcommand too; SUPPRESS keeps a top-level --debug from being reset.
     common = argparse.ArgumentParser(add_help=False)
@@ -179,7 +184,11 @@ def parser() -> argparse.ArgumentParser:
     subparsers = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, subcommand in SUBCOMMANDS.items():
         sub = subparsers.add_parser(
-            name, help=subcommand.help, description=subcommand.help, parents=[common]
+            name,
+            help=subcommand.help,
+            description=subcommand.help,
+            parents=[common],
+            formatter_class=HelpFormatter,
         )
         subcommand.arguments(sub)
         sub.set_defaults(run=subcommand.run, lab_command=subcommand.lab)

@@ -86,10 +86,12 @@ def shown(url: str) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def existing_database(args: argparse.Namespace) -> str:
+def existing_database(args: argparse.Namespace, *, stores: bool = False) -> str:
     """The URL a read-only subcommand works on, refused when it names a SQLite file that
-    does not exist: a read never creates a database."""
-    from agboss_sql.sql.migrate import missing_sqlite_file
+    does not exist: a read never creates a database. With `stores` (the command opens the
+    stores, which keep a SQLite file in WAL mode), also refused when the file's directory
+    is read-only."""
+    from agboss_sql.sql.migrate import missing_sqlite_file, sqlite_file_problem
 
     url = database_url(args)
     missing = missing_sqlite_file(url)
@@ -98,6 +100,38 @@ def existing_database(args: argparse.Namespace) -> str:
             f"no database at {missing} (this command never creates one): "
             f"`{PROG} upgrade --url {shown(url)}` creates and migrates it"
         )
+    problem = sqlite_file_problem(url, writes=False) if stores else None
+    if problem is not None:
+        raise CommandFailed(problem)
+    return url
+
+
+def writable_database(args: argparse.Namespace) -> str:
+    """The URL a subcommand that writes works on, refused when it names a SQLite file that
+    cannot be written (its directory read-only, a file where a directory must be), saying
+    what to do."""
+    return writable_url(database_url(args))
+
+
+def make_sqlite_directory(url: str) -> None:
+    """Make the directory of the SQLite file `url` names, if it names one (as `upgrade`
+    does)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def writable_url(url: str) -> str:
+    """`url`, refused as `writable_database` refuses it."""
+    from agboss_sql.sql.migrate import sqlite_file_problem
+
+    problem = sqlite_file_problem(url)
+    if problem is not None:
+        raise CommandFailed(problem)
     return url
 
 
@@ -145,3 +179,66 @@ def _select(expression: object) -> object:
     import sqlalchemy as sa
 
     return sa.select(expression)  # type: ignore[call-overload]
+
+
+def refuse_collation(url: str, *, forced: bool = False, force_hint: bool = True) -> None:
+    """Refuse (`FAILED`) a MySQL or MariaDB database whose agboss text is not collated
+    `utf8mb4_bin` (keys that differ in case would be one key), with the statement that
+    fixes it; nothing on the other databases, or when `forced`."""
+    from agboss_sql.sql import migrate
+
+    if forced:
+        return
+    found = migrate.collation(url)
+    if found is None or found.ok:
+        return
+    statements = found.statements()
+    more = (
+        f" and {len(statements) - 1} more (`{PROG} check --url {shown(url)}` lists them)"
+        if len(statements) > 1
+        else ""
+    )
+    anyway = "; or run anyway with --force" if force_hint else ""
+    raise CommandFailed(
+        f"{shown(url)}: {found.problem()}: fix it with `{statements[0]}`{more}{anyway}"
+    )
+
+
+def collation_lines(url: str) -> tuple[bool, list[str]]:
+    """`check`'s verdict and lines on the collation of a MySQL or MariaDB database: the
+    collation when it is `utf8mb4_bin` throughout, else the problem then each statement
+    that fixes it (on the other databases: true, no line)."""
+    from agboss_sql.sql import migrate
+
+    found = migrate.collation(url)
+    if found is None:
+        return True, []
+    if found.ok:
+        return True, [f"collation: {found.default} (as required)"]
+    return False, [f"collation: {found.problem()}; fix it with:"] + [
+        f"  {statement};" for statement in found.statements()
+    ]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """`--help` that gives every option's default: an option whose help does not say it
+    already gets `(default: …)` (flags and options without a default excepted)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and "(default" not in text
+            and "%(default)" not in text
+            and default not in (None, False, True, argparse.SUPPRESS)
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+def version() -> str:
+    """The version of agboss-sql, as `agboss-sql --version` prints it."""
+    from agboss_sql import __version__
+
+    return f"{PROG} {__version__}"

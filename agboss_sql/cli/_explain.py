@@ -88,6 +88,13 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str:
         "no such table" in lowered or "doesn't exist" in lowered or "does not exist" in lowered
     ):
         return f"the agboss tables are missing on {shown_or(url)}: run `{PROG} upgrade {rerun}`"
+    if "unable to open database file" in lowered or "readonly database" in lowered:
+        return (
+            f"SQLite cannot open {shown_or(url)} for writing ({_first_line(_innermost(chain))}): "
+            "its directory must exist and be writable (SQLite writes the file and its -wal "
+            "and -shm files beside it): use a path in a writable directory, e.g. --url "
+            "sqlite:///.agboss/agboss.sqlite"
+        )
     if isinstance(exc, AgbossError):
         return str(exc).replace("--url URL", rerun)
     cause = _innermost(chain)

@@ -12,6 +12,7 @@ from agboss_sql.cli._common import (
     _revision,
     _select,
     add_url_argument,
+    collation_lines,
     existing_database,
     require_head,
     shown,
@@ -30,7 +31,7 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> int:
     import asyncio
 
-    return asyncio.run(_check_async(existing_database(args), strict=args.strict))
+    return asyncio.run(_check_async(existing_database(args, stores=True), strict=args.strict))
 
 
 async def _check_async(url: str, *, strict: bool) -> int:
@@ -48,6 +49,10 @@ async def _check_async(url: str, *, strict: bool) -> int:
     else:
         healthy = False
         print(f"schema: {_revision(revision)}, head is {head}: {_advice(url, revision)}")
+    collated, collation = collation_lines(url)
+    healthy = healthy and collated
+    for line in collation:
+        print(line)
     # The report says what is wrong with the schema; start() would refuse it instead.
     app = Application(
         "agboss-sql-check",
@@ -58,9 +63,13 @@ async def _check_async(url: str, *, strict: bool) -> int:
     )
     await app.start()
     try:
-        report = await app.check_readiness()
-        print(report)
-        healthy = healthy and report.status is HealthStatus.UP
+        if revision is None:
+            # Each store would answer "up" on tables that do not exist.
+            print("stores: not checked: the database has no agboss schema")
+        else:
+            report = await app.check_readiness()
+            print(report)
+            healthy = healthy and report.status is HealthStatus.UP
         connection = SqlConnection(url)
         try:
             now = connection.ops.now_ms()
@@ -102,7 +111,7 @@ def _leases(args: argparse.Namespace) -> int:
         )
     if args.limit < 1:
         raise CommandFailed(f"--limit must be at least 1, got {args.limit}", MISUSED)
-    url = existing_database(args)
+    url = existing_database(args, stores=True)
     require_head(url)
     return asyncio.run(_leases_async(url, args.tenant, args.execution, args.limit))
 

@@ -12,7 +12,10 @@ from agboss_sql.cli._common import (
     CommandFailed,
     add_url_argument,
     database_url,
+    make_sqlite_directory,
+    refuse_collation,
     shown,
+    writable_database,
 )
 
 # --- demo ------------------------------------------------------------------------------
@@ -27,7 +30,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     from agboss_sql.lab.demo import run_demo
 
-    url = database_url(args)
+    url = writable_database(args)
+    refuse_collation(url, force_hint=False)
     print(f"demo on {shown(url)}", flush=True)
     return asyncio.run(run_demo(url))
 
@@ -83,22 +87,54 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-live", action="store_true", help="no live view")
 
 
+def _check_cluster_options(args: argparse.Namespace) -> None:
+    """Refuse (`MISUSED`) the options a cluster run cannot use, naming the option."""
+    least = {
+        "--workers": (args.workers, 1),
+        "--trees": (args.trees, 1),
+        "--fan-out": (args.fan_out, 1),
+        "--depth": (args.depth, 1),
+        "--pause-every": (args.pause_every, 0),
+        "--lease-ms": (args.lease_ms, 1),
+        "--max-concurrent-steps": (args.max_concurrent_steps, 1),
+        "--step-ms": (args.step_ms, 0),
+    }
+    for option, (value, bound) in least.items():
+        if value < bound:
+            raise CommandFailed(f"{option} must be at least {bound}, got {value}", MISUSED)
+    if not args.timeout > 0:
+        raise CommandFailed(f"--timeout must be above 0 s, got {args.timeout:g}", MISUSED)
+    if not args.no_chaos and args.workers < 3:
+        raise CommandFailed(
+            f"--workers {args.workers} is too few for the chaos (one worker killed, one "
+            "frozen, one left sane): give --workers 3 or more, or add --no-chaos",
+            MISUSED,
+        )
+
+
 def _cluster(args: argparse.Namespace) -> int:
     import json
 
     from agboss_sql.lab.cluster import (
         ClusterConfig,
+        WorkerStartError,
         live_view,
         load_workload,
         render_report,
         run_cluster,
     )
 
-    url = database_url(args)
-    if url.startswith("sqlite") and "/.agboss/" in url:
-        import os
-
-        os.makedirs(".agboss", exist_ok=True)
+    url = writable_database(args)
+    refuse_collation(url, force_hint=False)
+    if url.startswith("sqlite") and url.rstrip("/").endswith(":memory:"):
+        raise CommandFailed(
+            f"{shown(url)} is a database of one process: the workers are processes of "
+            "their own and must share one database: give a file (--url "
+            "sqlite:///.agboss/cluster.sqlite) or a server",
+            MISUSED,
+        )
+    make_sqlite_directory(url)
+    _check_cluster_options(args)
     try:
         workload = load_workload(args.workload)
         config = ClusterConfig(
@@ -121,6 +157,8 @@ def _cluster(args: argparse.Namespace) -> int:
     update, close = live_view() if live else (None, None)
     try:
         report = run_cluster(config, workload, view=update)
+    except WorkerStartError as exc:
+        raise CommandFailed(str(exc)) from exc
     finally:
         if close is not None:
             close()
@@ -136,8 +174,12 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_url_argument(parser)
-    parser.add_argument("--ops", type=int, default=500, help="operations per run")
-    parser.add_argument("--runs", type=int, default=3, help="runs (the median is reported)")
+    parser.add_argument(
+        "--ops", type=int, default=500, help="operations per run (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="runs, the median reported (default: %(default)s)"
+    )
     parser.add_argument("--only", help="comma-separated operations, e.g. lease.acquire")
     parser.add_argument(
         "--scale",
@@ -150,17 +192,42 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
 def _bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agboss_sql.lab.bench import run_bench
+    from agboss_sql.lab.bench import Bench, run_bench
 
+    for option, value in (("--ops", args.ops), ("--runs", args.runs)):
+        if value < 1:
+            raise CommandFailed(f"{option} must be at least 1, got {value}", MISUSED)
     if args.scale:
         from agboss_sql.lab.bench import run_scale
 
-        sizes = [int(size) for size in args.scale.split(",")]
-        print(asyncio.run(run_scale(database_url(args), sizes, ops=args.ops)))
+        sizes = [_scale_size(size) for size in args.scale.split(",")]
+        print(asyncio.run(run_scale(writable_database(args), sizes, ops=args.ops)))
         return 0
     only = set(args.only.split(",")) if args.only else None
-    print(asyncio.run(run_bench(database_url(args), ops=args.ops, runs=args.runs, only=only)))
+    known = [name for name, _ in Bench(database_url(args)).cases()]
+    unknown = sorted((only or set()) - set(known))
+    if unknown:
+        raise CommandFailed(
+            f"--only {','.join(unknown)}: no such operation; the operations are {', '.join(known)}",
+            MISUSED,
+        )
+    print(asyncio.run(run_bench(writable_database(args), ops=args.ops, runs=args.runs, only=only)))
     return 0
+
+
+def _scale_size(given: str) -> int:
+    """One size of `--scale`: a power of ten of at least 10."""
+    try:
+        size = int(given)
+    except ValueError:
+        size = 0
+    if size < 10 or str(size).rstrip("0") != "1":
+        raise CommandFailed(
+            f"--scale {given!r}: each size must be a power of ten of at least 10 "
+            "(e.g. --scale 1000,100000)",
+            MISUSED,
+        )
+    return size
 
 
 # --- faults ----------------------------------------------------------------------------
@@ -174,7 +241,9 @@ def _faults_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="run only this scenario (repeatable; default: every scenario of the dialect)",
     )
-    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per scenario")
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="runs per scenario (default: 1)"
+    )
     parser.add_argument("--pods", type=int, default=3, help="pod processes (default: 3)")
     parser.add_argument(
         "--time-scale",
@@ -207,9 +276,14 @@ def _faults(args: argparse.Namespace) -> int:
             on = ", ".join(scenario.dialects) if scenario.dialects else "every database"
             print(f"{scenario.name:<22} ({on}) {scenario.doc}")
         return 0
-    if args.repeat < 1:
-        raise CommandFailed(f"--repeat must be at least 1, got {args.repeat}", MISUSED)
-    url = database_url(args)
+    for option, value, least in (
+        ("--repeat", args.repeat, 1),
+        ("--pods", args.pods, 2),
+        ("--time-scale", args.time_scale, 1),
+    ):
+        if value < least:
+            raise CommandFailed(f"{option} must be at least {least}, got {value:g}", MISUSED)
+    url = writable_database(args)
     dialect = dialect_of(url)
     names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -217,6 +291,16 @@ def _faults(args: argparse.Namespace) -> int:
         raise CommandFailed(
             f"unknown scenario(s) {', '.join(unknown)}: see `{PROG} faults --list`", MISUSED
         )
+    elsewhere = [n for n in names if not SCENARIOS[n].runs_on(dialect)]
+    if elsewhere:
+        on = ", ".join(SCENARIOS[elsewhere[0]].dialects or ())
+        raise CommandFailed(
+            f"{', '.join(elsewhere)} cut(s) the network between a pod and its database "
+            f"server: it runs on {on}, not on {dialect}, whose database is a file (see "
+            f"`{PROG} faults --list`)",
+            MISUSED,
+        )
+    make_sqlite_directory(url)
     settings = FaultSettings(pods=args.pods, time_scale=args.time_scale)
     results = []
     width = 20

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 
 from agboss_sql.cli._common import (
+    MISUSED,
+    PROG,
     CommandFailed,
     _behind,
     _revision,
     add_url_argument,
     database_url,
     existing_database,
+    refuse_collation,
     shown,
+    writable_database,
 )
 
 # --- upgrade ---------------------------------------------------------------------------
@@ -19,19 +23,52 @@ from agboss_sql.cli._common import (
 
 def _upgrade_arguments(parser: argparse.ArgumentParser) -> None:
     add_url_argument(parser)
-    parser.add_argument("--revision", default="head", help="revision to upgrade to (default: head)")
+    parser.add_argument(
+        "--revision",
+        default="head",
+        help="revision to upgrade to, as `history` lists them (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="upgrade a MySQL/MariaDB database even though its text is not collated utf8mb4_bin",
+    )
 
 
 def _upgrade(args: argparse.Namespace) -> int:
     from agboss_sql.sql import migrate
 
-    url = database_url(args)
+    url = writable_database(args)
+    refuse_collation(url, forced=args.force)
+    known_revision(args.revision)
     done = migrate.upgrade(url, args.revision)
     if done.changed:
         print(f"upgraded {shown(url)}: {_revision(done.before)} -> {_revision(done.after)}")
     else:
         print(f"{shown(url)} is already at {_revision(done.after)}: nothing to do")
     return 0
+
+
+def known_revision(revision: str) -> None:
+    """Refuse (`MISUSED`) a `--revision` that names no revision of the project, pointing
+    to `history`."""
+    from alembic.script import ScriptDirectory
+
+    from agboss_sql.sql import migrate
+
+    if revision in ("head", "heads", "base") or revision[:1] in ("+", "-"):
+        return  # Alembic's names and relative steps, which it checks itself
+    scripts = ScriptDirectory(str(migrate.script_location()))
+    try:
+        found = scripts.get_revisions(revision)
+    except Exception:
+        found = ()
+    if not found:
+        raise CommandFailed(
+            f"--revision {revision!r} is no revision of the agboss schema: `{PROG} history` "
+            f"lists them (the newest is {migrate.head()}; give its full id, or `head`)",
+            MISUSED,
+        )
 
 
 # --- stamp -----------------------------------------------------------------------------
@@ -53,7 +90,8 @@ def _stamp_arguments(parser: argparse.ArgumentParser) -> None:
 def _stamp(args: argparse.Namespace) -> int:
     from agboss_sql.sql import migrate
 
-    url = database_url(args)
+    url = writable_database(args)
+    known_revision(args.revision)
     done = migrate.stamp(url, args.revision, force=args.force)
     if done.changed:
         print(f"stamped {shown(url)}: {_revision(done.before)} -> {_revision(done.after)}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
-from agboss_sql.cli._common import MISUSED, CommandFailed, add_url_argument, shown
+from agboss_sql.cli._common import MISUSED, CommandFailed, add_url_argument, shown, writable_url
 
 # --- worker ----------------------------------------------------------------------------
 
@@ -45,6 +46,15 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="graceful stop bound on SIGTERM (default: %(default)s)",
     )
     parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for the database at start: until it answers at the head "
+        "schema revision the worker is not ready, logs one line per try (tried again after "
+        "a doubling pause), and exits 1 after this bound (default: %(default)s)",
+    )
+    parser.add_argument(
         "--commands",
         action="store_true",
         help="read commands (JSON lines: start, cancel, resume, stop) from standard input "
@@ -56,21 +66,41 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-WORKER_SETTINGS = ("url", "app", "instance_id", "lease_ms", "max_concurrent_steps", "shutdown_ms")
+WORKER_SETTINGS = (
+    "url",
+    "app",
+    "instance_id",
+    "lease_ms",
+    "max_concurrent_steps",
+    "shutdown_ms",
+    "start_timeout",
+)
 """The keys of a worker's `--config` file (others, such as the cluster's own, are ignored)."""
 
 
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
     import json
-    import logging
 
     from agboss_sql.runtime.serve import load_workflows, serve
 
     settings = {name: getattr(args, name) for name in WORKER_SETTINGS}
     if args.config is not None:
-        with open(args.config, encoding="utf-8") as handle:
-            given = json.load(handle)
+        try:
+            with open(args.config, encoding="utf-8") as handle:
+                given = json.load(handle)
+        except (OSError, ValueError) as error:
+            raise CommandFailed(
+                f"cannot read --config {args.config}: {error}: give a JSON file of worker "
+                f"settings ({', '.join(WORKER_SETTINGS)})",
+                MISUSED,
+            ) from error
+        if not isinstance(given, dict):
+            raise CommandFailed(
+                f"--config {args.config} is not a JSON object of worker settings "
+                f"({', '.join(WORKER_SETTINGS)})",
+                MISUSED,
+            )
         settings.update({k: v for k, v in given.items() if k in WORKER_SETTINGS})
     if not settings["app"]:
         raise CommandFailed(
@@ -81,15 +111,25 @@ def _worker(args: argparse.Namespace) -> int:
     for name in ("lease_ms", "max_concurrent_steps", "shutdown_ms"):
         value = settings[name]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CommandFailed(f"--{name.replace('_', '-')} must be a positive integer", MISUSED)
-    url = database_url_of(settings["url"])
+            raise CommandFailed(
+                f"--{name.replace('_', '-')} must be a positive integer, got {value!r}", MISUSED
+            )
+    start_timeout = settings["start_timeout"]
+    if isinstance(start_timeout, bool) or not isinstance(start_timeout, int | float):
+        raise CommandFailed(f"--start-timeout must be a number of seconds, got {start_timeout!r}")
+    if not start_timeout > 0:
+        raise CommandFailed(f"--start-timeout must be above 0 s, got {start_timeout:g}", MISUSED)
+    url = writable_url(database_url_of(settings["url"]))
     workflows = load_workflows(str(settings["app"]))
     instance = settings["instance_id"]
-    logging.basicConfig(
-        level=logging.WARNING,
-        stream=sys.stderr,
-        format=f"%(asctime)s {instance or 'worker'} %(levelname)s %(name)s: %(message)s",
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        OneLineFormatter(
+            f"%(asctime)s {instance or 'worker'} %(levelname)s %(name)s: %(message)s",
+            tracebacks=bool(args.debug),
+        )
     )
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     quiet = args.commands or args.events
 
     def ready(engine: Any) -> None:
@@ -112,8 +152,32 @@ def _worker(args: argparse.Namespace) -> int:
             commands=args.commands,
             events=args.events,
             on_ready=ready,
+            start_timeout_s=float(start_timeout),
         )
     )
+
+
+class OneLineFormatter(logging.Formatter):
+    """A log record on one line: an exception it carries is its type and first line, not
+    its traceback (unless `tracebacks`, as `--debug` asks)."""
+
+    def __init__(self, fmt: str, *, tracebacks: bool = False) -> None:
+        super().__init__(fmt)
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.tracebacks or not record.exc_info or record.exc_info[1] is None:
+            return super().format(record)
+        error = record.exc_info[1]
+        text = str(error).strip().splitlines()
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            line = super().format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+        first = text[0] if text else ""
+        return f"{line} ({type(error).__name__}: {first}; --debug shows the traceback)"
 
 
 def database_url_of(url: str | None) -> str:

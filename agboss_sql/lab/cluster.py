@@ -37,13 +37,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from agboss_sql.lab.cluster_audit import Report, audit_cluster, mine
+from agboss_sql.lab.cluster_view import State, live_view, render_report
 from agboss_sql.lab.faults.audit import read_sql_history
 from agboss_sql.lab.faults.harness import Cluster, Event, Pod, WaitTimeout
 from agboss_sql.lab.workload import ClusterConfig, ClusterRun, ClusterWorkload
@@ -62,9 +63,18 @@ def load_workload(spec: str) -> ClusterWorkload:
         raise ValueError(f"--workload {spec!r} must be `tree` or package.module:attribute")
     if "" not in sys.path:
         sys.path.insert(0, "")
-    found: Any = importlib.import_module(module_name)
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise ValueError(
+            f"--workload {spec!r}: no module {error.name!r} (run from the directory that "
+            "holds it, or put it on PYTHONPATH)"
+        ) from error
     for part in attribute.split("."):
-        found = getattr(found, part)
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ValueError(f"--workload {spec!r}: {module_name} has no {attribute!r}") from None
     if not isinstance(found, ClusterWorkload):
         raise ValueError(
             f"--workload {spec!r} is a {type(found).__name__}, not a ClusterWorkload "
@@ -73,25 +83,9 @@ def load_workload(spec: str) -> ClusterWorkload:
     return found
 
 
-@dataclass
-class State:
-    """What the orchestrator knows while the run goes on."""
-
-    alive: dict[str, str] = field(default_factory=dict)
-    slots: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    chaos: list[str] = field(default_factory=list)
-    statuses: Counter[str] = field(default_factory=Counter)
-    progress: float = 0.0
-    takeovers: int = 0
-    refused: int = 0
-    lost: int = 0
-    running: dict[str, str] = field(default_factory=dict)
-    answered: dict[str, float] = field(default_factory=dict)
-    """When each paused run was last answered (monotonic s): answered again when it is still,
-    or again, paused 2 s later (a run with a second pause; an answer sent to a worker that
-    died first)."""
-    paused: set[str] = field(default_factory=set)
-    started_at: float = field(default_factory=time.monotonic)
+class WorkerStartError(RuntimeError):
+    """A worker exited, or did not say it was ready, before the run began: the message
+    names it and quotes the line it failed with."""
 
 
 def run_cluster(
@@ -105,6 +99,15 @@ def run_cluster(
     from agboss_sql.sql.migrate import upgrade
 
     started = time.monotonic()
+    state = State()
+
+    def show(phase: str | None = None) -> None:
+        if phase is not None:
+            state.phase = phase
+        if view is not None:
+            view(state, config)
+
+    show("migrating the database")
     if config.migrate:
         upgrade(config.url)
     # The audit reads the lab's business table whether the workload writes it or not.
@@ -124,6 +127,7 @@ def run_cluster(
             "lease_ms": config.lease_ms,
             "max_concurrent_steps": config.max_concurrent_steps,
             "shutdown_ms": int(config.shutdown_s * 1000 * 0.8),
+            "start_timeout": _start_bound(config.timeout_s),
         }
 
     cluster = Cluster(
@@ -132,15 +136,19 @@ def run_cluster(
         [base() for _ in range(config.workers)],
         command=(sys.executable, "-m", "agboss_sql.cli", "worker", "--commands", "--config"),
     )
-    state = State()
     engine = sa.create_engine(sync_url(config.url))
     slow_stops: list[str] = []
     chaos = _Chaos(config, tenant, runs)
     try:
         cluster.start()
         for pod in cluster.pods:
-            _wait_ready(cluster, pod, config.timeout_s)
+            state.alive[pod.instance_id] = "starting"
+        show(f"starting {config.workers} workers")
+        for pod in cluster.pods:
+            _wait_ready(cluster, pod, config.timeout_s, tick=show)
             state.alive[pod.instance_id] = "up"
+            show()
+        show("running")
         for index, run in enumerate(runs):
             live = [p for p in cluster.pods if p.alive]
             cluster.send(
@@ -171,17 +179,27 @@ def run_cluster(
                 ):
                     break
             chaos.act(cluster, state, engine)
-            if view is not None:
-                view(state, config)
+            show()
             time.sleep(0.1)
         chaos.thaw(cluster, state)
+        show("stopping the workers")
         for pod in cluster.pods:
-            if pod.alive and not cluster.stop(pod, config.shutdown_s):
-                slow_stops.append(pod.instance_id)
+            if pod.alive:
+                state.alive[pod.instance_id] = "stopping"
+                show()
+                stopped = cluster.stop(pod, config.shutdown_s)
+                if not stopped:
+                    slow_stops.append(pod.instance_id)
+                state.alive[pod.instance_id] = "stopped" if stopped else "stopped (slow)"
+            elif state.alive.get(pod.instance_id, "").startswith("up"):
+                state.alive[pod.instance_id] = "exited"
+            state.slots.pop(pod.instance_id, None)
         for event in cluster.snapshot()[seen:]:
             _observe(state, event)
-        if view is not None:
-            view(state, config)
+        # The counters as the report will give them: a zombie logs its lost leases as it
+        # wakes, and a worker writes what it still had to log as it stops.
+        _poll(engine, tenant, state, workload, runs)
+        show("auditing")
     finally:
         cluster.close()
         engine.dispose()
@@ -209,10 +227,19 @@ def run_cluster(
     return report
 
 
-def _wait_ready(cluster: Cluster, pod: Pod, timeout_s: float) -> None:
-    """Wait for the worker's `ready`; a worker that exits first fails now, quoting the
-    first line of what it wrote on standard error."""
-    deadline = time.monotonic() + min(timeout_s, 60.0)
+def _start_bound(timeout_s: float) -> float:
+    """How long a worker may take to be ready: the run's bound, at most 60 s."""
+    return min(timeout_s, 60.0)
+
+
+def _wait_ready(
+    cluster: Cluster, pod: Pod, timeout_s: float, *, tick: Callable[[], None] | None = None
+) -> None:
+    """Wait for the worker's `ready` (calling `tick` every half second); a worker that
+    exits first, or is not ready within `_start_bound(timeout_s)`, raises
+    `WorkerStartError` at once, quoting the line it failed with."""
+    bound = _start_bound(timeout_s)
+    deadline = time.monotonic() + bound
     while True:
         try:
             cluster.wait_for(
@@ -223,18 +250,30 @@ def _wait_ready(cluster: Cluster, pod: Pod, timeout_s: float) -> None:
             return
         except WaitTimeout:
             if not pod.alive:
-                text = pod.output_path.read_text(encoding="utf-8", errors="replace").strip()
-                last = text.splitlines()[-1] if text else "(no output)"
-                raise RuntimeError(
-                    f"worker {pod.instance_id} exited before it was ready: {last}"
+                raise WorkerStartError(
+                    f"worker {pod.instance_id} exited before it was ready: {_failure_line(pod)}"
                 ) from None
             if time.monotonic() >= deadline:
-                text = pod.output_path.read_text(encoding="utf-8", errors="replace").strip()
-                last = text.splitlines()[-1] if text else "(nothing on its standard error)"
-                raise RuntimeError(
-                    f"worker {pod.instance_id} did not say it was ready within "
-                    f"{min(timeout_s, 60.0):.0f} s: {last}"
+                raise WorkerStartError(
+                    f"worker {pod.instance_id} was not ready within {bound:g} s (--timeout): "
+                    f"{_failure_line(pod)}"
                 ) from None
+            if tick is not None:
+                tick()
+
+
+def _failure_line(pod: Pod) -> str:
+    """What a worker said about its failure: its command's one-line failure if it wrote
+    one, else its first line (the first retry says why it is not ready)."""
+    try:
+        text = pod.output_path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("agboss-sql worker: ")]
+    if said:
+        return said[-1].removeprefix("agboss-sql worker: ")
+    return lines[0] if lines else "(nothing on its standard error)"
 
 
 def _observe(state: State, event: Event) -> None:
@@ -452,68 +491,8 @@ def _held_by(engine: sa.Engine, tenant: str, instance_id: str) -> list[tuple[str
         return [(instance_id, str(e), int(n)) for e, n in rows]
 
 
-def render_report(report: Report) -> str:
-    """The report as text."""
-    lines = [
-        f"cluster on {report.url}: {report.workers} workers, workload {report.workload}, "
-        f"tenant {report.tenant}",
-        "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report.runs.items())),
-        f"effects and steps stored: {report.effects_stored}, undone: {report.undos}",
-        f"children finished: {report.children_finished}, pauses answered: {report.pauses_answered}",
-        f"takeovers: {report.takeovers}, leases lost: {report.leases_lost}, "
-        f"zombie writes refused by the store: {report.zombie_writes_refused}",
-        f"wall time: {report.wall_s} s (workers' output, events and rows: {report.run_dir})",
-        "chaos:",
-        *(f"  {c}" for c in report.chaos or ["(none)"]),
-    ]
-    if report.violations:
-        lines.append(f"BROKEN: {len(report.violations)} violations")
-        lines += [f"  {v}" for v in report.violations]
-    else:
-        lines.append("every invariant held")
-    return "\n".join(lines)
-
-
-def live_view() -> tuple[Callable[[State, ClusterConfig], None], Callable[[], None]]:
-    """A `rich` live view of the run: `(update, close)`."""
-    from rich.console import Group
-    from rich.live import Live
-    from rich.table import Table
-    from rich.text import Text
-
-    live = Live(refresh_per_second=4, transient=False)
-    live.start()
-
-    def update(state: State, config: ClusterConfig) -> None:
-        table = Table(title="workers", expand=False)
-        for column in ("worker", "state", "slots busy", "waiting"):
-            table.add_column(column)
-        for pod, alive in sorted(state.alive.items()):
-            busy, most, waiting = state.slots.get(pod, (0, config.max_concurrent_steps, 0))
-            shown = f"{busy}/{most}" if alive.startswith("up") else "-"
-            table.add_row(pod, alive, shown, str(waiting) if alive.startswith("up") else "-")
-        runs = Table(title="runs", expand=False)
-        for column in ("running", "waiting", "paused", "succeeded", "cancelled", "failed"):
-            runs.add_column(column)
-        s = state.statuses
-        runs.add_row(
-            *(
-                str(s[k])
-                for k in ("running", "queued", "paused", "succeeded", "cancelled", "failed")
-            )
-        )
-        summary = Text(
-            f"{time.monotonic() - state.started_at:5.1f} s   work done {state.progress:.0%}   "
-            f"takeovers {state.takeovers}   leases lost {state.lost}   "
-            f"zombie writes refused by the store {state.refused}"
-        )
-        chaos = Text("\n".join(state.chaos[-4:]), style="yellow")
-        live.update(Group(table, runs, summary, chaos))
-
-    return update, live.stop
-
-
 __all__ = [
+    "WorkerStartError",
     "ClusterConfig",
     "ClusterRun",
     "ClusterWorkload",

@@ -7,13 +7,20 @@ With `commands=True`, JSON lines on standard input start, cancel and resume runs
 (`{"cmd": "start", "workflow": "order", "input": {...}, "id": "o-1"}`, `{"cmd":
 "cancel", "id": "o-1"}`, `{"cmd": "resume", "id": "o-1", "decision": {...}}`,
 `{"cmd": "stop"}`), and what the engine does is written to standard output as JSON lines.
+
+Before the engine starts, `serve` waits for the database (`wait_for_database`): until it
+answers at the head schema revision the worker's readiness is DOWN, each failed try is
+one line on the log (and a `readiness` event), tried again after a doubling pause, and
+after `start_timeout_s` the worker gives up with `DatabaseNotReadyError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -23,6 +30,26 @@ from typing import Any
 from agboss_sql.contracts.errors import AgbossError
 from agboss_sql.runtime.engine import DEFAULT_TENANT, Engine
 from agboss_sql.runtime.workflows import Workflows
+
+START_TIMEOUT_S = 60.0
+"""How long a worker waits for its database at start by default (`serve(start_timeout_s)`,
+`agboss-sql worker --start-timeout`)."""
+
+INTERRUPTED = 130
+"""`serve`'s answer after a graceful stop asked by SIGINT (Ctrl-C): 128 + SIGINT."""
+
+logger = logging.getLogger(__name__)
+
+
+class DatabaseNotReadyError(AgbossError):
+    """The worker's database did not answer at the head schema revision within the start
+    bound: `reason` is the last failure's first line."""
+
+    code = "workflow.database-not-ready"
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class AppLoadError(AgbossError):
@@ -143,6 +170,70 @@ async def _status(engine: Engine, every_s: float = 0.5) -> None:
         await asyncio.sleep(every_s)
 
 
+def first_line(error: BaseException) -> str:
+    """An error as one line: its text's first line (its type's name when it has none)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+async def database_problem(url: str | None) -> str | None:
+    """Why the database at `url` cannot run workflows now, in one line (`None`: it answers
+    at the head schema revision). One connection, one read; a SQLite file's directory must
+    be writable (the worker writes the file and its journal beside it)."""
+    from agboss_sql.sql.connection import SqlConnection
+    from agboss_sql.sql.migrate import require_head, resolve_url
+
+    connection = SqlConnection(resolve_url(url))
+    try:
+        await require_head(connection)
+    except Exception as error:
+        return first_line(error)
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+    return None
+
+
+async def wait_for_database(
+    url: str | None,
+    *,
+    timeout_s: float = START_TIMEOUT_S,
+    first_pause_s: float = 0.5,
+    longest_pause_s: float = 10.0,
+    on_down: Callable[[str, float], None] | None = None,
+) -> None:
+    """Return once the database at `url` answers at the head schema revision
+    (`database_problem`). Until then each try that fails calls `on_down(reason,
+    pause_s)` (default: one warning line on the log), then waits `pause_s`, doubled after
+    each try up to `longest_pause_s`; past `timeout_s` raise `DatabaseNotReadyError`
+    with the last reason."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pause = first_pause_s
+    while True:
+        reason = await database_problem(url)
+        if reason is None:
+            return
+        left = deadline - loop.time()
+        if left <= 0:
+            raise DatabaseNotReadyError(
+                f"the database did not become ready within {timeout_s:g} s: {reason}", reason
+            )
+        pause = min(pause, left)
+        if on_down is not None:
+            on_down(reason, pause)
+        else:
+            logger.warning(
+                "database not ready (readiness DOWN): %s; trying again in %.1f s "
+                "(giving up %.0f s after start)",
+                reason,
+                pause,
+                timeout_s,
+            )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest_pause_s)
+
+
 async def serve(
     workflows: Workflows,
     *,
@@ -154,9 +245,13 @@ async def serve(
     commands: bool = False,
     events: bool = False,
     on_ready: Callable[[Engine], None] | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> int:
     """Run `workflows` on an `Engine` until SIGTERM/SIGINT (or, with `commands`, until
-    standard input closes or says stop). The exit status: 0 after a graceful stop, 3 when
+    standard input closes or says stop). First wait up to `start_timeout_s` for the
+    database (`wait_for_database`; with `events` or `commands` each failed try is also a
+    `readiness` event, status `DOWN`), else raise `DatabaseNotReadyError`. The exit
+    status: 0 after a graceful stop, `INTERRUPTED` (130) after one asked by SIGINT, 3 when
     the stop overran `shutdown_ms`."""
     engine = Engine(
         workflows,
@@ -170,8 +265,39 @@ async def serve(
         engine.emit = json_lines(engine.instance_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    interrupted: list[int] = []
+
+    def stop_on(sig: int) -> None:
+        interrupted.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop_on, sig)
+
+    def down(reason: str, pause_s: float) -> None:
+        engine.emit({"kind": "readiness", "status": "DOWN", "error": reason, "retry_s": pause_s})
+        logger.warning(
+            "database not ready (readiness DOWN): %s; trying again in %.1f s "
+            "(giving up %.0f s after start)",
+            reason,
+            pause_s,
+            start_timeout_s,
+        )
+
+    waiting = loop.create_task(
+        wait_for_database(
+            url, timeout_s=start_timeout_s, on_down=down if events or commands else None
+        )
+    )
+    stopped = loop.create_task(stop.wait())
+    await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not waiting.done():
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        return INTERRUPTED if signal.SIGINT in interrupted else 0
+    stopped.cancel()
+    waiting.result()
     await engine.open()
     if on_ready is not None:
         on_ready(engine)
@@ -187,7 +313,18 @@ async def serve(
             await engine.close()
         except TimeoutError:
             return 3
-    return 0
+    return INTERRUPTED if signal.SIGINT in interrupted else 0
 
 
-__all__ = ["AppLoadError", "json_lines", "load_workflows", "serve"]
+__all__ = [
+    "INTERRUPTED",
+    "START_TIMEOUT_S",
+    "AppLoadError",
+    "DatabaseNotReadyError",
+    "database_problem",
+    "first_line",
+    "json_lines",
+    "load_workflows",
+    "serve",
+    "wait_for_database",
+]

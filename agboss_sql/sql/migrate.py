@@ -32,6 +32,7 @@ from alembic.script.revision import RevisionError
 from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
+from agboss_sql._dialects.mysql_collation import Collation, collation_of
 from agboss_sql.contracts.errors import AgbossError, SchemaNotReadyError, SchemaUnversionedError
 from agboss_sql.sql.connection import SqlConnection, normalize_url
 from agboss_sql.sql.schema import metadata
@@ -154,6 +155,39 @@ def missing_sqlite_file(url: str | URL | None = None) -> Path | None:
     return None if path.exists() else path
 
 
+def sqlite_file_problem(url: str | URL | None = None, *, writes: bool = True) -> str | None:
+    """Why the SQLite file `url` names cannot be used, in one line saying what to do
+    (`None`: it can, or `url` is not a SQLite file). Its directory must be a directory
+    (or one that can be made) and writable: SQLite writes the file, and its `-wal` and
+    `-shm` files beside it, even to read a database in WAL mode. With `writes`, a file
+    that exists must be writable too. Reads only the file system (as `access(2)`: a
+    read-only mount refuses even root)."""
+    target = sync_url(resolve_url(url))
+    if not dialect_for(target.get_backend_name()).CAPABILITIES.inline:
+        return None
+    if target.database in (None, "", ":memory:"):
+        return None
+    path = Path(target.database).absolute()
+    fix = "use a path in a writable directory, e.g. --url sqlite:///.agboss/agboss.sqlite"
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory, so {path} cannot be made: {fix}"
+    if path.is_dir():
+        return f"{path} is a directory, not a SQLite file: name a file in it, or {fix}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "read" if path.exists() and not writes else "write"
+        return (
+            f"cannot {what} {path}: its directory {existing} is read-only (SQLite writes "
+            f"the file and its -wal and -shm files beside it, even to read): {fix}, or "
+            "copy the file to one"
+        )
+    if writes and path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"cannot write {path}: the file is read-only: make it writable, or {fix}"
+    return None
+
+
 def head_of(revision: str) -> str:
     """`revision` with `head` resolved to the newest revision's id."""
     return head() if revision == "head" else revision
@@ -212,6 +246,18 @@ def agboss_tables_on(connection: sa.Connection) -> set[str]:
     return set(sa.inspect(connection).get_table_names()) & set(metadata.tables)
 
 
+def collation(url: str | URL | None = None) -> Collation | None:
+    """On MySQL and MariaDB, the collation of the database at `url` and of its agboss
+    tables (see `agboss_sql._dialects.mysql_collation`: every text column must be
+    `utf8mb4_bin`); `None` on the other databases, whose text always compares exactly. A
+    read: a SQLite file is not even opened."""
+    target = sync_url(resolve_url(url))
+    if dialect_for(target.get_backend_name()).NAME != "mysql":
+        return None
+    with connect(target) as connection:
+        return collation_of(connection, [*metadata.tables, VERSION_TABLE])
+
+
 def schema_differences_on(connection: sa.Connection) -> list[str]:
     """How the agboss tables on `connection`'s database differ from the project's schema
     at head (Alembic's autogenerate comparison), one text per difference; empty when they
@@ -260,13 +306,14 @@ async def require_head(connection: SqlConnection) -> None:
     shown = url.render_as_string(hide_password=True)
     if revision is None:
         state = "has no agboss schema revision (no agboss_alembic_version row)"
+        other = " (or `agboss-sql stamp` to adopt tables made another way)"
     else:
-        state = f"is at revision {revision}, behind {newest}"
+        # A database merely behind is upgraded: stamping it would skip the revisions between.
+        state, other = f"is at revision {revision}, behind {newest}", ""
     raise SchemaNotReadyError(
         revision,
         newest,
-        f"database {shown} {state}: run `agboss-sql upgrade --url {shown}` "
-        "(or `agboss-sql stamp` to adopt tables made another way)",
+        f"database {shown} {state}: run `agboss-sql upgrade --url {shown}`{other}",
     )
 
 
