@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -427,6 +428,25 @@ def test_every_limit_has_its_case() -> None:
         MAX_CHECKPOINT_ID_LENGTH,
         MAX_CHANNEL_VERSION_LENGTH,
     )
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "limits.md"
+
+
+def _row(limit: Limit) -> str:
+    return (
+        f"| `{limit.name}` | {limit.maximum:,} | {limit.unit} | {limit.bounds} "
+        f"| `{limit.error.__name__}` |"
+    )
+
+
+def test_the_docs_give_the_table_of_limits_as_the_code_keeps_it() -> None:
+    """docs/limits.md has one table of limits: a row per limit, in the table's order, with
+    its maximum, what it bounds and its typed error, exactly as `LIMITS` has them."""
+    text = DOCS.read_text()
+    section = text.split("## Limits of what a store keeps", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [_row(limit) for limit in LIMITS]
 
 
 @pytest.mark.parametrize("limit", WALKED, ids=lambda limit: limit.name)
