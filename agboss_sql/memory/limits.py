@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from agboss_sql.contracts.clocks import Clock, StoreClock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     NO_TENANT,
@@ -15,35 +14,25 @@ from agboss_sql.contracts.rules import (
 )
 from agboss_sql.contracts.stores import CostLedgerRepository, RateLimitRepository
 from agboss_sql.contracts.types import (
-    ApplicationContext,
     BudgetScope,
     CostEntry,
     CostTotal,
     WindowResult,
 )
 from agboss_sql.memory._fencing import ApplicationClockStore, StoreClockStore, store_now
-from agboss_sql.memory.backend import InMemoryBackend, WindowRow
+from agboss_sql.memory.backend import WindowRow
 
 
 class InMemoryRateLimitRepository(StoreClockStore, RateLimitRepository):
     """Rate limits in an `InMemoryBackend`, on the store's time (as the SQL store): with
     `StoreClock()` the host's clock, which every instance of one in-process cluster shares;
-    `StoreClock(clock)` in tests. An application `Clock` given directly is taken as
-    `StoreClock(clock)`.
+    `StoreClock(clock)` in tests.
 
     Each method counts and takes without awaiting in between: one atomic step on the event
     loop. A slot is live while `expires_at > now`, as a lease is. A window is a fixed window
     aligned to a multiple of `window_ms`, one counter per key: a key counts in one window
     size (asked with another size, its count restarts whenever the window start differs).
     """
-
-    def __init__(
-        self, backend: InMemoryBackend, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        given: object = clock
-        if not isinstance(given, StoreClock) and isinstance(given, Clock):
-            clock = StoreClock(given)
-        super().__init__(backend, clock, application)
 
     def _now(self) -> int:
         return store_now(self.store_clock)

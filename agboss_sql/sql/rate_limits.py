@@ -3,8 +3,8 @@
 On the store's time, as leases are: with `StoreClock()` (what an `Application` gives it)
 the database's clock decides, so an instance whose own clock jumps (an hour ahead, say)
 can neither evict another's live slot nor move a window; `StoreClock(clock)` sends
-`clock.now()` as `:now` instead (tests move time that way), and an application `Clock`
-passed directly is taken as `StoreClock(clock)`. A slot is live while `expires_at > now`,
+`clock.now()` as `:now` instead (tests move time that way); an application `Clock` is
+a `TypeError`, as for every store on the store's time. A slot is live while `expires_at > now`,
 as a lease is. With database time a slot take reads the time once under the key's lock
 (one `SELECT` more) and decides with it; a renewal and a pause's read read it inside
 their one statement; a window's start is counted from a time read just before its upsert.
@@ -43,7 +43,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.contracts.clocks import Clock, StoreClock
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
     checked_count,
@@ -51,10 +50,10 @@ from agboss_sql.contracts.rules import (
     checked_time,
 )
 from agboss_sql.contracts.stores import RateLimitRepository
-from agboss_sql.contracts.types import ApplicationContext, WindowResult
+from agboss_sql.contracts.types import WindowResult
 from agboss_sql.sql._base import StoreClockStore
 from agboss_sql.sql._fence import store_time_params
-from agboss_sql.sql.connection import Exec, SqlBuilder, SqlConnection, Step
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import rate_limit_keys, rate_limit_slots
 
 K = rate_limit_keys
@@ -169,16 +168,6 @@ class SqlRateLimitRepository(StoreClockStore[RateLimitStatements], RateLimitRepo
     `window_ms`, one per key) adds only what fits; a pause never shortens."""
 
     statements = RateLimitStatements
-
-    def __init__(
-        self, connection: SqlConnection, clock: StoreClock, application: ApplicationContext
-    ) -> None:
-        # An application clock given directly (the store took one before it decided by the
-        # store's time) decides as `StoreClock(clock)` would.
-        given: object = clock
-        if not isinstance(given, StoreClock) and isinstance(given, Clock):
-            clock = StoreClock(given)
-        super().__init__(connection, clock, application)
 
     def _params(self, **params: Any) -> dict[str, Any]:
         return store_time_params(self.store_clock, **params)

@@ -315,7 +315,8 @@ async def test_slots_taken_on_different_nodes_never_exceed_the_maximum(
 ) -> None:
     clock = VirtualClock(START)
     stores = [
-        SqlRateLimitRepository(nodes(i), clock, ApplicationContext(f"taker-{i}")) for i in range(12)
+        SqlRateLimitRepository(nodes(i), StoreClock(clock), ApplicationContext(f"taker-{i}"))
+        for i in range(12)
     ]
     bad: list[tuple[int, int]] = []
     for round_ in range(max(10, ROUNDS // 10)):

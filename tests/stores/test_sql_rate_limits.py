@@ -19,6 +19,7 @@ from support.sql import statements
 from agboss_sql.contracts import (
     ApplicationContext,
     InvalidIdentifierError,
+    StoreClock,
     VirtualClock,
     WindowResult,
 )
@@ -42,7 +43,7 @@ def clock() -> VirtualClock:
 def store(
     connection: SqlConnection, clock: VirtualClock, instance: str = "instance-1"
 ) -> SqlRateLimitRepository:
-    return SqlRateLimitRepository(connection, clock, ApplicationContext(instance))
+    return SqlRateLimitRepository(connection, StoreClock(clock), ApplicationContext(instance))
 
 
 def instances(
@@ -407,8 +408,10 @@ async def test_the_slot_race_catches_a_count_then_insert_without_the_lock(
     sql: SqlConnection, new_connection: NewConnection, clock: VirtualClock
 ) -> None:
     """The broken twin, under the same race: more than `max_slots` are held."""
-    broken = [CountThenInsertLimits(sql, clock, ApplicationContext("instance-1"))] + [
-        CountThenInsertLimits(new_connection(), clock, ApplicationContext(f"instance-{i}"))
+    broken = [CountThenInsertLimits(sql, StoreClock(clock), ApplicationContext("instance-1"))] + [
+        CountThenInsertLimits(
+            new_connection(), StoreClock(clock), ApplicationContext(f"instance-{i}")
+        )
         for i in range(2, 6)
     ]
     exceeded = 0

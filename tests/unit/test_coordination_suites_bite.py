@@ -74,8 +74,13 @@ CASES = [case for suite in SUITES for case in suite.cases()]
 
 
 def _factory(store: Callable[..., Any], backend: InMemoryBackend) -> StoreFactory:
-    # These stores run on the application's clock (the case's virtual clock).
-    return StoreFactory(instance=lambda seam: store(backend, seam.clock, seam.application))
+    # Rate limits run on the store's time, the others on the application's clock (the
+    # case's virtual clock).
+    def build(seam: Any) -> Any:
+        on_store_time = isinstance(store, type) and issubclass(store, InMemoryRateLimitRepository)
+        return store(backend, seam.store_clock if on_store_time else seam.clock, seam.application)
+
+    return StoreFactory(instance=build)
 
 
 def test_every_suite_has_cases_of_its_own_contract_and_none_fenced() -> None:

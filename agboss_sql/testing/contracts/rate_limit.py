@@ -1,9 +1,11 @@
 """Contract suite of `RateLimitRepository` (docs/contracts.md): limits across instances.
 
-On the application's clock (the case's `VirtualClock`): slots are counted and taken under
-one lock and never exceed the maximum, an expired slot does not count and cannot be
-renewed; a fixed window never exceeds its limit and a refused amount is not added; a
-pause never shortens and reads `None` once over.
+On the store's time (the case's `VirtualClock`, or the database's own in the database-time
+case): slots are counted and taken under one lock and never exceed the maximum, an expired
+slot does not count and cannot be renewed; a fixed window never exceeds its limit and a
+refused amount is not added; a pause never shortens and reads `None` once over. An
+instance's own clock decides nothing: one an hour ahead neither evicts a live slot nor
+starts a window of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from agboss_sql.contracts.stores import RateLimitRepository
 from agboss_sql.contracts.types import WindowResult
 from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._fencing import on_database_time
 
 CONTRACT = "rate_limit"
 TTL = 10_000
@@ -331,6 +334,38 @@ async def keeps_a_keys_slots_window_and_pause_apart(ctx: CaseContext) -> None:
     _expect(not full.allowed and full.used == 5, "keys-independent", f"window: {full}")
 
 
+JUMP_MS = 3_600_000
+"""How far ahead the jumped instance's own clock is: an hour (and the window's size)."""
+
+
+async def database_time_decides_slots_and_windows(ctx: CaseContext) -> None:
+    """On the database's own time (`StoreClock()`), an instance whose own clock is an hour
+    ahead neither takes the live slot of a one-slot key (nor evicts it: its holder renews
+    it) nor adds to a full window of an hour: it would, if its own clock decided."""
+    await on_database_time(ctx)
+    on_time = _limits(ctx, 0)
+    jumped: RateLimitRepository = ctx.store(CONTRACT, 1, skew_ms=JUMP_MS)
+    _expect(await on_time.acquire_slot("jump", "h-1", 1, TTL), "store-time", "h-1 refused")
+    _expect(
+        not await jumped.acquire_slot("jump", "h-2", 1, TTL),
+        "store-time",
+        "an instance whose clock is an hour ahead took the live slot of a one-slot key",
+    )
+    _expect(
+        await on_time.renew_slot("jump", "h-1", TTL),
+        "store-time",
+        "the live slot was gone after an instance an hour ahead asked for one",
+    )
+    first = await on_time.add_to_window("jump", JUMP_MS, 1, 1)
+    _expect(first.allowed, "store-time", f"the first unit of an empty window: {first}")
+    second = await jumped.add_to_window("jump", JUMP_MS, 1, 1)
+    _expect(
+        not second.allowed and second.used == 1,
+        "store-time",
+        f"an instance an hour ahead added to a full window of an hour: {second}",
+    )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("takes slots up to the maximum", takes_slots_up_to_the_maximum),
     (
@@ -355,6 +390,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "keeps a key's slots, window and pause apart",
         keeps_a_keys_slots_window_and_pause_apart,
+    ),
+    (
+        "decides slots and windows by the database's time, whatever an instance's clock",
+        database_time_decides_slots_and_windows,
     ),
 ]
 

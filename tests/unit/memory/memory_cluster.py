@@ -36,6 +36,7 @@ TENANT = "tenant-1"
 S = TypeVar("S")
 
 _STORE_CLOCKED = (
+    InMemoryRateLimitRepository,
     InMemoryExecutionLeaseRepository,
     InMemoryFencedEffectRepository,
     InMemoryOutboundCallRepository,

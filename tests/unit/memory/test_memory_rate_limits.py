@@ -113,7 +113,9 @@ async def test_an_amount_above_the_limit_is_refused(cluster: Cluster) -> None:
 
 async def test_windows_are_fixed_and_aligned_to_their_size(cluster: Cluster) -> None:
     clock = VirtualClock(120_000 + 59_999)
-    limits = InMemoryRateLimitRepository(InMemoryBackend(), clock, ApplicationContext("i"))
+    limits = InMemoryRateLimitRepository(
+        InMemoryBackend(), StoreClock(clock), ApplicationContext("i")
+    )
     assert await limits.add_to_window("calls", 60_000, 5, 5) == WindowResult(True, 5, 180_000)
     assert await limits.add_to_window("calls", 60_000, 1, 5) == WindowResult(False, 5, 180_000)
     await clock.advance(1)
@@ -129,7 +131,9 @@ async def test_keys_count_apart(cluster: Cluster) -> None:
 
 async def test_a_key_asked_with_another_window_size_restarts_when_the_start_differs() -> None:
     clock = VirtualClock(61_000)
-    limits = InMemoryRateLimitRepository(InMemoryBackend(), clock, ApplicationContext("i"))
+    limits = InMemoryRateLimitRepository(
+        InMemoryBackend(), StoreClock(clock), ApplicationContext("i")
+    )
     assert await limits.add_to_window("calls", 60_000, 5, 5) == WindowResult(True, 5, 120_000)
     # The one-second window starts at 61_000, not at 60_000: a new count.
     assert await limits.add_to_window("calls", 1_000, 1, 5) == WindowResult(True, 1, 62_000)
@@ -183,12 +187,12 @@ async def test_a_pause_in_the_past_is_no_pause(cluster: Cluster) -> None:
 
 
 def test_rate_limits_run_on_the_stores_time() -> None:
-    with pytest.raises(TypeError, match="store's time"):
-        InMemoryRateLimitRepository(InMemoryBackend(), object(), ApplicationContext("i"))  # type: ignore[arg-type]
+    for application_clock in (VirtualClock(START), object()):
+        with pytest.raises(TypeError, match="store's time"):
+            InMemoryRateLimitRepository(
+                InMemoryBackend(), application_clock, ApplicationContext("i")
+            )  # type: ignore[arg-type]
     on_store_time = InMemoryRateLimitRepository(
         InMemoryBackend(), StoreClock(), ApplicationContext("i")
     )
     assert on_store_time.store_clock.is_database_time
-    clock = VirtualClock(START)
-    given = InMemoryRateLimitRepository(InMemoryBackend(), clock, ApplicationContext("i"))  # type: ignore[arg-type]
-    assert given.store_clock.clock is clock
