@@ -21,7 +21,6 @@ from typing import Any
 
 from agboss_sql.contracts.clocks import Clock
 from agboss_sql.contracts.errors import (
-    DuplicateChildError,
     DuplicatePauseError,
     ExecutionCancelledError,
     ExecutionFencedError,
@@ -353,10 +352,8 @@ class Executor:
         )
         known = {row.child_execution_id: row for row in rows}
         run.keeper.guard()
-        for child_id, call in zip(ids, calls, strict=True):
-            if child_id in known:
-                continue
-            queued = QueuedChild(
+        missing = [
+            QueuedChild(
                 tenant_id=run.tenant_id,
                 root_execution_id=run.root,
                 parent_execution_id=run.execution,
@@ -364,10 +361,17 @@ class Executor:
                 depth=run.depth + 1,
                 payload={"workflow": call.workflow, "input": call.input},
             )
-            with contextlib.suppress(DuplicateChildError):
-                await self.retrying(
-                    run, f"queue {child_id}", functools.partial(self.queue.enqueue, queued)
-                )
+            for child_id, call in zip(ids, calls, strict=True)
+            if child_id not in known
+        ]
+        if missing:
+            # One step for all of them; ids queued meanwhile (a retry after a lost reply,
+            # another attempt of this run) are skipped, so a retry is safe.
+            await self.retrying(
+                run,
+                f"queue {len(missing)} children of {run.execution}",
+                functools.partial(self.queue.enqueue_many, missing),
+            )
         if len(known) < len(ids):
             self.queued()
         if not all(

@@ -387,21 +387,32 @@ class Runs:
         there are slots (a child waiting for its own children has no run: it yielded)."""
         children = self._children
         assert children is not None
+        # Told of children queued anywhere where the queue can tell (PostgreSQL); polled
+        # adaptively besides: from poll_ms / 16 after a claim, doubling while none is queued.
+        children.listen(self._poke)
+        shortest = max(1, self.poll_ms // 16)
+        nap = shortest
         while True:
-            claimed = None
+            started: list[Any] = []
             try:
                 at_work = self._active_children + len(self._pending_children)
-                self._pump_starved = not (self.slots.free > 0 and at_work < self.slots.max_steps)
+                room = min(self.slots.free, self.slots.max_steps - at_work)
+                self._pump_starved = room <= 0
                 if not self._pump_starved:
-                    claimed, task = await children.start_once()
-                    if claimed is not None and task is not None:
-                        child_id = claimed.child_execution_id
-                        self._pending_children.add(child_id)
-                        task.add_done_callback(functools.partial(self._child_done, child_id))
+                    # As many as there are free slots, in one claim.
+                    started = await children.start_many(room)
+                    for claimed, task in started:
+                        if task is not None:
+                            child_id = claimed.child_execution_id
+                            self._pending_children.add(child_id)
+                            task.add_done_callback(functools.partial(self._child_done, child_id))
             except Exception:
                 logger.warning("the child pump failed a pass", exc_info=True)
-            if claimed is None:
-                await self._nap(self.poll_ms)
+            if started:
+                nap = shortest
+                continue
+            await self._nap(nap)
+            nap = min(self.poll_ms, nap * 2)
 
     def _child_done(self, child_id: str, _task: asyncio.Task[None]) -> None:
         self._pending_children.discard(child_id)

@@ -146,7 +146,6 @@ async def test_children_run_on_another_instance_while_their_parent_waits_holding
     # "a" runs what is started on it and nothing else (no child pump): the children can
     # only run on "b".
     a = await cluster.engine("a", app, background=False)
-    b = await cluster.engine("b", app)
     await a.start("order", ["x", "y", "z"], id="o-1", tenant_id=cluster.tenant)
     # Waiting for its children: queued, its lease yielded, no step slot held.
     waiting = [("acquired", "a", 1), ("yielded", "a", 1)]
@@ -159,6 +158,8 @@ async def test_children_run_on_another_instance_while_their_parent_waits_holding
     assert a.slots.busy == 0
     children = await a.queue.children(cluster.tenant, "o-1")
     assert [c.status for c in children] == ["queued"] * 3
+    # "b" starts once they are queued (where the queue notifies, it claims them at once).
+    b = await cluster.engine("b", app)
     await cluster.wait_state(b, "o-1", WorkflowState.SUCCEEDED, move=True)
     status = await b.status("o-1", tenant_id=cluster.tenant)
     assert status.result == {
