@@ -67,6 +67,7 @@ from agboss_sql.runtime._log import log_lease_event
 from agboss_sql.runtime._run import bounded
 from agboss_sql.runtime.context import WorkflowContext
 from agboss_sql.runtime.engine import DEFAULT_TENANT, Engine
+from agboss_sql.runtime.errors import WorkflowDefinitionError
 from agboss_sql.runtime.workflows import Workflows, checked_json, checked_name, fingerprint_of
 from agboss_sql.sql.checkpoint import LEASE_KEY, SqlCheckpointSaver
 
@@ -85,11 +86,13 @@ INSTANCE_KEY = "agboss_instance"
 """The checkpoint metadata key naming the instance that wrote the checkpoint."""
 GUARD_KEY = "agboss_guard"
 """The `configurable` key of the run's check, called before every checkpoint write."""
+INTERRUPTS_KEY = "__interrupt__"
+"""Where an interrupted invocation's output lists its pending interrupts."""
 INTERRUPT_PREFIX = "interrupt-"
 """A pause for LangGraph interrupt `id` is named `INTERRUPT_PREFIX + id`."""
 
 Output = Callable[[dict[str, Any]], Any]
-"""Makes the run's result (JSON) of the graph's final state values."""
+"""Makes the run's result (JSON) of the graph's output (what `ainvoke` answers at the end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +191,17 @@ def _saver_of(executor: Executor) -> tuple[SqlCheckpointSaver, dict[str, Any]]:
 
 def _compiled(graph: Any) -> Any:
     if hasattr(graph, "compile") and not hasattr(graph, "ainvoke"):
-        return graph.compile()
+        graph = graph.compile()
     if not hasattr(graph, "ainvoke") or not hasattr(graph, "copy"):
         raise TypeError(
             f"add_graph takes a LangGraph StateGraph or compiled graph, got {type(graph).__name__}"
+        )
+    if getattr(graph, "interrupt_before_nodes", None) or getattr(
+        graph, "interrupt_after_nodes", None
+    ):
+        raise WorkflowDefinitionError(
+            "a graph run by the runtime pauses on interrupt(): compile it without "
+            "interrupt_before / interrupt_after"
         )
     return graph
 
@@ -225,7 +235,7 @@ def add_graph(
     own checkpointer is replaced by the fenced saver) as workflow `name` of `app`: start a
     thread with `engine.start(name, input, id=thread_id)`, answer its `interrupt()` with
     `engine.resume(thread_id, value)`, cancel it with `engine.cancel(thread_id)`, and read
-    its result (`output(final state values)`, by default the values as JSON) with
+    its result (`output(the graph's output)`, by default that output as JSON) with
     `engine.result(thread_id)` — each from any instance. See the module for what a run
     promises."""
     compiled = _compiled(graph)
@@ -267,42 +277,34 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
     }
     token = _current.set(_GraphRun(executor, run, asyncio.get_running_loop()))
     try:
-        if run.fresh:
-            # The thread's first lease ever: nothing of it can be stored yet.
-            state, command, invoke = None, value, True
-        else:
+        command: Any = value
+        interrupts: list[Any] | None = None
+        if not run.fresh:
+            # Taken over, or resumed after a pause. (The thread's first lease ever finds
+            # nothing of it stored: no read.) With tasks left — even ones whose writes are
+            # stored, which LangGraph's `next` leaves out — the super-step the last holder
+            # was in runs on from its checkpoint; a finished thread answers its output.
             state = await graph.aget_state(config)
-            started = state.created_at is not None
-            command = None if started else value
-            # Tasks left (even ones whose writes are stored, which `next` leaves out): the
-            # super-step the last holder was in runs on from its checkpoint.
-            invoke = not started or bool(state.tasks and not _interrupts(state))
-        seen: str | None = None
+            if state.created_at is not None:
+                command, interrupts = None, _interrupts(state) or None
         while True:
-            if invoke:
-                await _invoke(ctx, executor, run, graph, command, config)
-                state = await graph.aget_state(config)
-            assert state is not None
-            interrupts = _interrupts(state)
-            if not interrupts:
-                if not state.tasks:
-                    return definition.output(dict(state.values))
-                # Tasks left and no interrupt (a static breakpoint): go on past it, unless
-                # the last invocation moved nothing.
-                at = _checkpoint_id(state)
-                if command is None and invoke and at == seen:
-                    raise RuntimeError(
-                        f"graph {definition.name!r} stopped at checkpoint {at} with tasks "
-                        f"{[t.name for t in state.tasks]} and no interrupt"
-                    )
-                seen, command, invoke = at, None, True
-                continue
+            if interrupts is None:
+                output = await _invoke(ctx, executor, run, graph, command, config)
+                if isinstance(output, dict):
+                    interrupts = list(output.get(INTERRUPTS_KEY) or ())
+                    if not interrupts:
+                        return definition.output(output)
+                else:  # not a state graph's output: the state tells
+                    state = await graph.aget_state(config)
+                    interrupts = _interrupts(state)
+                    if not interrupts:
+                        return definition.output(dict(state.values))
             answers: dict[str, Any] = {}
             for interrupt in sorted(interrupts, key=lambda i: str(i.id)):
                 answers[str(interrupt.id)] = await ctx.pause(
                     INTERRUPT_PREFIX + str(interrupt.id), _request_of(interrupt.value)
                 )
-            command, invoke = Command(resume=answers), True
+            command, interrupts = Command(resume=answers), None
     finally:
         _current.reset(token)
 
@@ -314,11 +316,11 @@ async def _invoke(
     graph: Any,
     command: Any,
     config: dict[str, Any],
-) -> None:
-    """One invocation of the graph; a checkpoint write the store refused is logged as the
-    lease lost (with why), as a refused step is."""
+) -> Any:
+    """One invocation of the graph, answering its output; a checkpoint write the store
+    refused is logged as the lease lost (with why), as a refused step is."""
     try:
-        await graph.ainvoke(command, config, durability="sync")
+        return await graph.ainvoke(command, config, durability="sync")
     except ExecutionFencedError as refused:
         await log_lease_event(
             executor.events,
@@ -340,11 +342,6 @@ async def _invoke(
     except Exception:
         ctx.check()  # a cancel or a lost lease, rather than what it broke
         raise
-
-
-def _checkpoint_id(state: StateSnapshot) -> str | None:
-    found = (state.config.get("configurable") or {}).get("checkpoint_id")
-    return str(found) if found is not None else None
 
 
 def _interrupts(state: StateSnapshot) -> list[Any]:
