@@ -52,12 +52,18 @@ from agboss_sql.sql.migrate import sync_url
 
 
 def load_workload(spec: str) -> ClusterWorkload:
-    """`tree`, or `module:attr` naming a `ClusterWorkload`."""
+    """`tree`, `langgraph` (`graph_app`: a LangGraph agent), or `module:attr` naming a
+    `ClusterWorkload`."""
     if spec == "tree":
         from agboss_sql.lab import tree_app
 
         chosen: ClusterWorkload = tree_app.workload
         return chosen
+    if spec == "langgraph":
+        from agboss_sql.lab import graph_app
+
+        graphs: ClusterWorkload = graph_app.workload
+        return graphs
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"--workload {spec!r} must be `tree` or package.module:attribute")
