@@ -1,6 +1,6 @@
 """The cluster's LangGraph workload, written only against the public API
 (`agboss_sql.runtime` and `agboss_sql.runtime.graphs`): what
-`agboss-sql cluster --workload agboss_sql.lab.graph_app:workload` runs.
+`agboss-sql cluster --workload langgraph` runs.
 
     agboss-sql worker --url URL --app agboss_sql.lab.graph_app:app
 
