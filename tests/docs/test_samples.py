@@ -80,7 +80,10 @@ def test_each_sample_is_what_its_command_prints(
     command: str, block: Block, after_the_demo: AfterTheDemo
 ) -> None:
     printed = after_the_demo.printed(command)
-    assert normalised(printed) == normalised(block.text), where(block)
+    assert normalised(printed) == normalised(block.text), (
+        f"{where(block)}: the sample is not what `{command}` prints now (after "
+        f"`agboss-sql demo`, on a base install); update it to:\n{printed}"
+    )
 
 
 def test_check_with_the_langgraph_extra_prints_the_saver_too(
