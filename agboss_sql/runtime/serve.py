@@ -246,13 +246,16 @@ async def serve(
     events: bool = False,
     on_ready: Callable[[Engine], None] | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
+    metrics_port: int | None = None,
 ) -> int:
     """Run `workflows` on an `Engine` until SIGTERM/SIGINT (or, with `commands`, until
     standard input closes or says stop). First wait up to `start_timeout_s` for the
     database (`wait_for_database`; with `events` or `commands` each failed try is also a
     `readiness` event, status `DOWN`), else raise `DatabaseNotReadyError`. The exit
     status: 0 after a graceful stop, `INTERRUPTED` (130) after one asked by SIGINT, 3 when
-    the stop overran `shutdown_ms`."""
+    the stop overran `shutdown_ms`. With `metrics_port`, Prometheus metrics are served on
+    that port (0: any free one, told in a `metrics` event) once the engine is open
+    (`agboss_sql.runtime.metrics`, the `metrics` extra)."""
     engine = Engine(
         workflows,
         url=url,
@@ -298,7 +301,14 @@ async def serve(
         return INTERRUPTED if signal.SIGINT in interrupted else 0
     stopped.cancel()
     waiting.result()
+    metrics = None
+    if metrics_port is not None:  # chained to the engine's emit before the engine opens
+        from agboss_sql.runtime.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(engine, url=url)
     await engine.open()
+    if metrics is not None:
+        await metrics.start(metrics_port)
     if on_ready is not None:
         on_ready(engine)
     helpers = [loop.create_task(_commands(engine, stop))] if commands else []
@@ -309,6 +319,8 @@ async def serve(
     finally:
         for helper in helpers:
             helper.cancel()
+        if metrics is not None:
+            await metrics.stop()
         try:
             await engine.close()
         except TimeoutError:
