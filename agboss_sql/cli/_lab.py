@@ -124,6 +124,7 @@ def _cluster(args: argparse.Namespace) -> int:
         run_cluster,
     )
 
+    _check_cluster_options(args)
     url = writable_database(args)
     refuse_collation(url, force_hint=False)
     if url.startswith("sqlite") and url.rstrip("/").endswith(":memory:"):
@@ -133,8 +134,6 @@ def _cluster(args: argparse.Namespace) -> int:
             "sqlite:///.agboss/cluster.sqlite) or a server",
             MISUSED,
         )
-    make_sqlite_directory(url)
-    _check_cluster_options(args)
     try:
         workload = load_workload(args.workload)
         config = ClusterConfig(
@@ -153,6 +152,7 @@ def _cluster(args: argparse.Namespace) -> int:
         )
     except (ValueError, ImportError) as exc:
         raise CommandFailed(str(exc), MISUSED) from exc
+    make_sqlite_directory(url)
     live = not args.json and not args.no_live and sys.stdout.isatty()
     update, close = live_view() if live else (None, None)
     try:
@@ -215,6 +215,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_stores(spec: str) -> None:
+    """Refuse (`MISUSED`) a `--stores` that names no function the pods could call."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name) if module_name and attribute else None
+    except ImportError as error:
+        raise CommandFailed(
+            f"--stores {spec!r}: cannot import {module_name!r} ({error}): run from the "
+            "directory that holds it, or put it on PYTHONPATH",
+            MISUSED,
+        ) from error
+    if module is None or not callable(getattr(module, attribute, None)):
+        raise CommandFailed(
+            f"--stores {spec!r} must name a function as package.module:function, called as "
+            "factory(url, pod)",
+            MISUSED,
+        )
+
+
 def _scale_size(given: str) -> int:
     """One size of `--scale`: a power of ten of at least 10."""
     try:
@@ -249,7 +270,7 @@ def _faults_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=float,
         default=10.0,
-        help="how much faster the pods' clocks run than the host's (default: 10)",
+        help="how much faster the pods' clocks run than the host's (default: %(default)s)",
     )
     parser.add_argument(
         "--stores",
@@ -283,6 +304,8 @@ def _faults(args: argparse.Namespace) -> int:
     ):
         if value < least:
             raise CommandFailed(f"{option} must be at least {least}, got {value:g}", MISUSED)
+    if args.stores is not None:
+        _check_stores(args.stores)
     url = writable_database(args)
     dialect = dialect_of(url)
     names = args.scenario or [s.name for s in SCENARIOS.values() if s.runs_on(dialect)]

@@ -7,7 +7,15 @@ import logging
 import sys
 from typing import Any
 
-from agboss_sql.cli._common import MISUSED, CommandFailed, add_url_argument, shown, writable_url
+from agboss_sql.cli._common import (
+    INTERRUPTED,
+    MISUSED,
+    PROG,
+    CommandFailed,
+    add_url_argument,
+    shown,
+    writable_url,
+)
 
 # --- worker ----------------------------------------------------------------------------
 
@@ -129,6 +137,7 @@ def _worker(args: argparse.Namespace) -> int:
             tracebacks=bool(args.debug),
         )
     )
+    handler.addFilter(_own_cancellations)
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     quiet = args.commands or args.events
 
@@ -141,7 +150,7 @@ def _worker(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    return asyncio.run(
+    status = asyncio.run(
         serve(
             workflows,
             url=url,
@@ -154,6 +163,17 @@ def _worker(args: argparse.Namespace) -> int:
             on_ready=ready,
             start_timeout_s=float(start_timeout),
         )
+    )
+    if status == INTERRUPTED:
+        print(f"{PROG} worker: interrupted (Ctrl-C): stopped gracefully", file=sys.stderr)
+    return status
+
+
+def _own_cancellations(record: logging.LogRecord) -> bool:
+    """False for psycopg's warning that a statement's cancellation was interrupted: the
+    worker cancels its own statements as it stops (and as it cancels a run's tasks)."""
+    return not (
+        record.name.startswith("psycopg") and record.getMessage().startswith("query cancellation")
     )
 
 
