@@ -28,7 +28,7 @@ from workflow_support import (
 )
 
 from agboss_sql.contracts.errors import NotPausedError
-from agboss_sql.runtime import Engine, Workflows, WorkflowState
+from agboss_sql.runtime import Engine, WorkflowDefinitionError, Workflows, WorkflowState
 from agboss_sql.sql.connection import SqlConnection
 
 pytest.importorskip("langgraph.graph")
@@ -43,6 +43,7 @@ from agboss_sql.runtime.graphs import (
     current_lease,
     node_effect,
     node_effect_sync,
+    node_outbound,
     thread_id_of,
     thread_state,
 )
@@ -345,3 +346,63 @@ async def test_sync_nodes_a_send_fan_out_and_a_subgraph_run_each_effect_once(
         "b-1-2|item",
         "b-1|inner",
     ]
+
+
+def notifier(sent: list[tuple[int, str]], gates: Gates) -> Workflows:
+    """`mail`: `send` calls another system with `node_outbound`, then waits at its gate."""
+    app = Workflows("mail")
+
+    async def send(state: State) -> dict[str, Any]:
+        async def deliver(attempt: int) -> Any:
+            sent.append((attempt, current_lease().holder_instance_id))
+            return {"attempt": attempt}
+
+        answer = await node_outbound("notify", {"to": state["order"]}, deliver)
+        await gates("send")
+        return {"log": [f"sent attempt {answer['attempt']}"]}
+
+    graph = StateGraph(State)
+    graph.add_node("send", send)
+    graph.add_edge(START, "send")
+    graph.add_edge("send", END)
+    add_graph(app, "mail", graph)
+    return app
+
+
+async def test_a_nodes_outbound_call_is_not_sent_again_when_its_step_runs_again(
+    cluster: Cluster,
+) -> None:
+    sent: list[tuple[int, str]] = []
+    gates = Gates(("send", "a"))
+    app = notifier(sent, gates)
+    a = await cluster.engine("a", app, background=False, clock=frozen_clock())
+    b = await cluster.engine("b", app, background=False)
+    await a.start("mail", {"order": "m-1", "log": []}, id="t-6", tenant_id=cluster.tenant)
+    await gates["send", "a"].wait_reached()
+    await cluster.take_over(b, "t-6")
+    await cluster.wait_state(b, "t-6", WorkflowState.SUCCEEDED)
+    # The step ran again on "b": the call "a" completed answers its response, unsent.
+    assert sent == [(1, "a")]
+    status = await b.status("t-6", tenant_id=cluster.tenant)
+    assert isinstance(status.result, dict)
+    assert status.result["log"] == ["sent attempt 1"]
+    gates["send", "a"].open()
+
+
+def test_a_graph_with_static_breakpoints_is_refused() -> None:
+    graph = StateGraph(State)
+    graph.add_node("ask", lambda state: {})
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    with pytest.raises(WorkflowDefinitionError):
+        add_graph(Workflows("x"), "ask", graph.compile(interrupt_before=["ask"]))
+
+
+async def test_node_effects_outside_a_graph_run_are_refused() -> None:
+    async def nothing(tx: Any) -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match="add_graph"):
+        await node_effect("charge", nothing)
+    with pytest.raises(RuntimeError, match="add_graph"):
+        current_lease()
