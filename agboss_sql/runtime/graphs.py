@@ -16,7 +16,7 @@
         print(await engine.result("thread-1", timeout_s=60))
 
 A registered graph is a workflow of the app, named as given, whose run id is the graph's
-`thread_id`. A run holds the thread's lease; the graph is invoked with the fenced checkpoint
+`thread_id` (`thread_id_of`: `tenant/id` outside the default tenant). A run holds the thread's lease; the graph is invoked with the fenced checkpoint
 saver of the instance's database (`SqlCheckpointSaver(fenced=True)`) and the run's lease
 in `configurable["agboss_lease"]`, with `durability="sync"` (a super-step's checkpoint is
 stored before the next super-step starts), so:
