@@ -1,22 +1,36 @@
-"""The child queue's drain: children under one parent against one parent per child.
+"""The child queue's drain and enqueue, beside the raw driver's floor and (PostgreSQL) the
+peers pgqueuer and procrastinate.
 
-    python benchmarks/queue_bench.py --url postgresql://postgres@127.0.0.1:5432/bench
-    python benchmarks/queue_bench.py --url mysql://root@127.0.0.1:3306/bench --children 500
+    python benchmarks/queue_bench.py --url postgresql://postgres@127.0.0.1:5432/bench --floor --peers
+    python benchmarks/queue_bench.py --url mysql://root@127.0.0.1:3306/bench --floor
+    tox -e bench-queue            # the three databases; the peers installed there only
 
-A drain is what workers of a fan-out do: `--children` no-op children are queued, then
-`workers` claimers (asyncio tasks, each on its own `SqlConnection`) each loop `claim` then
-`finish` (at the claimed attempt) until the queue is empty. Two shapes: every child under
-one parent (a fan-out: every finish is a finish of a sibling of all the others) and one
-parent per child (no finish ever shares a parent). Each drain is timed from the first claim
-to the last finish; the queue is filled before, not timed. Shapes and worker counts take
-turns in each of `--rounds` rounds, so a change in the machine's load falls on all alike.
+A drain is what workers of a fan-out do: `--children` no-op children are queued (one
+`enqueue_many`, timed apart: the enqueue's jobs/s), then `workers` claimers, each on a
+connection of its own, loop `claim_many(10)` then `finish` each child at its attempt until
+the queue is empty (`agboss_sql.lab._bench_queue`). Two shapes: every child under one parent
+(a fan-out) and one parent per child. With `--floor`, the same drains by raw driver
+connections sending the same statements. With `--peers`, on PostgreSQL: pgqueuer at its
+defaults (a `QueueManager` per worker on a psycopg connection of its own, batches of 10,
+buffered acknowledgements, drain mode) and procrastinate (one worker of concurrency
+`workers`, LISTEN/NOTIFY), each draining the same number of no-op jobs enqueued by its batch
+API; their tables live beside ours (`pgqueuer*`, `procrastinate_*`). Everything takes turns
+in each of `--rounds` rounds, so the machine's load falls on all alike; ratios are taken
+per round, then their median.
 
-Prints a table, then one JSON line per measurement (jobs/s of each round, and the median)
-and per worker count the ratio of the one-parent drain's median to the parent-per-child
-one's (1.0: a fan-out drains as fast as unrelated children).
+Prints a table, then one JSON line per measurement and one per ratio, each with its target
+where the project sets one: one parent within 1.2x of one parent per child (>= 0.833), ours
+>= 0.7 of the floor, >= 1.0 of pgqueuer's drain and >= 3.0 of procrastinate's, enqueue >= 1.0
+of both.
 
-The project's tables are migrated to head if needed and emptied before each drain: run it
-on a database of its own.
+What each guarantees that the others do not: ours finishes a job only at its claimed
+attempt (a claimer superseded by a rescue cannot finish it: fenced finish) and wakes the
+parent exactly once, in the finish's transaction (the count on the parent's row);
+pgqueuer acknowledges in buffered batches (a crash loses the acknowledgements not yet
+flushed: those jobs run again) and has no parent; procrastinate has no parent either, and
+retries by its own policy.
+
+The agboss tables are emptied before each drain: run it on a database of its own.
 """
 
 from __future__ import annotations
@@ -27,89 +41,227 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
-from agboss_sql.contracts.clocks import SystemClock
-from agboss_sql.contracts.types import ApplicationContext, QueuedChild
+from agboss_sql.lab._bench_queue import SHAPES, Drained, drain_floor, drain_ours, fill
+from agboss_sql.lab._bench_scale import fresh_tables
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import SqlConnection
-from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
-from agboss_sql.sql.schema import metadata
 
-SHAPES = ("one parent", "parent per child")
+TARGETS = {
+    "one parent / parent per child": 1 / 1.2,
+    "ours / floor": 0.7,
+    "ours / pgqueuer": 1.0,
+    "ours / procrastinate": 3.0,
+    "enqueue ours / pgqueuer": 1.0,
+    "enqueue ours / procrastinate": 1.0,
+}
 
 
 @dataclass
-class Measurement:
-    """One shape's drains at one worker count: jobs (claim + finish) per second."""
+class Series:
+    """One implementation's drains (or enqueues) at one worker count, round by round."""
 
-    shape: str
+    what: str
     workers: int
-    children: int
-    jobs_per_s: list[float]
+    rates: list[float] = field(default_factory=list)
+    statements: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
-        return statistics.median(self.jobs_per_s)
+        return statistics.median(self.rates)
 
 
-def _store(connection: SqlConnection, name: str) -> SqlChildExecutionQueueRepository:
-    return SqlChildExecutionQueueRepository(connection, SystemClock(), ApplicationContext(name))
+# --- the peers (PostgreSQL) --------------------------------------------------------------
 
 
-async def _fill(connection: SqlConnection, shape: str, children: int) -> None:
-    for table in reversed(metadata.sorted_tables):
-        await connection.execute(table.delete())
-    queue = _store(connection, "bench")
-    for i in range(children):
-        parent = "parent" if shape == SHAPES[0] else f"parent-{i}"
-        await queue.enqueue(QueuedChild("t", "root", parent, f"c-{i}", 1, None))
-    await connection.execute(connection.dialect.analyze_sql("agboss_child_executions"))
+def _libpq(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return (
+        f"host={u.host} port={u.port or 5432} user={u.username or 'postgres'} dbname={u.database}"
+    )
 
 
-async def drain(
-    url: str, connection: SqlConnection, shape: str, children: int, workers: int
-) -> float:
-    """Fill the queue in `shape`, drain it with `workers` claimers: jobs per second."""
-    await _fill(connection, shape, children)
-    connections = [SqlConnection(url) for _ in range(workers)]
-    done: list[str] = []
+async def pgqueuer_round(url: str, count: int, workers: int) -> tuple[float, float]:
+    """pgqueuer at its defaults: `count` no-op jobs enqueued in one batch, drained by
+    `workers` queue managers: (enqueue jobs/s, drain jobs/s)."""
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries, QueueManager
+    from pgqueuer.types import QueueExecutionMode
+
+    conninfo = _libpq(url)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as admin:
+        queries = Queries(PsycopgDriver(admin))
+        if not await queries.has_table("pgqueuer"):
+            await queries.install()
+        await admin.execute("TRUNCATE pgqueuer, pgqueuer_log")
+        began = time.perf_counter()
+        await queries.enqueue(["noop"] * count, [None] * count, [0] * count)
+        enqueue = count / (time.perf_counter() - began)
+    done: list[int] = []
+    last: list[float] = []
+    connections = [
+        await psycopg.AsyncConnection.connect(conninfo, autocommit=True) for _ in range(workers)
+    ]
+    managers = []
     for c in connections:
-        await c.ping()  # connected before the clock starts
+        manager = QueueManager(Queries(PsycopgDriver(c)))
 
-    async def worker(queue: SqlChildExecutionQueueRepository) -> None:
-        while (child := await queue.claim(queue.application.instance_id)) is not None:
-            result = await queue.finish(child.child_execution_id, None, attempt=child.attempt)
-            assert result.finished
-            done.append(child.child_execution_id)
+        @manager.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            done.append(1)
+            if len(done) == count:
+                last.append(time.perf_counter())
 
+        managers.append(manager)
     try:
         began = time.perf_counter()
-        await asyncio.gather(*(worker(_store(c, f"w{w}")) for w, c in enumerate(connections)))
-        elapsed = time.perf_counter() - began
+        # Timed to the last job's run (its buffered acknowledgement may come later); drain
+        # mode then stops each manager once the queue is empty.
+        await asyncio.gather(
+            *(
+                m.run(dequeue_timeout=timedelta(seconds=1), mode=QueueExecutionMode.drain)
+                for m in managers
+            )
+        )
+        drain = count / (last[0] - began)
     finally:
         for c in connections:
             await c.close()
-    if sorted(done) != sorted(f"c-{i}" for i in range(children)):
-        raise AssertionError("children lost or finished twice")
-    return children / elapsed
+    if len(done) != count:
+        raise AssertionError(f"pgqueuer ran {len(done)} of {count} jobs")
+    return enqueue, drain
 
 
-async def run(url: str, children: int, workers: list[int], rounds: int) -> list[Measurement]:
+async def procrastinate_round(url: str, count: int, workers: int) -> tuple[float, float]:
+    """procrastinate: `count` no-op jobs deferred in one batch, drained by one worker of
+    concurrency `workers` that stops once the queue is empty: (enqueue jobs/s, drain jobs/s)."""
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=_libpq(url)))
+    done: list[int] = []
+    last: list[float] = []
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        done.append(1)
+        if len(done) == count:
+            last.append(time.perf_counter())
+
+    async with app.open_async():
+        connector: Any = app.connector
+        exists = await connector.execute_query_one_async(
+            "SELECT to_regclass('procrastinate_jobs') IS NOT NULL AS present"
+        )
+        if not exists["present"]:
+            await app.schema_manager.apply_schema_async()
+        await connector.execute_query_async(
+            "TRUNCATE procrastinate_jobs, procrastinate_events CASCADE"
+        )
+        began = time.perf_counter()
+        await noop.batch_defer_async(*({} for _ in range(count)))
+        enqueue = count / (time.perf_counter() - began)
+        began = time.perf_counter()
+        await app.run_worker_async(
+            concurrency=workers, wait=False, install_signal_handlers=False, delete_jobs="always"
+        )
+        drain = count / (last[0] - began)  # to the last job's run
+    if len(done) != count:
+        raise AssertionError(f"procrastinate ran {len(done)} of {count} jobs")
+    return enqueue, drain
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+async def run(
+    url: str, children: int, workers: list[int], rounds: int, floor: bool, peers: bool
+) -> dict[tuple[str, int], Series]:
     migrate.upgrade(url)
     connection = SqlConnection(url)
-    measured = {(s, w): Measurement(s, w, children, []) for w in workers for s in SHAPES}
+    await connection.ping()
+    measured: dict[tuple[str, int], Series] = {}
+
+    def series(what: str, w: int) -> Series:
+        return measured.setdefault((what, w), Series(what, w))
+
+    def add(what: str, w: int, drained: Drained) -> None:
+        s = series(what, w)
+        s.rates.append(round(drained.jobs_per_s, 1))
+        s.statements.append(round(drained.statements_per_job, 2))
+
     try:
         for _ in range(rounds):
+            series("enqueue ours", 0).rates.append(
+                round(await fill(connection, SHAPES[1], children), 1)
+            )
             for w in workers:
                 for shape in SHAPES:
-                    jobs = await drain(url, connection, shape, children, w)
-                    measured[(shape, w)].jobs_per_s.append(round(jobs, 1))
-        for table in reversed(metadata.sorted_tables):
-            await connection.execute(table.delete())
+                    add(f"ours, {shape}", w, await drain_ours(url, connection, shape, children, w))
+                    if floor:
+                        add(f"floor, {shape}", w, await drain_floor(connection, shape, children, w))
+                if peers:
+                    enqueue, drain = await pgqueuer_round(url, children, w)
+                    series("enqueue pgqueuer", 0).rates.append(round(enqueue, 1))
+                    series("pgqueuer", w).rates.append(round(drain, 1))
+                    enqueue, drain = await procrastinate_round(url, children, w)
+                    series("enqueue procrastinate", 0).rates.append(round(enqueue, 1))
+                    series("procrastinate", w).rates.append(round(drain, 1))
+        await fresh_tables(connection)
     finally:
         await connection.close()
-    return list(measured.values())
+    return measured
+
+
+def ratios(measured: dict[tuple[str, int], Series], workers: list[int]) -> list[dict[str, Any]]:
+    """Each ratio the project sets a target for, per round then its median."""
+    out: list[dict[str, Any]] = []
+
+    def ratio(name: str, w: int, top: Series | None, bottom: Series | None, **facts: Any) -> None:
+        if top is None or bottom is None or not top.rates or not bottom.rates:
+            return
+        per_round = [t / b for t, b in zip(top.rates, bottom.rates, strict=False) if b]
+        median = statistics.median(per_round)
+        target = TARGETS[name]
+        out.append(
+            {
+                "kind": "ratio",
+                "ratio": name,
+                "workers": w,
+                **facts,
+                "per_round": [round(r, 3) for r in per_round],
+                "median": round(median, 3),
+                "target": round(target, 3),
+                "verdict": "pass" if median >= target else "short",
+            }
+        )
+
+    get = measured.get
+    for w in workers:
+        ratio(
+            "one parent / parent per child",
+            w,
+            get((f"ours, {SHAPES[0]}", w)),
+            get((f"ours, {SHAPES[1]}", w)),
+        )
+        for shape in SHAPES:
+            ours = get((f"ours, {shape}", w))
+            ratio("ours / floor", w, ours, get((f"floor, {shape}", w)), shape=shape)
+            ratio("ours / pgqueuer", w, ours, get(("pgqueuer", w)), shape=shape)
+            ratio("ours / procrastinate", w, ours, get(("procrastinate", w)), shape=shape)
+    enqueue = get(("enqueue ours", 0))
+    for peer in ("pgqueuer", "procrastinate"):
+        theirs = get((f"enqueue {peer}", 0))
+        if enqueue is not None and theirs is not None:
+            # Our enqueues ran once a round, the peers' once per worker count: compare medians.
+            top = Series("", 0, [enqueue.median])
+            ratio(f"enqueue ours / {peer}", 0, top, Series("", 0, [theirs.median]))
+    return out
 
 
 def main() -> None:
@@ -118,29 +270,35 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=2000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor", action="store_true", help="the raw driver's drains too")
+    parser.add_argument("--peers", action="store_true", help="pgqueuer and procrastinate too")
     args = parser.parse_args()
-    results = asyncio.run(run(args.url, args.children, args.workers, args.rounds))
-    print(f"{'shape':<18} {'workers':>7} {'jobs/s (median)':>16}  rounds")
-    for m in results:
-        print(f"{m.shape:<18} {m.workers:>7} {m.median:>16.1f}  {m.jobs_per_s}")
-    for m in results:
-        print(json.dumps({"kind": "drain", **asdict(m), "median": m.median}))
-    for w in args.workers:
-        one, apart = (next(m for m in results if m.shape == s and m.workers == w) for s in SHAPES)
-        # Each round's two drains ran one after the other: their ratio is the least touched
-        # by the machine's load drifting between rounds.
-        paired = [a / o for a, o in zip(apart.jobs_per_s, one.jobs_per_s, strict=True)]
+    measured = asyncio.run(
+        run(args.url, args.children, args.workers, args.rounds, args.floor, args.peers)
+    )
+    database = args.url.split(":", 1)[0]
+    print(f"{database}: {args.children} no-op jobs, {args.rounds} rounds")
+    print(f"{'what':<28} {'workers':>7} {'jobs/s (median)':>16} {'stmts/job':>9}  rounds")
+    for s in measured.values():
+        stmts = f"{statistics.median(s.statements):.2f}" if s.statements else "-"
+        print(f"{s.what:<28} {s.workers or '-':>7} {s.median:>16.1f} {stmts:>9}  {s.rates}")
+    for s in measured.values():
+        line = {"kind": "jobs", "database": database, "what": s.what, "workers": s.workers}
         print(
             json.dumps(
                 {
-                    "kind": "ratio",
-                    "workers": w,
-                    "parent_per_child_over_one_parent": round(apart.median / one.median, 3),
-                    "per_round": [round(r, 3) for r in paired],
-                    "median_per_round": round(statistics.median(paired), 3),
+                    **line,
+                    "jobs_per_s": s.rates,
+                    "median": s.median,
+                    "statements_per_job": s.statements,
                 }
             )
         )
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for r in ratios(measured, args.workers):
+        print(json.dumps({"database": database, **r}))
+        grouped[r["verdict"]].append(f"{r['ratio']} x{r['workers']} {r.get('shape', '')}")
+    print(f"short of target: {grouped['short'] or 'none'}", file=sys.stderr)
     sys.stdout.flush()
 
 

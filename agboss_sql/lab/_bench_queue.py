@@ -1,0 +1,206 @@
+"""The bench's child-queue drain: no-op children claimed in batches and finished, by our
+queue stores and by the floor (a raw driver connection sending the same statements), under
+one parent or one parent per child; and the batch enqueue.
+
+A drain is what a fan-out's workers do: `workers` claimers, each on a connection of its own,
+loop `claim_many(BATCH)` then `finish` each child claimed at its attempt, until the queue is
+empty. It is timed from the first claim to the last finish; the queue is filled (one
+`enqueue_many`) before. Both sides are checked: every child finished exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agboss_sql.contracts.clocks import SystemClock
+from agboss_sql.contracts.types import ApplicationContext, QueuedChild
+from agboss_sql.lab._bench_floor import Floor, open_floor
+from agboss_sql.lab._bench_scale import fresh_tables
+from agboss_sql.sql._queue_batch import BatchStatements
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.queue import (
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    WAITING,
+    QueueStatements,
+    SqlChildExecutionQueueRepository,
+)
+from agboss_sql.sql.schema import child_executions
+
+SHAPES = ("one parent", "parent per child")
+BATCH = 10
+"""How many children a claimer takes at a time (pgqueuer's default batch)."""
+
+
+@dataclass
+class Drained:
+    """One drain: jobs (claim + finish) per second, and the statements each job cost."""
+
+    jobs_per_s: float
+    statements_per_job: float
+    cpu_us_per_job: float
+
+
+def children_of(shape: str, count: int, prefix: str = "c") -> list[QueuedChild]:
+    """`count` no-op children in `shape`: all under one parent, or one parent each."""
+    return [
+        QueuedChild(
+            "t", "root", "parent" if shape == SHAPES[0] else f"parent-{i}", f"{prefix}-{i}", 1
+        )
+        for i in range(count)
+    ]
+
+
+def _store(connection: SqlConnection, name: str) -> SqlChildExecutionQueueRepository:
+    return SqlChildExecutionQueueRepository(connection, SystemClock(), ApplicationContext(name))
+
+
+async def fill(connection: SqlConnection, shape: str, count: int, prefix: str = "c") -> float:
+    """Empty the agboss tables, queue `count` children in `shape` with one `enqueue_many`
+    and refresh the planner's statistics: the enqueue's jobs per second."""
+    await fresh_tables(connection)
+    batch = children_of(shape, count, prefix)
+    began = time.perf_counter()
+    queued = await _store(connection, "bench").enqueue_many(batch)
+    elapsed = time.perf_counter() - began
+    if len(queued) != count:
+        raise AssertionError(f"{len(queued)} of {count} children queued")
+    await connection.execute(connection.dialect.analyze_sql(child_executions.name))
+    return count / elapsed
+
+
+async def drain_ours(
+    url: str, connection: SqlConnection, shape: str, count: int, workers: int
+) -> Drained:
+    """Fill the queue in `shape`, drain it with `workers` of our queue stores (each on its
+    own one-connection pool): jobs per second, statements per job."""
+    await fill(connection, shape, count)
+    connections = [SqlConnection(url, pool_size=1) for _ in range(workers)]
+    sent: list[str] = []
+    for c in connections:
+        await c.ping()  # connected before the clock starts
+        c.add_statement_listener(lambda sql, _params: sent.append(sql))
+    done: list[str] = []
+
+    async def worker(queue: SqlChildExecutionQueueRepository) -> None:
+        name = queue.application.instance_id
+        while batch := await queue.claim_many(name, BATCH):
+            for child in batch:
+                result = await queue.finish(child.child_execution_id, None, attempt=child.attempt)
+                if not result.finished:
+                    raise AssertionError(f"{child.child_execution_id} did not finish")
+                done.append(child.child_execution_id)
+
+    try:
+        cpu, began = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(worker(_store(c, f"w{w}")) for w, c in enumerate(connections)))
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    finally:
+        for c in connections:
+            await c.close()
+    _check(done, count, "c")
+    return Drained(count / elapsed, len(sent) / count, cpu / count * 1e6)
+
+
+def _check(done: list[str], count: int, prefix: str) -> None:
+    if len(done) != count or set(done) != {f"{prefix}-{i}" for i in range(count)}:
+        raise AssertionError("children lost or finished twice")
+
+
+async def drain_floor(connection: SqlConnection, shape: str, count: int, workers: int) -> Drained:
+    """The same drain by `workers` raw driver connections sending our queue's statements
+    (compiled once from its statement set) with nothing around them."""
+    await fill(connection, shape, count, "r")
+    sql = connection.prepared(QueueStatements)
+    batch: BatchStatements = sql.batch
+    floors = [await open_floor(connection) for _ in range(workers)]
+    compiled = connection.compiled
+    begin = connection.dialect.BEGIN
+    done: list[str] = []
+
+    async def run(floor: Floor, statement: Any, params: dict[str, Any]) -> list[Any]:
+        c = compiled(statement)
+        rows, _ = await floor.execute(c.sql, {**c.defaults, **params})
+        return rows
+
+    async def claim(floor: Floor, name: str) -> list[Any]:
+        params: dict[str, Any] = {
+            "queued": QUEUED,
+            "running": RUNNING,
+            "instance_id": name,
+            "now": time.time_ns() // 1_000_000,
+            "n": BATCH,
+        }
+        if batch.update_returning:
+            return await run(floor, batch.claim, params)
+        await floor.text(begin)
+        rows = await run(floor, batch.lock_next, params)
+        if rows:
+            size = 1
+            while size < len(rows):
+                size *= 2
+            ids = {f"id_{i}": rows[min(i, len(rows) - 1)][0] for i in range(size)}
+            await run(floor, batch.claim_locked(size), {**params, **ids})
+        await floor.text("COMMIT")
+        # The claimed rows as the one-statement claim answers them (id last).
+        return [(*row[1:], None, row[0]) for row in rows]
+
+    async def finish(floor: Floor, row: Any) -> None:
+        tenant, _root, parent, child_id = row[0], row[1], row[2], row[3]
+        attempt = int(row[6]) + (0 if batch.update_returning else 1)
+        now = time.time_ns() // 1_000_000
+        await floor.text(begin)
+        [me] = await run(floor, sql.lock_finishing, {"child_execution_id": child_id})
+        of_parent = {"tenant_id": tenant, "parent_execution_id": parent}
+        if sql.update_returning:
+            [counted] = await run(floor, sql.parents.take_one_returning, of_parent)
+            remaining = int(counted[0])
+        else:
+            [counted] = await run(floor, sql.parents.lock, of_parent)
+            await run(floor, sql.parents.take_one, of_parent)
+            remaining = int(counted[0]) - 1
+        await run(
+            floor,
+            sql.finish_locked,
+            {
+                "id": me[0],
+                "outcome": None,
+                "finished": FINISHED,
+                "now": now,
+                "attempt": attempt,
+                "remaining": remaining,
+            },
+        )
+        if remaining == 0:
+            await run(
+                floor,
+                sql.wake_waiting_parent,
+                {**of_parent, "queued": QUEUED, "waiting": WAITING},
+            )
+        await floor.text("COMMIT")
+        done.append(child_id)
+
+    async def worker(floor: Floor, name: str) -> None:
+        while rows := await claim(floor, name):
+            for row in rows:
+                await finish(floor, row)
+
+    try:
+        for floor in floors:
+            floor.statements = 0
+        cpu, began = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(worker(f, f"raw{w}") for w, f in enumerate(floors)))
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+        statements = sum(f.statements for f in floors)
+    finally:
+        for f in floors:
+            await f.close()
+    _check(done, count, "r")
+    return Drained(count / elapsed, statements / count, cpu / count * 1e6)
+
+
+__all__ = ["BATCH", "SHAPES", "Drained", "children_of", "drain_floor", "drain_ours", "fill"]
