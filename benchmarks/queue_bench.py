@@ -197,8 +197,9 @@ async def run(
 
     try:
         for _ in range(rounds):
+            # A fan-out's enqueue: its children under one parent, in one enqueue_many.
             series("enqueue ours", 0).rates.append(
-                round(await fill(connection, SHAPES[1], children), 1)
+                round(await fill(connection, SHAPES[0], children), 1)
             )
             for w in workers:
                 for shape in SHAPES:
