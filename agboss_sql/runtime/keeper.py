@@ -134,6 +134,7 @@ class LeaseKeeper:
         self._background: set[asyncio.Task[Any]] = set()
         self._effects_holding = 0
         self._held_past_trust = False
+        self._renewals_in_flight = 0
 
     # -- what the holder knows ---------------------------------------------------------
 
@@ -265,20 +266,21 @@ class LeaseKeeper:
                 holding = True
                 self._effects_holding += 1
 
+        confirm = False
         try:
             yield held
         finally:
             if holding:
                 self._effects_holding -= 1
                 until = self._trusted_until
-                if (
-                    not self._effects_holding
-                    and self.held
-                    and until is not None
-                    and self.clock.monotonic() >= until
-                ):
-                    self._held_past_trust = True
-        if self._held_past_trust and self.held:
+                if not self._effects_holding and self.held and until is not None:
+                    # Held past the window: renew now. A renewal sent before the effect
+                    # ended (it waited behind the row) may answer after the window: both
+                    # are judged by the lease's end, not the window's.
+                    confirm = self.clock.monotonic() >= until
+                    if confirm or self._renewals_in_flight:
+                        self._held_past_trust = True
+        if confirm and self.held:
             await self.confirm_now()
 
     # -- renewing ------------------------------------------------------------------------
@@ -401,6 +403,7 @@ class LeaseKeeper:
         attempt = 0
         while True:
             sent = self.clock.monotonic()
+            self._renewals_in_flight += 1
             try:
                 return sent, await self.leases.renew(lease, self.lease_ms)
             except StoreUnavailableError as error:
@@ -421,6 +424,8 @@ class LeaseKeeper:
                         self._describe(),
                         error,
                     )
+            finally:
+                self._renewals_in_flight -= 1
             await self.clock.sleep(pause_ms)
 
     async def _cancel_requested(self, lease: ExecutionLease) -> bool:

@@ -10,9 +10,9 @@
   fenced effect holds A's row (the renewal waits behind it). The holder must keep A
   through two lease lengths, and the effect must commit.
 
-Each returns the violations it found (none when the guarantee held). Every process is
-this module run as `python -m agboss_sql.lab.faults.probes <role> …`; every wait is
-bounded, and every process is ended before a probe returns.
+Each returns the violations it found (none when the guarantee held). Every process runs
+this module's `_main(<role>, …)`; every wait is bounded, and every process is ended
+before a probe returns.
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ def _server(url: str) -> bool:
     return not url.startswith("sqlite")
 
 
+_ENTRY = "import sys; from agboss_sql.lab.faults.probes import _main; _main(sys.argv[1:])"
+"""A probe process (not `-m`: the package imports this module first)."""
+
+
 def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "agboss_sql.lab.faults.probes", *args],
+        [sys.executable, "-c", _ENTRY, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -220,9 +224,14 @@ async def _holder(url: str, locked: str) -> dict[str, Any]:
             return (await effects.save_result_if_absent(key, work)).value
 
     try:
+        # The holder's connections are open before it starts, as a running worker's are.
+        async with connection.transaction() as tx:
+            await tx.execute(sa.text("SELECT 1"))
         if await keeper.take(TENANT, "lease-a") is None:
             return {"error": "the holder could not take lease A"}
         keeper.start()
+        # The effect starts on a lease just confirmed: 2.5 s of its 3 s are the effect's.
+        await keeper.confirm_now()
         takers = [asyncio.create_task(take_locked()) for _ in range(TAKERS if locked else 0)]
         effect = asyncio.create_task(long_effect())
         lost = asyncio.create_task(keeper.signal.wait())
