@@ -4,6 +4,7 @@ peers pgqueuer and procrastinate.
     python benchmarks/queue_bench.py --url postgresql://postgres@127.0.0.1:5432/bench --floor --peers
     python benchmarks/queue_bench.py --url mysql://root@127.0.0.1:3306/bench --floor
     tox -e bench-queue            # the three databases; the peers installed there only
+    python benchmarks/queue_bench.py --url URL --scale 1000 100000 --workers 8   # scale check
 
 A drain is what workers of a fan-out do: `--children` no-op children are queued (one
 `enqueue_many`, timed apart: the enqueue's jobs/s), then `workers` claimers, each on a
@@ -265,6 +266,41 @@ def ratios(measured: dict[tuple[str, int], Series], workers: list[int]) -> list[
     return out
 
 
+async def scale(url: str, small: int, big: int, workers: int) -> dict[str, Any]:
+    """The scale check: one parent's `small` children, then its `big` children, each drained
+    by `workers` claimers; every child finished once (the drains check it), the parent owed
+    its wake once (exactly one finish saw none left), and the big drain's rate within 1.5x
+    of the small one's."""
+    migrate.upgrade(url)
+    connection = SqlConnection(url)
+    await connection.ping()
+    try:
+        drains = {}
+        for count in (small, big):
+            began = time.perf_counter()
+            drained = await drain_ours(url, connection, SHAPES[0], count, workers)
+            drains[count] = (drained, time.perf_counter() - began)
+        await fresh_tables(connection)
+    finally:
+        await connection.close()
+    (few, _), (many, took) = drains[small], drains[big]
+    slowdown = few.jobs_per_s / many.jobs_per_s
+    ok = slowdown <= 1.5 and few.none_left == 1 and many.none_left == 1
+    return {
+        "kind": "scale",
+        "database": url.split(":", 1)[0],
+        "workers": workers,
+        "children": [small, big],
+        "jobs_per_s": [round(few.jobs_per_s, 1), round(many.jobs_per_s, 1)],
+        "statements_per_job": [round(few.statements_per_job, 2), round(many.statements_per_job, 2)],
+        "parent_owed_its_wake": [few.none_left, many.none_left],
+        "slowdown": round(slowdown, 3),
+        "target": 1.5,
+        "seconds_with_fill": round(took, 1),
+        "verdict": "pass" if ok else "short",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
@@ -273,7 +309,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--floor", action="store_true", help="the raw driver's drains too")
     parser.add_argument("--peers", action="store_true", help="pgqueuer and procrastinate too")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        nargs=2,
+        metavar=("SMALL", "BIG"),
+        help="the scale check instead: one parent's SMALL then BIG children (e.g. 1000 "
+        "100000) drained by --workers' first count (e.g. 8)",
+    )
     args = parser.parse_args()
+    if args.scale:
+        found = asyncio.run(scale(args.url, *args.scale, args.workers[0]))
+        print(json.dumps(found))
+        sys.exit(0 if found["verdict"] == "pass" else 1)
     measured = asyncio.run(
         run(args.url, args.children, args.workers, args.rounds, args.floor, args.peers)
     )

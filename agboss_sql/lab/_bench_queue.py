@@ -43,6 +43,9 @@ class Drained:
     jobs_per_s: float
     statements_per_job: float
     cpu_us_per_job: float
+    none_left: int = 0
+    """How many finishes answered that none of their parent's children was left (each owes
+    its parent's wake): one per parent."""
 
 
 def children_of(shape: str, count: int, prefix: str = "c") -> list[QueuedChild]:
@@ -85,6 +88,7 @@ async def drain_ours(
         await c.ping()  # connected before the clock starts
         c.add_statement_listener(lambda sql, _params: sent.append(sql))
     done: list[str] = []
+    none_left: list[str] = []
 
     async def worker(queue: SqlChildExecutionQueueRepository) -> None:
         name = queue.application.instance_id
@@ -94,6 +98,8 @@ async def drain_ours(
                 if not result.finished:
                     raise AssertionError(f"{child.child_execution_id} did not finish")
                 done.append(child.child_execution_id)
+                if result.remaining == 0:
+                    none_left.append(child.child_execution_id)
 
     try:
         cpu, began = time.process_time(), time.perf_counter()
@@ -103,7 +109,7 @@ async def drain_ours(
         for c in connections:
             await c.close()
     _check(done, count, "c")
-    return Drained(count / elapsed, len(sent) / count, cpu / count * 1e6)
+    return Drained(count / elapsed, len(sent) / count, cpu / count * 1e6, len(none_left))
 
 
 def _check(done: list[str], count: int, prefix: str) -> None:

@@ -45,3 +45,20 @@ def test_both_shapes_are_drained_every_round_and_the_queue_is_left_empty(
     with sqlite3.connect(path) as connection:
         for table in ("agboss_child_executions", "agboss_child_parents"):
             assert connection.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+def test_the_scale_check_drains_one_parents_children_once_and_owes_one_wake(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "scale.sqlite"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--url", f"sqlite:///{path}", "--scale", "20", "300",
+         "--workers", "3"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    [found] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert found["kind"] == "scale" and found["children"] == [20, 300]
+    assert found["parent_owed_its_wake"] == [1, 1]
+    assert min(found["jobs_per_s"]) > 0
+    # Its exit status is its verdict (a loaded machine may slow the big drain past 1.5x).
+    assert done.returncode == (0 if found["verdict"] == "pass" else 1), done.stderr
