@@ -5,6 +5,7 @@ peers pgqueuer and procrastinate.
     python benchmarks/queue_bench.py --url mysql://root@127.0.0.1:3306/bench --floor
     tox -e bench-queue            # the three databases; the peers installed there only
     python benchmarks/queue_bench.py --url URL --scale 1000 100000 --workers 8   # scale check
+    python benchmarks/queue_bench.py --url URL --latency 1000    # enqueue to claim, idle worker
 
 A drain is what workers of a fan-out do: `--children` no-op children are queued (one
 `enqueue_many`, timed apart: the enqueue's jobs/s), then `workers` claimers, each on a
@@ -301,6 +302,75 @@ async def scale(url: str, small: int, big: int, workers: int) -> dict[str, Any]:
     }
 
 
+async def latency(url: str, samples: int, poll_ms: int) -> dict[str, Any]:
+    """Enqueue to claim: an idle `ChildWorker` (started with `poll_ms`, so its naps have grown
+    to `poll_ms`) on a connection of its own; each sample enqueues one child from another
+    connection after the worker has been idle for 2 x `poll_ms`, and times until the
+    worker's run of it starts."""
+    import random
+
+    from agboss_sql.contracts.clocks import StoreClock, SystemClock
+    from agboss_sql.contracts.types import ApplicationContext, QueuedChild
+    from agboss_sql.runtime import ChildWorker
+    from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
+    from agboss_sql.sql.leases import SqlExecutionLeaseRepository
+    from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+    migrate.upgrade(url)
+    mine, theirs = SqlConnection(url), SqlConnection(url)
+    await fresh_tables(theirs)
+    app = ApplicationContext("worker")
+    clock = SystemClock()
+    queue = SqlChildExecutionQueueRepository(mine, clock, app)
+    enqueuer = SqlChildExecutionQueueRepository(theirs, clock, ApplicationContext("api"))
+    started: dict[str, float] = {}
+
+    async def run_child(child: Any, _lease: Any) -> None:
+        started[child.child_execution_id] = time.perf_counter()
+
+    async def wake_parent(_tenant: str, _parent: str) -> None:
+        pass
+
+    worker = ChildWorker(
+        queue,
+        SqlExecutionLeaseRepository(mine, StoreClock(), app),
+        SqlExecutionLeaseEventRepository(mine, StoreClock(), app),
+        clock,
+        run_child=run_child,
+        wake_parent=wake_parent,
+    )
+    worker.start(poll_ms=poll_ms, rescue_every_ms=3_600_000)
+    waits: list[float] = []
+    try:
+        for i in range(samples):
+            await asyncio.sleep(2 * poll_ms / 1000 + random.random() * poll_ms / 1000)
+            queued = time.perf_counter()
+            await enqueuer.enqueue(QueuedChild("t", "root", f"p-{i}", f"c-{i}", 1))
+            async with asyncio.timeout(10 + 2 * poll_ms / 1000):
+                while f"c-{i}" not in started:
+                    await asyncio.sleep(0.001)
+            waits.append((started[f"c-{i}"] - queued) * 1000)
+        listening = worker.listening
+    finally:
+        await worker.stop()
+        await fresh_tables(theirs)
+        await mine.close()
+        await theirs.close()
+    waits.sort()
+    return {
+        "kind": "latency",
+        "database": url.split(":", 1)[0],
+        "poll_ms": poll_ms,
+        "notified": listening,
+        "samples": samples,
+        "enqueue_to_claim_ms": {
+            "p50": round(statistics.median(waits), 1),
+            "max": round(waits[-1], 1),
+            "min": round(waits[0], 1),
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
@@ -317,7 +387,16 @@ def main() -> None:
         help="the scale check instead: one parent's SMALL then BIG children (e.g. 1000 "
         "100000) drained by --workers' first count (e.g. 8)",
     )
+    parser.add_argument(
+        "--latency",
+        type=int,
+        metavar="POLL_MS",
+        help="enqueue-to-claim latency instead: an idle worker polling every POLL_MS",
+    )
     args = parser.parse_args()
+    if args.latency:
+        print(json.dumps(asyncio.run(latency(args.url, args.rounds * 4, args.latency))))
+        return
     if args.scale:
         found = asyncio.run(scale(args.url, *args.scale, args.workers[0]))
         print(json.dumps(found))
