@@ -253,11 +253,13 @@ class LeaseKeeper:
         call `held()` first thing in the effect's work (its fence has passed: the effect's
         transaction holds the lease row until it ends). While it does, a renewal waits
         behind that lock, and the keeper trusts the lease to the end of the last answered
-        `remaining` instead of `remaining - margin`: an effect shorter than its lease
-        keeps it. When the effect ends after the trust window did, the keeper renews at
-        once (the lock is gone) before the block exits; an effect that outlasts its lease
-        loses it when the lease's time is up, though the effect itself commits (nobody
-        could take the lease while its transaction held the row)."""
+        `remaining` instead of `remaining - margin`: an effect that ends before the
+        lease's end as last confirmed keeps it (renewals come every third of the lease:
+        call `confirm_now()` first for an effect longer than two thirds of it). When the
+        effect ends after the trust window did, the keeper renews at once (the lock is
+        gone) before the block exits; an effect that outlasts its lease loses it when the
+        lease's time is up, though the effect itself commits (nobody could take the lease
+        while its transaction held the row)."""
         holding = False
 
         def held() -> None:
