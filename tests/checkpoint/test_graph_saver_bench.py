@@ -1,0 +1,41 @@
+"""`benchmarks/graph_saver_bench.py` runs end to end on a SQLite file at a smoke size: every
+path measured for our saver and the official one at both durabilities, the statements of
+one invoke reported, and a ratio per contestant."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "graph_saver_bench.py"
+
+
+def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--url",
+            f"sqlite:///{tmp_path / 'bench.sqlite'}",
+            "--scale",
+            "0.02",
+            "--repetitions",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
+    assert len(rows) == 9, done.stdout
+    for row in rows:
+        assert "| SqliteSaver:" in row and "| SqliteSaver (NORMAL):" in row, row
+        assert row.count("ratio") == 2, row
+    assert "# sqlite: one invoke (5 super-steps" in done.stdout
