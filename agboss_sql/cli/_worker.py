@@ -72,6 +72,14 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--events", action="store_true", help="write what the engine does as JSON lines"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free one; docs/metrics.md); "
+        "needs the metrics extra",
+    )
 
 
 WORKER_SETTINGS = (
@@ -127,6 +135,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise CommandFailed(f"--start-timeout must be a number of seconds, got {start_timeout!r}")
     if not start_timeout > 0:
         raise CommandFailed(f"--start-timeout must be above 0 s, got {start_timeout:g}", MISUSED)
+    _check_metrics_port(args.metrics_port)
     url = writable_url(database_url_of(settings["url"]))
     workflows = load_workflows(str(settings["app"]))
     instance = settings["instance_id"]
@@ -162,6 +171,7 @@ def _worker(args: argparse.Namespace) -> int:
             events=args.events,
             on_ready=ready,
             start_timeout_s=float(start_timeout),
+            metrics_port=args.metrics_port,
         )
     )
     if status == INTERRUPTED:
@@ -198,6 +208,22 @@ class OneLineFormatter(logging.Formatter):
             record.exc_info, record.exc_text = saved
         first = text[0] if text else ""
         return f"{line} ({type(error).__name__}: {first}; --debug shows the traceback)"
+
+
+def _check_metrics_port(port: int | None) -> None:
+    """Refuse (`MISUSED`) a `--metrics-port` out of range, or without the `metrics` extra."""
+    if port is None:
+        return
+    if not 0 <= port <= 65_535:
+        raise CommandFailed(f"--metrics-port must be 0 to 65535, got {port}", MISUSED)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise CommandFailed(
+            "--metrics-port needs the metrics extra (prometheus_client is not installed): "
+            "`pip install 'agboss-sql[metrics]'` (`pip install '.[metrics]'` in a checkout)",
+            MISUSED,
+        ) from None
 
 
 def database_url_of(url: str | None) -> str:
