@@ -428,11 +428,13 @@ def statements_per_invoke(url: URL) -> str:
         saver.connection.add_statement_listener(lambda sql, _: sent.append(sql))
         graph = small_graph().compile(checkpointer=saver)
         graph.invoke(small_input(), config(str(uuid.uuid4())))
-    framing = sum(1 for sql in sent if sql.split()[0].upper() in ("BEGIN", "COMMIT"))
+    framing = sum(
+        1 for sql in sent if sql.strip().upper() in ("BEGIN", "BEGIN IMMEDIATE", "COMMIT")
+    )
     scripts = sum(1 for sql in sent if sql.startswith("BEGIN;"))
     return (
         f"{url.get_backend_name()}: one invoke (5 super-steps: 5 put, 4 put_writes, 1 get_tuple) "
-        f"sent {len(sent)} texts: {framing - scripts} BEGIN/COMMIT alone, {scripts} scripts "
+        f"sent {len(sent)} texts: {framing} BEGIN/COMMIT alone, {scripts} scripts "
         "(BEGIN, statements, COMMIT in one text), the rest single statements"
     )
 
