@@ -8,9 +8,9 @@ database stores a value at the limit and gives it back equal:
 
 - texts fit their columns on every database: an identifier a 255-character key column;
   a longer text (a step's name, a fingerprint, a saver's thread id) a MySQL `TEXT` column
-  (65,535 bytes) even as four-byte characters (`TEXT_COLUMN_CHARACTERS`), and a step's
-  idempotency key the identity that joins it with the key's scope as JSON (each character
-  escaped at most to six);
+  (65,535 bytes) even as four-byte characters (`TEXT_COLUMN_CHARACTERS`), and the identity
+  that joins a step's idempotency key with the key's scope as JSON (each character escaped
+  at most to six) a MySQL `MEDIUMTEXT` column (revision 0011_wide_identities);
 - a payload's statement fits MySQL/MariaDB's `max_allowed_packet`: the driver escapes each
   quote and backslash of a text, so a JSON text can double on the wire; the stores need
   `MIN_MAX_ALLOWED_PACKET` (twice the largest payload, and room for the keys) and a server
@@ -48,9 +48,10 @@ MAX_BUSINESS_KEY_LENGTH = 255
 """Characters of a fenced effect's business key."""
 TEXT_COLUMN_CHARACTERS = 65_535 // 4
 """Characters a MySQL `TEXT` column (65,535 bytes) holds as four-byte characters: 16,383."""
-MAX_IDEMPOTENCY_KEY_LENGTH = 4096
+MAX_IDEMPOTENCY_KEY_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of a step's idempotency key: kept whole, and inside the JSON identity of an
-effect's row, where each character may take six."""
+effect's row, where each character may take six (a `MEDIUMTEXT` column on MySQL since
+revision 0011_wide_identities)."""
 MAX_STEP_NAME_LENGTH = TEXT_COLUMN_CHARACTERS
 """Characters of a step's name."""
 MAX_FINGERPRINT_LENGTH = TEXT_COLUMN_CHARACTERS

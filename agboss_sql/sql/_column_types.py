@@ -23,6 +23,12 @@ def Json() -> sa.types.TypeEngine[str]:
     return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+def WideText() -> sa.types.TypeEngine[str]:
+    """A text longer than MySQL's `TEXT` holds (65,535 bytes): `MEDIUMTEXT` there (16 MiB),
+    a plain text elsewhere (revision 0011_wide_identities)."""
+    return sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+
+
 def Blob() -> sa.types.TypeEngine[bytes]:
     """Binary data of any size."""
     return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")

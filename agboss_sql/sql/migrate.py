@@ -33,7 +33,11 @@ from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
 from agboss_sql._dialects.mysql_collation import Collation, collation_of
-from agboss_sql.contracts.errors import AgbossError, SchemaNotReadyError, SchemaUnversionedError
+from agboss_sql.contracts.errors import (
+    SchemaNotReadyError,
+    SchemaUnversionedError,
+    StoreRefusedError,
+)
 from agboss_sql.sql.connection import SqlConnection, normalize_url
 from agboss_sql.sql.schema import metadata
 
@@ -286,11 +290,9 @@ async def schema_revision(connection: SqlConnection) -> str | None:
     reached raises the connection's typed error."""
     try:
         rows = (await connection.execute(sa.select(_VERSION.c.version_num))).rows
-    except AgbossError:
-        raise
-    except Exception as exc:
+    except StoreRefusedError as exc:
         # Every database names the missing table in its error.
-        if VERSION_TABLE in str(exc):
+        if VERSION_TABLE in str(exc.orig):
             return None
         raise
     return str(rows[0][0]) if rows else None

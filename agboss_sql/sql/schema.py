@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from agboss_sql.sql._column_types import Blob, Ident, Json
+from agboss_sql.sql._column_types import Blob, Ident, Json, WideText
 
 metadata = sa.MetaData(
     naming_convention={
@@ -89,7 +89,9 @@ fenced_effect_results = sa.Table(
     "agboss_fenced_effect_results",
     metadata,
     sa.Column("identity_hash", Hash(64), primary_key=True),
-    sa.Column("identity", sa.Text(), nullable=False),
+    # The key's identity whole: its idempotency key (up to MAX_IDEMPOTENCY_KEY_LENGTH
+    # characters) escaped in JSON may outgrow MySQL's TEXT.
+    sa.Column("identity", WideText(), nullable=False),
     sa.Column("tenant_id", Ident(), nullable=False),
     sa.Column("scope_key", sa.Text(), nullable=False),
     sa.Column("name", sa.String(100), nullable=False),
@@ -108,7 +110,7 @@ outbound_calls = sa.Table(
     "agboss_outbound_calls",
     metadata,
     sa.Column("identity_hash", Hash(64), primary_key=True),
-    sa.Column("key_identity", sa.Text(), nullable=False),
+    sa.Column("key_identity", WideText(), nullable=False),
     sa.Column("business_identity", sa.Text(), nullable=True),
     sa.Column("tenant_id", Ident(), nullable=False),
     sa.Column("name", sa.String(100), nullable=False),

@@ -191,10 +191,15 @@ async def _idempotency_key_at(s: Stores) -> None:
         assert await s.effect(key, text) == text
         stored = await s.effects.get_result(key)
         assert stored is not None and stored.replayed_from is None
+        assert (await s.outbound.save_if_absent(key, {"intent": 1}, START)).created
+        call = await s.outbound.get(key)
+        assert call is not None and call.step.idempotency_key == text
 
 
 async def _idempotency_key_over(s: Stores) -> object:
-    return await s.effect(await s.key(step=_step(idempotency_key="k" * 4097)))
+    return await s.effect(
+        await s.key(step=_step(idempotency_key="k" * (MAX_IDEMPOTENCY_KEY_LENGTH + 1)))
+    )
 
 
 async def _step_name_at(s: Stores) -> None:
