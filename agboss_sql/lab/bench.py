@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,7 @@ from agboss_sql.lab._bench_floor import (
     open_floor,
     table,
 )
+from agboss_sql.lab._bench_queue import SHAPES, drain_floor, drain_ours
 from agboss_sql.lab._bench_scale import (
     bench_metadata,
     bench_rows,
@@ -121,6 +123,7 @@ class Bench:
             ("outbound_call.record", self.outbound_record),
             ("rate_limit.acquire_slot", self.slot_acquire),
             ("child.claim", self.child_claim),
+            ("child.drain", self.child_drain),
         ]
 
     # --- reporting ---------------------------------------------------------------------------
@@ -513,6 +516,31 @@ class Bench:
                 "double claims",
                 total_ops=count * self.runs,
             )
+
+    async def child_drain(self, connection: SqlConnection, _floor: Floor) -> None:
+        """`ops` children claimed 10 at a time and finished, under one parent and one parent
+        per child, by 1 and 4 workers: ours and the floor's drains taking turns."""
+        for workers in (1, 4):
+            for shape in SHAPES:
+                ours: list[Timing] = []
+                raw: list[Timing] = []
+                statements: list[float] = []
+                for _ in range(self.runs):
+                    mine = await drain_ours(self.url, connection, shape, self.ops, workers)
+                    floor = await drain_floor(connection, shape, self.ops, workers)
+                    ours.append(Timing(mine.jobs_per_s, 0.0, 0.0, mine.cpu_us_per_job))
+                    raw.append(Timing(floor.jobs_per_s, 0.0, 0.0, floor.cpu_us_per_job))
+                    statements.append(mine.statements_per_job)
+                per_job = statistics.median(statements)
+                self._record(
+                    f"child.drain x{workers}, {shape}",
+                    (_median_timing(ours), per_job),
+                    (_median_timing(raw), per_job),
+                    target=0.7,
+                    note=f"{self.runs} runs of {self.ops} children claimed 10 at a time and "
+                    "finished",
+                    total_ops=self.ops * self.runs,
+                )
 
     async def _claim_ours(self, connection: SqlConnection, count: int, workers: int) -> Timing:
         return await claim_ours(self.url, connection, count, workers)
