@@ -13,6 +13,9 @@ README = REPOSITORY / "README.md"
 PAGES = [README, *sorted((REPOSITORY / "docs").glob("*.md"))]
 
 SAMPLE_MARK = re.compile(r"^<!-- sample: (?P<command>.+?) -->$")
+SAMPLE_BY_TEST_MARK = re.compile(r"^<!-- sample by (?P<test>tests/\S+\.py): (?P<what>.+?) -->$")
+"""A sample only a particular test can produce (a server in a given state): that test
+file runs the command and compares what it prints with the block."""
 RUN_MARK = "<!-- docs-test: run -->"
 
 
