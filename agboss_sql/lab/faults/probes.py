@@ -79,9 +79,15 @@ def _answer(process: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def _prepare(url: str) -> None:
+    """The schema at the head revision (the probes' applications check it), every row
+    deleted."""
+    from alembic import command
+
     from agboss_sql.lab.faults.suite import reset_database
+    from agboss_sql.sql.migrate import alembic_config
 
     reset_database(url)
+    command.upgrade(alembic_config(url), "head")
 
 
 # --- clock-jump -------------------------------------------------------------------------
