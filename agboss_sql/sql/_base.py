@@ -30,8 +30,9 @@ def loads(text: Any) -> Any:
 
 
 def identity_hash(identity: str) -> str:
-    """The key column of a long identity: its SHA-256, hex."""
-    return hashlib.sha256(identity.encode()).hexdigest()
+    """The key column of a long identity: its SHA-256, hex. A lone surrogate (which no stored
+    text holds: every store refuses it) is hashed as its code unit, never an error."""
+    return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 S = TypeVar("S")

@@ -499,6 +499,10 @@ async def _put_metadata(s: Stores, config: Any, metadata: Any) -> object:
     return await s.saver.aput(config, checkpoint, metadata, {})
 
 
+async def _listed(s: Stores, filter: Any, limit: Any = None) -> object:
+    return [found async for found in s.saver.alist(_config("thread-1"), filter=filter, limit=limit)]
+
+
 async def _put_writes(s: Stores, task_path: str) -> object:
     config = _config("thread-1", checkpoint_id="c-1")
     return await s.saver.aput_writes(config, [("ch", 1)], "task-1", task_path)
@@ -541,6 +545,18 @@ UNSTORABLE: dict[str, tuple[type[AgbossError], Call]] = {
     "a NUL in a mesh fingerprint": (
         InvalidFingerprintError,
         lambda s: s.mesh.save_if_absent("req-1", TENANT, "f\x00", START),
+    ),
+    "a NUL in a checkpoint metadata filter": (
+        InvalidValueError,
+        lambda s: _listed(s, {"source": "a\x00"}),
+    ),
+    "a lone surrogate in a checkpoint's run id": (
+        InvalidPayloadError,
+        lambda s: _put_metadata(s, _config("thread-1"), {"run_id": "r\ud800"}),
+    ),
+    "a list limit that is not a whole number": (
+        InvalidNumberError,
+        lambda s: _listed(s, None, 1.5),
     ),
     "an unknown record status": (
         InvalidValueError,

@@ -18,7 +18,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agboss_sql.contracts.clocks import StoreClock
-from agboss_sql.contracts.errors import InvalidIdentifierError, InvalidPayloadError
+from agboss_sql.contracts.errors import (
+    InvalidIdentifierError,
+    InvalidPayloadError,
+    InvalidValueError,
+)
 from agboss_sql.contracts.limits import (
     MAX_CHANNEL_VERSION_LENGTH,
     MAX_CHECKPOINT_ID_LENGTH,
@@ -81,6 +85,26 @@ def _checked_write_bytes(what: str, size: int) -> None:
             ),
             limit="MAX_CHECKPOINT_WRITE_BYTES",
         )
+
+
+def _checked_filter(filters: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """`filters` (a metadata filter's keys and values) unless a key or a text inside a value
+    holds what no database stores (a NUL character, a lone surrogate): `InvalidValueError`
+    on every database, before any statement (PostgreSQL's JSON refuses a NUL, the others
+    would match nothing)."""
+    pending: list[Any] = [part for pair in filters for part in pair]
+    while pending:
+        part = pending.pop()
+        if isinstance(part, dict):
+            pending.extend(part.keys())
+            pending.extend(part.values())
+        elif isinstance(part, (list, tuple)):
+            pending.extend(part)
+        elif isinstance(part, str):
+            unstorable = unstorable_text_rule_of(part)
+            if unstorable is not None:
+                raise InvalidValueError(f"a metadata filter must not hold {unstorable}")
+    return filters
 
 
 def _utf8_size(what: str, text: str) -> int:

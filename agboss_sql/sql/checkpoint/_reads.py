@@ -17,12 +17,14 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
+from agboss_sql.contracts.rules import checked_int
 from agboss_sql.sql.checkpoint._appends import joined
 from agboss_sql.sql.checkpoint._core import (
     BlobKeys,
     Database,
     SaverCore,
     ValueKeys,
+    _checked_filter,
     _kept,
     _key_hash,
     _text,
@@ -290,7 +292,7 @@ class SaverReads(SaverCore):
         limit: int | None,
     ) -> AsyncGenerator[CheckpointTuple, None]:
         sql = self._statements(connection)
-        if limit is not None and limit <= 0:
+        if limit is not None and checked_int("limit", limit) <= 0:
             return
         params: dict[str, Any] = {}
         configurable = (config or {}).get("configurable") or {}
@@ -306,7 +308,9 @@ class SaverReads(SaverCore):
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id)
         before_id = get_checkpoint_id(before) if before is not None else None
-        filters = [(key, _json_value(value)) for key, value in (filter or {}).items()]
+        filters = _checked_filter(
+            [(key, _json_value(value)) for key, value in (filter or {}).items()]
+        )
         for index, (key, value) in enumerate(filters):
             params.update(sql.ops.json_key_params(index, str(key), value))
         # Objects and arrays are compared again here where the SQL test only narrows.
