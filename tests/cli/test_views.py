@@ -1,6 +1,7 @@
-"""`agboss-sql trees`, `show` and `queue` run as a user runs them (a process of their own)
-on a database that working engines left trees in: what they print, as JSON and as tables,
-their exit statuses, and that they never create a database."""
+"""`agboss-sql trees`, `show` and `queue` on a database that a working engine left trees in:
+each run once as a user runs it (a process of its own, output to a pipe, and on a
+terminal), its variants through `main` in this process; what they print, as JSON and as
+tables, their exit statuses, and that they never create a database."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agboss_sql.cli import main
 from agboss_sql.lab.database import truncate_all
 from agboss_sql.runtime import Engine
 from agboss_sql.sql import migrate
@@ -45,10 +47,19 @@ def agboss(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def document(*argv: str) -> Any:
-    done = agboss(*argv, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+def here(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`agboss-sql ARGV` run in this process (`main`, as the console script calls it): its
+    exit status, standard output and standard error. A process of its own costs seconds
+    on a loaded machine: each command runs once that way (`agboss`), its variants here."""
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def document(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    status, out, err = here(capsys, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +95,10 @@ async def _leave_trees(sql_url: str) -> None:
             await cancelled.result(timeout_s=WAIT_S)
 
 
-def test_trees_lists_each_tree_with_its_holder_and_waits(trees: str) -> None:
-    listed = document("trees", "--url", trees)
+def test_trees_lists_each_tree_with_its_holder_and_waits(
+    trees: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listed = document(capsys, "trees", "--url", trees)
     by_id = {row["tree"]: row for row in listed["trees"]}
     assert set(by_id) == {"t-paused", "t-done", "t-cancelled"}
     waiting = by_id["t-paused"]
@@ -101,10 +114,10 @@ def test_trees_lists_each_tree_with_its_holder_and_waits(trees: str) -> None:
     updated = [row["updated_at"] for row in listed["trees"]]
     assert updated == sorted(updated, reverse=True)
 
-    only = document("trees", "--url", trees, "--status", "succeeded")
+    only = document(capsys, "trees", "--url", trees, "--status", "succeeded")
     assert [row["tree"] for row in only["trees"]] == ["t-done"]
-    assert document("trees", "--url", trees, "--tenant", "nobody")["trees"] == []
-    assert len(document("trees", "--url", trees, "--limit", "1")["trees"]) == 1
+    assert document(capsys, "trees", "--url", trees, "--tenant", "nobody")["trees"] == []
+    assert len(document(capsys, "trees", "--url", trees, "--limit", "1")["trees"]) == 1
 
     text = agboss("trees", "--url", trees)
     assert text.returncode == 0, text.stderr
@@ -119,8 +132,8 @@ def test_trees_lists_each_tree_with_its_holder_and_waits(trees: str) -> None:
     assert row[-1] == "t-paused:approval#1"
 
 
-def test_show_puts_a_tree_in_one_timeline(trees: str) -> None:
-    view = document("show", "--url", trees, "t-cancelled")
+def test_show_puts_a_tree_in_one_timeline(trees: str, capsys: pytest.CaptureFixture[str]) -> None:
+    view = document(capsys, "show", "--url", trees, "t-cancelled")
     assert view["status"] == "cancelled" and view["input"] == 3
     assert [(s["key"], s["name"], s["kind"], s["result"]) for s in view["steps"]][:1] == [
         ("double#1", "double", "step", 6)
@@ -161,17 +174,21 @@ def test_show_puts_a_tree_in_one_timeline(trees: str) -> None:
     assert "paused " in out and "t-paused:approval#1" in out
 
 
-def test_show_of_a_tree_that_is_not_there_says_how_to_list_them(trees: str) -> None:
-    done = agboss("show", "--url", trees, "t-never")
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.startswith("agboss-sql show: no tree 't-never' of tenant 'default' in ")
-    assert "`agboss-sql trees --url " in done.stderr and len(done.stderr.splitlines()) == 1
-    other = agboss("show", "--url", trees, "t-done", "--tenant", "another")
-    assert other.returncode == 1 and "of tenant 'another'" in other.stderr
+def test_show_of_a_tree_that_is_not_there_says_how_to_list_them(
+    trees: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = here(capsys, "show", "--url", trees, "t-never")
+    assert status == 1 and out == ""
+    assert err.startswith("agboss-sql show: no tree 't-never' of tenant 'default' in ")
+    assert "`agboss-sql trees --url " in err and len(err.splitlines()) == 1
+    status, _out, err = here(capsys, "show", "--url", trees, "t-done", "--tenant", "another")
+    assert status == 1 and "of tenant 'another'" in err
 
 
-def test_queue_counts_children_by_state_and_instance(trees: str) -> None:
-    queue = document("queue", "--url", trees)
+def test_queue_counts_children_by_state_and_instance(
+    trees: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    queue = document(capsys, "queue", "--url", trees)
     assert queue["depth"] == {"queued": 0, "running": 0, "waiting": 0, "finished": 7}
     assert queue["oldest_queued"] is None and queue["oldest_queued_ms"] is None
     assert queue["wakes_owed"] == 0
@@ -185,20 +202,29 @@ def test_queue_counts_children_by_state_and_instance(trees: str) -> None:
     assert any(line.split() == [instance, "7"] for line in text.stdout.splitlines())
 
 
-def test_the_views_never_create_a_database(tmp_path: Path) -> None:
+def test_the_views_never_create_a_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nothing.sqlite"
-    for argv in (["trees"], ["queue"], ["show", "t-1"]):
-        done = agboss(*argv, "--url", f"sqlite:///{missing}")
-        assert done.returncode == 1, done
-        assert f"no database at {missing} (this command never creates one)" in done.stderr
-        assert not missing.exists()
+    done = agboss("trees", "--url", f"sqlite:///{missing}")
+    assert done.returncode == 1 and done.stdout == "", done
+    assert done.stderr == (
+        f"agboss-sql trees: no database at {missing} (this command never creates one): "
+        f"`agboss-sql upgrade --url sqlite:///{missing}` creates and migrates it\n"
+    )
+    for argv in (["queue"], ["show", "t-1"]):
+        status, _out, err = here(capsys, *argv, "--url", f"sqlite:///{missing}")
+        assert status == 1, err
+        assert f"no database at {missing} (this command never creates one)" in err
+    assert not missing.exists()
     empty = tmp_path / "empty.sqlite"
     empty.touch()
-    done = agboss("trees", "--url", f"sqlite:///{empty}")
-    assert done.returncode == 1
-    assert "has no agboss schema revision recorded" in done.stderr
+    status, _out, err = here(capsys, "trees", "--url", f"sqlite:///{empty}")
+    assert status == 1 and "has no agboss schema revision recorded" in err
     assert migrate.current(f"sqlite:///{empty}") is None  # nothing was made
-    assert agboss("trees", "--limit", "0", "--url", f"sqlite:///{empty}").returncode == 2
+    with pytest.raises(SystemExit) as misused:
+        main(["trees", "--limit", "0", "--url", f"sqlite:///{empty}"])
+    assert misused.value.code == 2
 
 
 def in_terminal(code: str) -> str:
