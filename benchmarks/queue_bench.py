@@ -196,6 +196,7 @@ async def run(
         s = series(what, w)
         s.rates.append(round(drained.jobs_per_s, 1))
         s.statements.append(round(drained.statements_per_job, 2))
+        print(f"  {what} x{w}: {drained.jobs_per_s:.1f} jobs/s", file=sys.stderr, flush=True)
 
     try:
         for _ in range(rounds):
@@ -209,12 +210,14 @@ async def run(
                     if floor:
                         add(f"floor, {shape}", w, await drain_floor(connection, shape, children, w))
                 if peers:
-                    enqueue, drain = await pgqueuer_round(url, children, w)
-                    series("enqueue pgqueuer", 0).rates.append(round(enqueue, 1))
-                    series("pgqueuer", w).rates.append(round(drain, 1))
-                    enqueue, drain = await procrastinate_round(url, children, w)
-                    series("enqueue procrastinate", 0).rates.append(round(enqueue, 1))
-                    series("procrastinate", w).rates.append(round(drain, 1))
+                    for peer, peer_round in (
+                        ("pgqueuer", pgqueuer_round),
+                        ("procrastinate", procrastinate_round),
+                    ):
+                        enqueue, drain = await peer_round(url, children, w)
+                        series(f"enqueue {peer}", 0).rates.append(round(enqueue, 1))
+                        series(peer, w).rates.append(round(drain, 1))
+                        print(f"  {peer} x{w}: {drain:.1f} jobs/s", file=sys.stderr, flush=True)
         await fresh_tables(connection)
     finally:
         await connection.close()
