@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import select
 import time
 import uuid
@@ -27,6 +26,10 @@ from sqlalchemy.dialects import mysql as my
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
+from agboss_sql._dialects._mysql_checkpoints import json_key_equals as json_key_equals
+from agboss_sql._dialects._mysql_checkpoints import json_key_params as json_key_params
+from agboss_sql._dialects._mysql_checkpoints import replace_duplicates as replace_duplicates
+from agboss_sql._dialects._mysql_checkpoints import skip_duplicates as skip_duplicates
 from agboss_sql._dialects.base import Capabilities, Suffixed, wrapped_driver_error
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import ServerSettingError
@@ -564,51 +567,6 @@ def _galera_lock(connection: sa.Connection) -> Iterator[None]:
                     ),
                     params,
                 )
-
-
-# --- checkpoints: folded writes, duplicate handling, metadata filters -------------------
-
-
-def skip_duplicates(statement: Any, keys: Sequence[str]) -> Any:
-    """`statement` (this dialect's insert, any number of rows) skipping rows whose unique key
-    `keys` is already taken (a no-op `ON DUPLICATE KEY UPDATE`; `INSERT IGNORE` would also
-    turn other errors into warnings)."""
-    # The key column set to its proposed value, which equals the stored one: a no-op that
-    # names no table (an `INSERT … SELECT` from the same table would make it ambiguous).
-    first = keys[0]
-    return statement.on_duplicate_key_update([(first, statement.inserted[first])])
-
-
-def replace_duplicates(statement: Any, keys: Sequence[str], columns: Sequence[str]) -> Any:
-    """`statement` (this dialect's insert) setting `columns` to the proposed values on a row
-    whose unique key `keys` is already taken (`keys` must be the table's only unique key)."""
-    new = statement.inserted
-    return statement.on_duplicate_key_update([(column, new[column]) for column in columns])
-
-
-def json_key_equals(document: Any, index: int) -> ColumnElement[bool]:
-    """The JSON object in the text column `document` has key `:meta_path<index>` holding the
-    JSON value `:meta_value<index>` (`JSON_CONTAINS`: equality for scalars, containment for
-    objects and arrays). Params: `json_key_params`."""
-    return (
-        sa.func.json_contains(
-            document,
-            sa.bindparam(f"meta_value{index}", type_=sa.Text),
-            sa.bindparam(f"meta_path{index}", type_=sa.Text),
-        )
-        == 1
-    )
-
-
-def json_key_params(index: int, key: str, value: Any) -> dict[str, Any]:
-    """The parameters of `json_key_equals(document, index)` for `key` and a JSON value."""
-    quoted = key.replace("\\", "\\\\").replace('"', '\\"')
-    # Raw UTF-8, as the documents are stored: MariaDB's JSON_CONTAINS compares string bytes
-    # without decoding `\uXXXX` escapes, so an escaped "José" never matched a stored one.
-    return {
-        f"meta_path{index}": f'$."{quoted}"',
-        f"meta_value{index}": json.dumps(value, ensure_ascii=False),
-    }
 
 
 def analyze_sql(table: str) -> str:
