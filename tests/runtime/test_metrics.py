@@ -7,6 +7,7 @@ one, self-fencing on the other)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +29,8 @@ from agboss_sql.sql.connection import SqlConnection
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
 LEASE_MS = 1_500
 """The workers' lease: a frozen worker's run is taken over within about this."""
@@ -288,3 +291,35 @@ def test_metrics_without_the_extra_exit_2_naming_it(tmp_path: Path) -> None:
     assert done.stderr.startswith("agboss-sql worker: --metrics-port needs the metrics extra")
     assert "pip install 'agboss-sql[metrics]'" in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_refused_writes_and_store_retries_are_counted_from_the_engine_s_events() -> None:
+    from metrics_app import app
+
+    from agboss_sql.runtime import Engine
+    from agboss_sql.runtime.metrics import WorkerMetrics
+
+    engine = Engine(app, url="sqlite:///never-opened.sqlite")  # its events alone, no database
+    told: list[Event] = []
+    engine.emit = told.append
+    metrics = WorkerMetrics(engine)
+    try:
+        # As the engine emits them (runtime/_execution.py): a zombie's write the store
+        # refused, and a store call retried after an outage.
+        refused = {"kind": "refused", "execution": "t", "step": "a#1", "epoch": 1, "reason": "x"}
+        engine.emit(refused)
+        error = "StoreUnavailableError('[store.unavailable] the server went away')"
+        engine.emit({"kind": "retry", "what": "store step a#1", "error": error})
+        samples: Samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in prometheus_parser.text_string_to_metric_families(
+                metrics.exposition().decode()
+            )
+            for sample in family.samples
+        }
+    finally:
+        asyncio.run(metrics.stop())
+    assert value(samples, "agboss_refused_writes_total") == 1
+    assert value(samples, "agboss_store_errors_total", code="store.unavailable") == 1
+    assert value(samples, "agboss_events_total", kind="refused") == 1
+    assert told[0] is refused  # and the events still reach the engine's own consumer
