@@ -319,7 +319,7 @@ def workloads(scale: float) -> list[tuple[str, str, Workload]]:
     threads = max(1, int(600 * scale))
     turns = max(1, int(120 * scale))
     history = max(12, min(210, int(420 * scale)))
-    tasks, each = 20, max(1, int(30 * scale))
+    tasks, each = 20, max(1, int(60 * scale))
     return [
         (f"invoke, 4-node graph x {threads} threads (sync)", "invoke", lambda c: invoke_threads(c, threads)),
         (f"ainvoke, 4-node graph x {threads} threads", "invoke", lambda c: ainvoke_threads(c, threads)),
