@@ -63,6 +63,15 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
         "a doubling pause), and exits 1 after this bound (default: %(default)s)",
     )
     parser.add_argument(
+        "--down-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="once running, stop (exit 1) when the database has not answered for S "
+        "seconds; the worker asks it every third of a lease (at most every 5 s) and logs "
+        "one line per try while it does not answer (default: keep running, retrying)",
+    )
+    parser.add_argument(
         "--commands",
         action="store_true",
         help="read commands (JSON lines: start, cancel, resume, stop) from standard input "
@@ -90,6 +99,7 @@ WORKER_SETTINGS = (
     "max_concurrent_steps",
     "shutdown_ms",
     "start_timeout",
+    "down_timeout",
 )
 """The keys of a worker's `--config` file (others, such as the cluster's own, are ignored)."""
 
@@ -98,7 +108,7 @@ def _worker(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from agboss_sql.runtime.serve import load_workflows, serve
+    from agboss_sql.runtime.serve import DatabaseNotReadyError, load_workflows, serve
 
     settings = {name: getattr(args, name) for name in WORKER_SETTINGS}
     if args.config is not None:
@@ -136,6 +146,13 @@ def _worker(args: argparse.Namespace) -> int:
     if not start_timeout > 0:
         raise CommandFailed(f"--start-timeout must be above 0 s, got {start_timeout:g}", MISUSED)
     _check_metrics_port(args.metrics_port)
+    down_timeout = settings["down_timeout"]
+    if down_timeout is not None and (
+        isinstance(down_timeout, bool)
+        or not isinstance(down_timeout, int | float)
+        or not down_timeout > 0
+    ):
+        raise CommandFailed(f"--down-timeout must be above 0 s, got {down_timeout!r}", MISUSED)
     url = writable_url(database_url_of(settings["url"]))
     workflows = load_workflows(str(settings["app"]))
     instance = settings["instance_id"]
@@ -147,6 +164,7 @@ def _worker(args: argparse.Namespace) -> int:
         )
     )
     handler.addFilter(_own_cancellations)
+    handler.addFilter(Repeats())
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     quiet = args.commands or args.events
 
@@ -159,24 +177,43 @@ def _worker(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    status = asyncio.run(
-        serve(
-            workflows,
-            url=url,
-            instance_id=instance,
-            lease_ms=int(settings["lease_ms"]),
-            max_concurrent_steps=int(settings["max_concurrent_steps"]),
-            shutdown_ms=int(settings["shutdown_ms"]),
-            commands=args.commands,
-            events=args.events,
-            on_ready=ready,
-            start_timeout_s=float(start_timeout),
-            metrics_port=args.metrics_port,
+    try:
+        status: int = asyncio.run(
+            serve(
+                workflows,
+                url=url,
+                instance_id=instance,
+                lease_ms=int(settings["lease_ms"]),
+                max_concurrent_steps=int(settings["max_concurrent_steps"]),
+                shutdown_ms=int(settings["shutdown_ms"]),
+                commands=args.commands,
+                events=args.events,
+                on_ready=ready,
+                start_timeout_s=float(start_timeout),
+                down_timeout_s=None if down_timeout is None else float(down_timeout),
+                metrics_port=args.metrics_port,
+            )
         )
-    )
+    except DatabaseNotReadyError as error:
+        raise CommandFailed(_not_ready_line(error, args, down_timeout)) from error
     if status == INTERRUPTED:
         print(f"{PROG} worker: interrupted (Ctrl-C): stopped gracefully", file=sys.stderr)
     return status
+
+
+def _not_ready_line(error: Any, args: argparse.Namespace, down_timeout: Any) -> str:
+    """The line of a worker whose database did not answer: the cause as `explain` words
+    it (nothing listening, no such database, a refused login, …), said to have happened
+    while the worker ran when it did."""
+    from agboss_sql.cli._explain import explain
+
+    why = explain(error, args)
+    if not error.while_running or why.startswith("[workflow.database-not-ready]"):
+        return why
+    return (
+        f"the database stopped answering for {down_timeout:g} s (--down-timeout) while the "
+        f"worker ran, so it stopped: {why}"
+    )
 
 
 def _own_cancellations(record: logging.LogRecord) -> bool:
@@ -185,6 +222,33 @@ def _own_cancellations(record: logging.LogRecord) -> bool:
     return not (
         record.name.startswith("psycopg") and record.getMessage().startswith("query cancellation")
     )
+
+
+class Repeats(logging.Filter):
+    """Let a failure the engine's loops log again and again through once every `every_s`:
+    a record of the same logger, message and exception type as one let through less than
+    `every_s` ago is dropped, and the next one let through says how many were. The
+    worker's own lines about its database (`agboss_sql.runtime.serve`) all pass: they are
+    one per try already."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[tuple[str, object, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "agboss_sql.runtime.serve" or not record.exc_info:
+            return True
+        error = record.exc_info[1]
+        key = (record.name, record.msg, type(error).__name__)
+        last, dropped = self._last.get(key, (float("-inf"), 0))
+        if record.created - last < self.every_s:
+            self._last[key] = (last, dropped + 1)
+            return False
+        self._last[key] = (record.created, 0)
+        if dropped:
+            record.msg = f"{record.msg} (and {dropped} times more in the last {self.every_s:g} s)"
+        return True
 
 
 class OneLineFormatter(logging.Formatter):

@@ -43,13 +43,15 @@ logger = logging.getLogger(__name__)
 
 class DatabaseNotReadyError(AgbossError):
     """The worker's database did not answer at the head schema revision within the start
-    bound: `reason` is the last failure's first line."""
+    bound, or (`while_running`) stopped answering for longer than the worker's bound:
+    `reason` is the last failure's first line."""
 
     code = "workflow.database-not-ready"
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, *, while_running: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
+        self.while_running = while_running
 
 
 class AppLoadError(AgbossError):
@@ -234,6 +236,49 @@ async def wait_for_database(
         pause = min(pause * 2, longest_pause_s)
 
 
+async def watch_database(
+    url: str | None,
+    *,
+    every_s: float,
+    down_timeout_s: float | None,
+    emit: Callable[[dict[str, Any]], None],
+) -> str:
+    """While the worker runs, ask the database every `every_s` (`database_problem`). When
+    it stops answering: a `readiness` event DOWN and one warning line per try, tried again
+    after a doubling pause (at most `every_s`); when it answers again, a `readiness` event
+    UP and one line. Return the reason once it has not answered for `down_timeout_s`
+    (`None`: never return)."""
+    loop = asyncio.get_running_loop()
+    down_since: float | None = None
+    pause = every_s
+    while True:
+        await asyncio.sleep(pause)
+        reason = await database_problem(url)
+        now = loop.time()
+        if reason is None:
+            if down_since is not None:
+                emit({"kind": "readiness", "status": "UP"})
+                logger.warning(
+                    "database answers again (readiness UP) after %.1f s", now - down_since
+                )
+            down_since, pause = None, every_s
+            continue
+        if down_since is None:
+            down_since, pause = now, min(0.5, every_s)
+        down_s = now - down_since
+        if down_timeout_s is not None and down_s >= down_timeout_s:
+            return reason
+        emit({"kind": "readiness", "status": "DOWN", "error": reason, "retry_s": pause})
+        logger.warning(
+            "database not answering (readiness DOWN) for %.1f s: %s; trying again in %.1f s%s",
+            down_s,
+            reason,
+            pause,
+            "" if down_timeout_s is None else f" (giving up after {down_timeout_s:g} s)",
+        )
+        pause = min(pause * 2, every_s)
+
+
 async def serve(
     workflows: Workflows,
     *,
@@ -247,6 +292,7 @@ async def serve(
     on_ready: Callable[[Engine], None] | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
     metrics_port: int | None = None,
+    down_timeout_s: float | None = None,
 ) -> int:
     """Run `workflows` on an `Engine` until SIGTERM/SIGINT (or, with `commands`, until
     standard input closes or says stop). First wait up to `start_timeout_s` for the
@@ -255,7 +301,10 @@ async def serve(
     status: 0 after a graceful stop, `INTERRUPTED` (130) after one asked by SIGINT, 3 when
     the stop overran `shutdown_ms`. With `metrics_port`, Prometheus metrics are served on
     that port (0: any free one, told in a `metrics` event) once the engine is open
-    (`agboss_sql.runtime.metrics`, the `metrics` extra)."""
+    (`agboss_sql.runtime.metrics`, the `metrics` extra). Once running, the database is
+    watched (`watch_database`, every third of a lease, at most 5 s); with
+    `down_timeout_s`, one that does not answer for that long stops the worker gracefully
+    and raises `DatabaseNotReadyError`."""
     engine = Engine(
         workflows,
         url=url,
@@ -311,11 +360,26 @@ async def serve(
         await metrics.start(metrics_port)
     if on_ready is not None:
         on_ready(engine)
-    helpers = [loop.create_task(_commands(engine, stop))] if commands else []
+    helpers: list[asyncio.Task[Any]] = (
+        [loop.create_task(_commands(engine, stop))] if commands else []
+    )
     if events or commands:
         helpers.append(loop.create_task(_status(engine)))
+    watch = loop.create_task(
+        watch_database(
+            url,
+            every_s=min(5.0, lease_ms / 3000),
+            down_timeout_s=down_timeout_s,
+            emit=engine.emit,
+        )
+    )
+    helpers.append(watch)
+    watch.add_done_callback(lambda _: stop.set())
+    lost: str | None = None
     try:
         await stop.wait()
+        if watch.done() and not watch.cancelled():
+            lost = watch.result()
     finally:
         for helper in helpers:
             helper.cancel()
@@ -324,7 +388,15 @@ async def serve(
         try:
             await engine.close()
         except TimeoutError:
-            return 3
+            if lost is None:
+                return 3
+    if lost is not None:
+        raise DatabaseNotReadyError(
+            f"the database did not answer for {down_timeout_s:g} s while the worker ran "
+            f"(it stopped; its leases expire for others to take over): {lost}",
+            lost,
+            while_running=True,
+        )
     return INTERRUPTED if signal.SIGINT in interrupted else 0
 
 
@@ -339,4 +411,5 @@ __all__ = [
     "load_workflows",
     "serve",
     "wait_for_database",
+    "watch_database",
 ]

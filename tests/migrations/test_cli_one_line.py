@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from migration_support import table_names
 from sqlalchemy.engine import make_url
+from support.capabilities import proxied_network_path
 from support.sql import server_admin
 from test_cli_failures import (
     cli,
@@ -33,7 +34,17 @@ from test_cli_failures import (
     one_line,
 )
 
-from agboss_sql.cli import FAILED, INTERRUPTED, MISUSED, SUBCOMMANDS, main, parser, shown
+from agboss_sql.cli import (
+    FAILED,
+    INTERRUPTED,
+    MISUSED,
+    SUBCOMMANDS,
+    WORKER_SETTINGS,
+    main,
+    parser,
+    shown,
+)
+from agboss_sql.lab.faults.proxy import ProxyControl
 from agboss_sql.sql import migrate
 
 SCRIPTS = Path(sys.executable).parent
@@ -198,10 +209,8 @@ def test_an_unreadable_worker_config_is_one_line(
     assert status == MISUSED
     line = one_line(err, "worker")
     assert line.startswith(f"cannot read --config {missing}: ")
-    assert line.endswith(
-        "give a JSON file of worker settings (url, app, instance_id, "
-        "lease_ms, max_concurrent_steps, shutdown_ms, start_timeout)"
-    )
+    assert line.endswith(f"give a JSON file of worker settings ({', '.join(WORKER_SETTINGS)})")
+    assert "start_timeout" in WORKER_SETTINGS and "down_timeout" in WORKER_SETTINGS
 
 
 # --- a SQLite file that cannot be written ----------------------------------------------
@@ -387,6 +396,85 @@ def test_ctrl_c_stops_a_worker_with_130(empty_url: str) -> None:
 
     assert worker.returncode == INTERRUPTED
     assert err == "agboss-sql worker: interrupted (Ctrl-C): stopped gracefully\n"
+
+
+@pytest.fixture
+def proxy_to(empty_url: str) -> Iterator[tuple[str, ProxyControl]]:
+    """The database under test, migrated, behind a TCP proxy process: the URL through it
+    and the proxy's control (skipped for an embedded database: no network to cut)."""
+    if not proxied_network_path(empty_url):
+        pytest.skip("an embedded database has no network path to cut")
+    migrate.upgrade(empty_url)
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "agboss_sql.lab.faults.proxy", "--url", empty_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        told = json.loads(proxy.stdout.readline())
+        yield told["url"], ProxyControl(told["control_port"])
+    finally:
+        assert proxy.stdin is not None
+        proxy.stdin.close()
+        proxy.wait(timeout=30)
+
+
+def test_a_running_worker_whose_database_goes_away_says_so_then_exits_1(
+    proxy_to: tuple[str, ProxyControl],
+) -> None:
+    url, control = proxy_to
+    # A lease of 3 s: the database is asked every second. Down 6 s on end: the worker stops.
+    worker = subprocess.Popen(
+        [
+            *(AGBOSS_SQL, "worker", "--app", APP, "--events", "--lease-ms", "3000"),
+            *("--down-timeout", "6", "--shutdown-ms", "2000", "--url", url),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_without_database_url(),
+    )
+    seen: list[str] = []
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            if json.loads(line)["kind"] == "ready":
+                break
+        control.drop()  # every connection reset, every new one refused
+        for line in worker.stdout:
+            event = json.loads(line)
+            if event["kind"] != "readiness":
+                continue
+            seen.append(event["status"])
+            if seen == ["DOWN", "DOWN"]:
+                control.pass_through()  # back after two tries
+            elif seen[-1] == "UP":
+                control.drop()  # and gone again, for good
+        _, err = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    assert seen[:3] == ["DOWN", "DOWN", "UP"] and set(seen[3:]) == {"DOWN"}, seen
+    assert worker.returncode == FAILED, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert sum("database not answering (readiness DOWN) for " in line for line in lines) == (
+        len(seen) - 1
+    ), err
+    assert any("database answers again (readiness UP) after " in line for line in lines), err
+    # The cause as the driver tells it: a refused connection is named as such.
+    assert lines[-1].startswith(
+        (
+            "agboss-sql worker: [workflow.database-not-ready] the database did not answer for "
+            "6 s while the worker ran (it stopped; its leases expire for others to take over): ",
+            "agboss-sql worker: the database stopped answering for 6 s (--down-timeout) while "
+            "the worker ran, so it stopped: nothing answers at 127.0.0.1:",
+        )
+    ), err
 
 
 # --- check -------------------------------------------------------------------------------
