@@ -202,15 +202,23 @@ def test_workers_metrics_say_what_they_did(workers: list[Worker]) -> None:
     _ender, end = first_event(workers, ended("m-tree"), "m-tree's end")
     assert end["status"] == "succeeded"
 
-    # The queue's depth is read every few seconds: wait for the read after the tree.
-    deadline = time.monotonic() + WAIT_S
-    while value(samples := a.scrape(), "agboss_queue_depth", state="finished") != 2:
-        assert time.monotonic() < deadline, "the queue's depth was never read"
-        time.sleep(0.2)
-    both = [samples, b.scrape()]
-
     def summed(name: str, **labels: str) -> float:
         return sum(value(s, name, **labels) for s in both)
+
+    # The queue is read every few seconds, and the root's lease is finished just after
+    # its end is told: wait for the read after the tree, and the finish.
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        both = [a.scrape(), b.scrape()]
+        samples = both[0]
+        if (
+            value(samples, "agboss_queue_depth", state="finished") == 2
+            and value(samples, "agboss_trees", status="succeeded") == 1
+            and summed("agboss_lease_moves_total", kind="finished") >= 3
+        ):
+            break
+        assert time.monotonic() < deadline, f"the tree's metrics never all came: {both}"
+        time.sleep(0.2)
 
     # The root's step and effect, the two leaves' steps; the root ran again once woken.
     assert summed("agboss_steps_total", kind="step", replayed="false") == 3
@@ -245,8 +253,11 @@ def test_workers_metrics_say_what_they_did(workers: list[Worker]) -> None:
     assert value(on_b, "agboss_lease_takeovers_total") == 1
     assert value(on_b, "agboss_lease_moves_total", kind="taken-over") == 1
     assert value(on_b, "agboss_lease_moves_total", kind="renewed") >= 1  # 2.5 s of a 1.5 s lease
-    on_a = a.scrape()
-    assert total(on_a, "agboss_self_fenced_total") >= 1
+    # The loss is logged (and counted) by a task of its own, maybe after the handover.
+    deadline = time.monotonic() + WAIT_S
+    while total(on_a := a.scrape(), "agboss_self_fenced_total") < 1:
+        assert time.monotonic() < deadline, f"a never counted its lease lost: {on_a}"
+        time.sleep(0.1)
     assert value(on_a, "agboss_lease_moves_total", kind="lost") == total(
         on_a, "agboss_self_fenced_total"
     )
