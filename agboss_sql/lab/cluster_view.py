@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agboss_sql.lab.cluster_audit import Report
 from agboss_sql.lab.workload import ClusterConfig
@@ -82,16 +83,18 @@ def summary_line(state: State, now: float | None = None) -> str:
     )
 
 
-def live_view() -> tuple[Callable[[State, ClusterConfig], None], Callable[[], None]]:
-    """A `rich` live view of the run: `(update, close)`. It shows a line at once, before
-    the first update; each update redraws the workers, the runs, `summary_line` and the
-    last chaos moves."""
+def live_view(
+    console: Any = None,
+) -> tuple[Callable[[State, ClusterConfig], None], Callable[[], None]]:
+    """A `rich` live view of the run on `console` (default: the terminal): `(update,
+    close)`. It shows a line at once, before the first update; each update redraws the
+    workers, the runs, `summary_line` and the last chaos moves."""
     from rich.console import Group
     from rich.live import Live
     from rich.table import Table
     from rich.text import Text
 
-    live = Live(Text("cluster: starting"), refresh_per_second=4, transient=False)
+    live = Live(Text("cluster: starting"), console=console, refresh_per_second=4, transient=False)
     live.start(refresh=True)
 
     def update(state: State, config: ClusterConfig) -> None:
