@@ -160,6 +160,10 @@ class DecodedLists(BoundedCache[ChannelKey, _Kept]):
             if kept.pickled is not None:
                 shorter: list[Any] = pickle.loads(kept.pickled)
                 del shorter[count:]
+                if count * 2 <= kept.count:
+                    # Half as long: keep it instead, so a read loads at most twice what it
+                    # answers (its objects were checked when the longer list was kept).
+                    self._keep(channel, serde, data, start, count, shorter, checked=count)
                 return shorter
             value = serde.loads_typed((kind, data))
             if not kept.refused and type(value) is list:
