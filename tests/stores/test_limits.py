@@ -646,3 +646,24 @@ async def test_a_trigger_refusing_an_autocommit_write_is_a_typed_error_with_the_
     assert error.orig is not None and sql.dialect.driver_error(error.orig) is error.orig
     assert error.__cause__ is not None
     assert await stores.trees.get(TENANT, "root", "k") is None
+
+
+async def test_pending_writes_at_the_write_limit_are_kept_and_over_it_refused_before_any_statement(
+    sql: SqlConnection,
+) -> None:
+    """`MAX_CHECKPOINT_WRITE_BYTES` bounds a put_writes too: its values and channel names."""
+    stores = Stores(sql)
+    found = await _put(stores, "thread-1")
+    config = found.config
+    value = _ESCAPED * ((MAX_CHECKPOINT_WRITE_BYTES - 4096) // len(_ESCAPED))
+    await stores.saver.aput_writes(config, [("ch", value)], "task-1")
+    stored = await stores.saver.aget_tuple(config)
+    assert stored is not None
+    assert [(task, channel, written) for task, channel, written in stored.pending_writes] == [
+        ("task-1", "ch", value)
+    ]
+    over = _ESCAPED * (MAX_CHECKPOINT_WRITE_BYTES // len(_ESCAPED))
+    with statements(sql) as sent, pytest.raises(InvalidPayloadError) as refused:
+        await stores.saver.aput_writes(config, [("ch", over)], "task-2")
+    assert sent == []
+    assert refused.value.facts["limit"] == "MAX_CHECKPOINT_WRITE_BYTES"
