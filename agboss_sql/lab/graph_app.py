@@ -184,7 +184,14 @@ def _runs(config: Any, run_id: str) -> list[Any]:
     return runs
 
 
+def _rows_of(spec: dict[str, Any]) -> int:
+    """The business rows a thread of `spec` writes: a charge per tool call, its approval,
+    its close."""
+    return int(spec["rounds"]) * int(spec["fan_out"]) + (1 if spec["pause"] else 0) + 1
+
+
 def _progress(connection: Any, runs: list[Any]) -> float:
+    """The share of the business rows written (the close last: 1.0 only at the end)."""
     import sqlalchemy as sa
 
     from agboss_sql.lab.business import business_rows
@@ -192,13 +199,11 @@ def _progress(connection: Any, runs: list[Any]) -> float:
     if not runs:
         return 1.0
     prefix = runs[0].id.rsplit("-", 1)[0]
-    charged = connection.execute(
-        sa.select(sa.func.count()).where(business_rows.c.row.like(f"{prefix}-%|charge:%"))
+    written = connection.execute(
+        sa.select(sa.func.count()).where(business_rows.c.row.like(f"{prefix}-%|%"))
     ).scalar_one()
-    total: int = sum(
-        spec_of(r.input["spec"])["rounds"] * spec_of(r.input["spec"])["fan_out"] for r in runs
-    )
-    return float(charged) / max(1, total)
+    total: int = sum(_rows_of(spec_of(run.input["spec"])) for run in runs)
+    return float(written) / max(1, total)
 
 
 def _json(value: Any) -> Any:

@@ -29,7 +29,7 @@ def test_a_short_langgraph_cluster_run_through_chaos_keeps_every_invariant(
         lease_ms=2_000,
         # Slow enough that the chaos, timed by the share of tool calls charged, lands while
         # threads run.
-        step_ms=200,
+        step_ms=300,
         migrate=False,
         run_dir=tmp_path,
         timeout_s=150,
