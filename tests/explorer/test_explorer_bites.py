@@ -305,7 +305,7 @@ async def test_shrinking_removes_every_step_whose_removal_still_breaks_the_invar
 
 def test_every_naive_store_of_the_spec_has_its_bite() -> None:
     labels = {bite.label for bite in BITES}
-    assert len(labels) == 14
+    assert len(labels) == 15
     assert {bite.world for bite in BITES} == {
         "lease",
         "fenced_effect",
