@@ -442,7 +442,7 @@ def statements_per_invoke(url: URL) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", action="append", required=True, help="a database URL; repeat")
-    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--repetitions", type=int, default=2)
     parser.add_argument(
         "--scale",
         type=float,
