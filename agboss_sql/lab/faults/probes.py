@@ -257,6 +257,8 @@ async def _holder(url: str, locked: str) -> dict[str, Any]:
             answer["effect"] = await asyncio.wait_for(effect, PROCESS_BOUND_S / 2)
         except Exception as error:
             answer["effect_error"] = repr(error)
+        for taker in takers:
+            taker.cancel()  # a take blocked on the locked row would wait out its lock_ms
         await asyncio.gather(*takers, return_exceptions=True)
         return answer
     finally:
