@@ -44,9 +44,9 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         default="tree",
-        metavar="tree|MODULE:ATTR",
-        help="what the workers run: the demo tree, or a ClusterWorkload of your own app "
-        "(default: %(default)s)",
+        metavar="tree|langgraph|MODULE:ATTR",
+        help="what the workers run: the demo tree, the LangGraph agent (needs langgraph), "
+        "or a ClusterWorkload of your own app (default: %(default)s)",
     )
     parser.add_argument(
         "--workers", type=int, default=3, help="worker processes (default: %(default)s)"
