@@ -35,6 +35,10 @@ OPERATIONS = {
     "child.claim x1",
     "child.claim x2",
     "child.claim x8",
+    "child.drain x1, one parent",
+    "child.drain x1, parent per child",
+    "child.drain x4, one parent",
+    "child.drain x4, parent per child",
 }
 # The floor of these sends exactly what one call of ours sent (compiled from the store's
 # statement set, or recorded from one of its calls).
