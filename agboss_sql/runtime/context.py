@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from agboss_sql.contracts.types import JsonValue
+from agboss_sql.contracts.types import ExecutionLease, JsonValue, LeaseEventKind
+from agboss_sql.runtime._log import log_lease_event
+from agboss_sql.runtime._run import bounded
 from agboss_sql.runtime.signal import AbortSignal
 from agboss_sql.runtime.workflows import Child, checked_json, checked_name, fingerprint_of
 
 if TYPE_CHECKING:
+    from agboss_sql.contracts.stores import FencedEffectRepository
     from agboss_sql.runtime._execution import Executor
     from agboss_sql.runtime._run import Run
 
@@ -236,6 +239,96 @@ class WorkflowContext:
         if self._collector is not None:
             return await self._collector.pause(self._run, key)
         return await self._executor.pause(self._run, key, name, request)
+
+    # -- for integrations ------------------------------------------------------------------
+    # What a framework run as a workflow needs beyond the calls above (`runtime.graphs` runs
+    # a LangGraph graph with them): the lease, the stores, effects under keys the framework
+    # keeps stable itself. Nothing here is counted by name: a replay must give the same keys.
+
+    @property
+    def lease(self) -> ExecutionLease:
+        """The run's current lease (its holder instance and epoch; renewals replace it)."""
+        return self._run.lease
+
+    @property
+    def first_lease(self) -> bool:
+        """True when this is the execution's first lease ever (epoch 1, not taken over):
+        nothing can be stored under the run yet, so there is nothing to look for."""
+        return self._run.fresh
+
+    @property
+    def replaying(self) -> bool:
+        """True while a cancelled tree is replayed to find its undos: the workflow's calls
+        answer what the first run stored and run nothing; code outside them must not act."""
+        return self._collector is not None
+
+    @property
+    def effect_store(self) -> FencedEffectRepository[Any]:
+        """The fenced-effect store the run's calls write through (on the SQL stores it has
+        `connection`, `store_clock` and `application`: a saver of the same database)."""
+        return self._executor.effects
+
+    async def keyed_effect(
+        self,
+        key: str,
+        name: str,
+        function: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        business_key: str | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """`effect` under the explicit `key` (unique in the run, the same on every replay:
+        a framework's task id) instead of the counted name: exactly once per key, the
+        stored result answered on a second call. A long key is shortened to a digest."""
+        checked_name("an effect name", name)
+        key = bounded(key)
+        fingerprint = fingerprint_of(args, kwargs)
+        if self._collector is not None:
+            return await self._collector.step(  # type: ignore[no-any-return]
+                self._run, key, name, fingerprint, None, business_key, effect=True
+            )
+        return await self._executor.effect(  # type: ignore[no-any-return]
+            self._run,
+            key,
+            name,
+            fingerprint,
+            lambda tx: function(tx, *args, **kwargs),
+            business_key,
+        )
+
+    async def keyed_outbound(self, key: str, name: str, intent: JsonValue, send: Send) -> JsonValue:
+        """`outbound` under the explicit `key` (as `keyed_effect`): at most once per attempt."""
+        checked_name("an outbound call name", name)
+        checked_json(f"the intent of outbound call {name!r}", intent)
+        key = bounded(key)
+        if self._collector is not None:
+            return await self._collector.outbound(self._run, key, name)
+        return await self._executor.outbound(self._run, key, name, intent, send)
+
+    async def refused(self, step: str, reason: str) -> None:
+        """Record that the store refused a fenced write the run made outside these calls
+        (`step`: what was written, `checkpoint`) as this holder's lease lost, with why
+        ("refused by the store: a checkpoint write: ..."), as a refused step is logged and
+        reported. The caller raises the refusal on."""
+        lease = self._run.lease
+        executor = self._executor
+        await log_lease_event(
+            executor.events,
+            executor.clock,
+            lease,
+            LeaseEventKind.LOST,
+            reason=f"refused by the store: a {step} write: {reason}",
+        )
+        executor.emit(
+            {
+                "kind": "refused",
+                "execution": self._run.execution,
+                "step": step,
+                "epoch": lease.lease_epoch,
+                "reason": reason,
+            }
+        )
 
 
 __all__ = ["EffectUndo", "Send", "StepUndo", "WorkflowContext"]

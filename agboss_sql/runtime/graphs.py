@@ -62,21 +62,18 @@ except ImportError as missing:  # pragma: no cover - the extra is not installed
     ) from missing
 
 from agboss_sql.contracts.errors import ExecutionFencedError
-from agboss_sql.contracts.types import ExecutionLease, JsonValue, LeaseEventKind
-from agboss_sql.runtime._log import log_lease_event
-from agboss_sql.runtime._run import bounded
+from agboss_sql.contracts.types import ExecutionLease, JsonValue
 from agboss_sql.runtime.context import WorkflowContext
 from agboss_sql.runtime.engine import DEFAULT_TENANT, Engine
 from agboss_sql.runtime.errors import WorkflowDefinitionError
-from agboss_sql.runtime.workflows import Workflows, checked_json, checked_name, fingerprint_of
+from agboss_sql.runtime.workflows import Workflows, checked_json, checked_name
 from agboss_sql.sql.checkpoint import LEASE_KEY, SqlCheckpointSaver
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
     from langgraph.types import StateSnapshot
 
-    from agboss_sql.runtime._execution import Executor
-    from agboss_sql.runtime._run import Run
+    from agboss_sql.contracts.stores import FencedEffectRepository
 
 T = TypeVar("T")
 
@@ -86,6 +83,8 @@ INSTANCE_KEY = "agboss_instance"
 """The checkpoint metadata key naming the instance that wrote the checkpoint."""
 GUARD_KEY = "agboss_guard"
 """The `configurable` key of the run's check, called before every checkpoint write."""
+UNREAD_KEY = "agboss_unread"
+"""The `configurable` key marking a thread's first lease ever (`_Unread`)."""
 INTERRUPTS_KEY = "__interrupt__"
 """Where an interrupted invocation's output lists its pending interrupts."""
 INTERRUPT_PREFIX = "interrupt-"
@@ -116,8 +115,7 @@ _savers: weakref.WeakKeyDictionary[Any, tuple[SqlCheckpointSaver, dict[str, Any]
 class _GraphRun:
     """The run a graph's nodes execute for (found by `node_effect` through a contextvar)."""
 
-    executor: Executor
-    run: Run
+    ctx: WorkflowContext
     loop: asyncio.AbstractEventLoop
 
 
@@ -126,11 +124,45 @@ _current: contextvars.ContextVar[_GraphRun | None] = contextvars.ContextVar(
 )
 
 
+class _Unread:
+    """A thread on its first lease ever: nothing of it is stored (its checkpoints are
+    written under its leases only), so the first read of its latest checkpoint — LangGraph's,
+    as the invocation starts — answers none without asking the database. Once only: any
+    later read, or any read after a write, asks."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending = True
+
+
+def _unread(configurable: Any) -> bool:
+    """Whether this read is a first-lease thread's first (see `_Unread`), using it up."""
+    marker = configurable.get(UNREAD_KEY)
+    if not isinstance(marker, _Unread) or not marker.pending:
+        return False
+    marker.pending = False
+    return not configurable.get("checkpoint_ns") and not configurable.get("checkpoint_id")
+
+
+def _written(configurable: Any) -> None:
+    marker = configurable.get(UNREAD_KEY)
+    if isinstance(marker, _Unread):
+        marker.pending = False
+
+
 class FencedGraphSaver(SqlCheckpointSaver):
     """The fenced saver a graph run writes through: before each checkpoint and pending
     write it calls the run's check (`configurable["agboss_guard"]`: a cancelled run or a
     lost lease stops there), and it records the writer's lease epoch and instance in each
-    checkpoint's metadata (`agboss_epoch`, `agboss_instance`), which audits read."""
+    checkpoint's metadata (`agboss_epoch`, `agboss_instance`), which audits read. On a
+    thread's first lease ever the invocation's first read of its latest checkpoint asks
+    nothing of the database (nothing of the thread is stored yet)."""
+
+    async def aget_tuple(self, config: RunnableConfig) -> Any:
+        if _unread(config.get("configurable") or {}):
+            return None
+        return await super().aget_tuple(config)
 
     async def aput(
         self,
@@ -143,6 +175,7 @@ class FencedGraphSaver(SqlCheckpointSaver):
         guard = configurable.get(GUARD_KEY)
         if guard is not None:
             guard()
+        _written(configurable)
         lease = configurable.get(LEASE_KEY)
         epoch = getattr(lease, "lease_epoch", None)
         if epoch is not None:
@@ -160,16 +193,17 @@ class FencedGraphSaver(SqlCheckpointSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        guard = (config.get("configurable") or {}).get(GUARD_KEY)
+        configurable = config.get("configurable") or {}
+        guard = configurable.get(GUARD_KEY)
         if guard is not None:
             guard()
+        _written(configurable)
         await super().aput_writes(config, writes, task_id, task_path)
 
 
-def _saver_of(executor: Executor) -> tuple[SqlCheckpointSaver, dict[str, Any]]:
+def _saver_of(effects: FencedEffectRepository[Any]) -> tuple[SqlCheckpointSaver, dict[str, Any]]:
     """The fenced saver of this instance (on its stores' connection and store clock), and
     the graphs compiled with it, by name."""
-    effects = executor.effects
     found = _savers.get(effects)
     if found is None:
         connection = getattr(effects, "connection", None)
@@ -258,30 +292,29 @@ def graph_of(app: Workflows, name: str) -> GraphDefinition | None:
 
 async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) -> Any:
     """One run of a thread under its lease (see the module)."""
-    executor: Executor = ctx._executor
-    run: Run = ctx._run
-    if ctx._collector is not None:
+    if ctx.replaying:
         return None  # a cancelled run's undo replay: a graph's nodes have no undo
-    saver, compiled = _saver_of(executor)
+    saver, compiled = _saver_of(ctx.effect_store)
     graph = compiled.get(definition.name)
     if graph is None:
         graph = definition.graph.copy(update={"checkpointer": saver})
         compiled[definition.name] = graph
-    lease = run.lease
     config: dict[str, Any] = {
         "configurable": {
-            "thread_id": thread_id_of(run.tenant_id, run.root),
-            LEASE_KEY: lease,
+            "thread_id": thread_id_of(ctx.tenant_id, ctx.workflow_id),
+            LEASE_KEY: ctx.lease,
             GUARD_KEY: ctx.check,
         }
     }
-    token = _current.set(_GraphRun(executor, run, asyncio.get_running_loop()))
+    token = _current.set(_GraphRun(ctx, asyncio.get_running_loop()))
     try:
         command: Any = value
         interrupts: list[Any] | None = None
-        if not run.fresh:
-            # Taken over, or resumed after a pause. (The thread's first lease ever finds
-            # nothing of it stored: no read.) With tasks left — even ones whose writes are
+        if ctx.first_lease and not ctx.is_child:
+            # Nothing of the thread is stored: the invocation's first read asks nothing.
+            config["configurable"][UNREAD_KEY] = _Unread()
+        else:
+            # Taken over, or resumed after a pause. With tasks left — even ones whose writes are
             # stored, which LangGraph's `next` leaves out — the super-step the last holder
             # was in runs on from its checkpoint; a finished thread answers its output.
             state = await graph.aget_state(config)
@@ -289,7 +322,7 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
                 command, interrupts = None, _interrupts(state) or None
         while True:
             if interrupts is None:
-                output = await _invoke(ctx, executor, run, graph, command, config)
+                output = await _invoke(ctx, graph, command, config)
                 if isinstance(output, dict):
                     interrupts = list(output.get(INTERRUPTS_KEY) or ())
                     if not interrupts:
@@ -309,35 +342,13 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
         _current.reset(token)
 
 
-async def _invoke(
-    ctx: WorkflowContext,
-    executor: Executor,
-    run: Run,
-    graph: Any,
-    command: Any,
-    config: dict[str, Any],
-) -> Any:
+async def _invoke(ctx: WorkflowContext, graph: Any, command: Any, config: dict[str, Any]) -> Any:
     """One invocation of the graph, answering its output; a checkpoint write the store
     refused is logged as the lease lost (with why), as a refused step is."""
     try:
         return await graph.ainvoke(command, config, durability="sync")
     except ExecutionFencedError as refused:
-        await log_lease_event(
-            executor.events,
-            executor.clock,
-            run.lease,
-            LeaseEventKind.LOST,
-            reason=f"refused by the store: a checkpoint write: {refused.reason}",
-        )
-        executor.emit(
-            {
-                "kind": "refused",
-                "execution": run.execution,
-                "step": "checkpoint",
-                "epoch": run.lease.lease_epoch,
-                "reason": refused.reason,
-            }
-        )
+        await ctx.refused("checkpoint", refused.reason)
         raise
     except Exception:
         ctx.check()  # a cancel or a lost lease, rather than what it broke
@@ -377,7 +388,7 @@ async def thread_state(
     definition = graph_of(engine.workflows, name)
     if definition is None:
         raise KeyError(f"no graph {name!r} registered on app {engine.workflows.name!r}")
-    saver, _compiled_graphs = _saver_of(engine.executor)
+    saver, _compiled_graphs = _saver_of(engine.executor.effects)
     reader = definition.graph.copy(update={"checkpointer": saver})
     config = {"configurable": {"thread_id": thread_id_of(tenant_id, run_id)}}
     return await reader.aget_state(config)
@@ -407,7 +418,7 @@ def current_lease() -> ExecutionLease:
     current = _current.get()
     if current is None:
         raise RuntimeError("current_lease() is called from a node of a graph run by add_graph")
-    return current.run.lease
+    return current.ctx.lease
 
 
 async def node_effect(
@@ -439,16 +450,8 @@ async def _effect(
     kwargs: dict[str, Any],
     business_key: str | None,
 ) -> T:
-    checked_name("an effect name", name)
-    fingerprint = fingerprint_of(args, kwargs)
-    key = bounded(f"{task_id}/{name}")
-    result = current.executor.effect(
-        current.run,
-        key,
-        name,
-        fingerprint,
-        lambda tx: function(tx, *args, **kwargs),
-        business_key,
+    result = current.ctx.keyed_effect(
+        f"{task_id}/{name}", name, function, *args, business_key=business_key, **kwargs
     )
     return await _on_loop(current, result)  # type: ignore[no-any-return]
 
@@ -461,10 +464,7 @@ async def node_outbound(
     an earlier holder claimed; `send(attempt)` gets the attempt number to pass on as the
     other system's idempotency key."""
     current, task_id = _here("node_outbound")
-    checked_name("an outbound call name", name)
-    checked_json(f"the intent of outbound call {name!r}", intent)
-    key = bounded(f"{task_id}/{name}")
-    result = current.executor.outbound(current.run, key, name, intent, send)
+    result = current.ctx.keyed_outbound(f"{task_id}/{name}", name, intent, send)
     return await _on_loop(current, result)
 
 
