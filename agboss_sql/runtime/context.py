@@ -251,6 +251,12 @@ class WorkflowContext:
         return self._run.lease
 
     @property
+    def call_path(self) -> str:
+        """Where this context runs inside its execution: "" in the workflow itself, or the
+        keys of the `call`s it runs under joined by "/" (the same on every replay)."""
+        return self._prefix.rstrip("/")
+
+    @property
     def first_lease(self) -> bool:
         """True when this is the execution's first lease ever (epoch 1, not taken over):
         nothing can be stored under the run yet, so there is nothing to look for."""

@@ -301,7 +301,7 @@ async def _run(definition: GraphDefinition, ctx: WorkflowContext, value: Any) ->
         compiled[definition.name] = graph
     config: dict[str, Any] = {
         "configurable": {
-            "thread_id": thread_id_of(ctx.tenant_id, ctx.workflow_id),
+            "thread_id": thread_id_of(ctx.tenant_id, _thread_run_of(ctx)),
             LEASE_KEY: ctx.lease,
             GUARD_KEY: ctx.check,
         }
@@ -364,6 +364,14 @@ def _request_of(value: Any) -> JsonValue:
         return checked_json("an interrupt's value", value)
     except Exception:
         return jsonable(value)
+
+
+def _thread_run_of(ctx: WorkflowContext) -> str:
+    """The run id a graph's thread is named by: the execution running it (a root's id, or a
+    child's), and under a `call` the call's keys too, so two graphs of one tree never share
+    a thread."""
+    path = ctx.call_path
+    return ctx.execution_id if not path else f"{ctx.execution_id}/{path}"
 
 
 def thread_id_of(tenant_id: str, run_id: str) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from workflow_support import Cluster, open_cluster
 
-from agboss_sql.runtime import Workflows, WorkflowState
+from agboss_sql.runtime import Child, Workflows, WorkflowState
 from agboss_sql.sql.connection import SqlConnection
 
 pytest.importorskip("langgraph.graph")
@@ -108,3 +108,32 @@ async def test_a_run_resumed_after_its_pause_reads_the_thread_and_goes_on(
     status = await b.status("r-2", tenant_id=cluster.tenant)
     assert isinstance(status.result, dict)
     assert status.result["log"] == ["planned", "answered yes", "done"]
+
+
+async def test_graphs_run_as_children_and_calls_each_have_a_thread_of_their_own(
+    cluster: Cluster,
+) -> None:
+    app = steps(ask=False)
+
+    @app.workflow
+    async def parent(ctx: Any, value: Any) -> Any:
+        kids = await ctx.children(
+            "kids",
+            [
+                Child("steps", {"order": "o-a", "log": []}),
+                Child("steps", {"order": "o-b", "log": []}),
+            ],
+        )
+        first = await ctx.call("inline", "steps", {"order": "o-c", "log": []})
+        second = await ctx.call("inline", "steps", {"order": "o-d", "log": []})
+        return {"kids": kids, "calls": [first, second]}
+
+    a = await cluster.engine("a", app)
+    await a.start("parent", None, id="p-1", tenant_id=cluster.tenant)
+    await cluster.wait_state(a, "p-1", WorkflowState.SUCCEEDED)
+    status = await a.status("p-1", tenant_id=cluster.tenant)
+    assert isinstance(status.result, dict)
+    # A thread shared by the tree's graphs would answer one run's state for the others.
+    ran = status.result["kids"] + status.result["calls"]
+    assert [state["order"] for state in ran] == ["o-a", "o-b", "o-c", "o-d"]
+    assert all(state["log"] == ["planned", "done"] for state in ran)
