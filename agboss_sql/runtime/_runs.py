@@ -311,11 +311,16 @@ class Runs:
             guard=False,
         )
         if done:
-            self.emit({"kind": "tree-end", "tree": run.root, "status": status.value})
-            ended = self._ended.pop((run.tenant_id, run.root), None)
-            if ended is not None:
-                ended.set()
-            await keeper.finish()
+            # The lease is finished before a waiter hears of the end: a caller that closes
+            # its engine on the result must not have the shutdown release a lease whose
+            # finish is still under way (the store would refuse it: a false `lost`).
+            try:
+                await keeper.finish()
+            finally:
+                self.emit({"kind": "tree-end", "tree": run.root, "status": status.value})
+                ended = self._ended.pop((run.tenant_id, run.root), None)
+                if ended is not None:
+                    ended.set()
         else:
             await keeper.release()
 

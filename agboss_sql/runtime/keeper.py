@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from agboss_sql.contracts.clocks import Clock
@@ -135,6 +135,7 @@ class LeaseKeeper:
         self._effects_holding = 0
         self._held_past_trust = False
         self._renewals_in_flight = 0
+        self._moving = False
 
     # -- what the holder knows ---------------------------------------------------------
 
@@ -310,8 +311,8 @@ class LeaseKeeper:
         """Renew at once and say whether the lease is still held (call it before every
         checkpoint write). A renewal failing transiently is sent again while the trust
         window lasts, so the answer may take until the window ends. False once lost,
-        released, yielded or finished: then it sends nothing."""
-        if self._state is not _State.HELD:
+        released, yielded or finished (or being moved so): then it sends nothing."""
+        if self._state is not _State.HELD or self._moving:
             return False
         return await self._renew()
 
@@ -497,28 +498,14 @@ class LeaseKeeper:
     async def release(self) -> bool:
         """Stop renewing and release the lease; log `released`. False when it was not held
         (a refusal by the store loses it, with a `lost` event)."""
-        lease = await self._let_go()
-        if lease is None:
-            return False
-        if not await self.leases.release(lease):
-            await self._lose("the store refused the release: the lease was no longer held")
-            return False
-        self._state = _State.RELEASED
-        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.RELEASED)
-        return True
+        refused = "the store refused the release: the lease was no longer held"
+        return await self._move(self.leases.release, _State.RELEASED, refused)
 
     async def yield_(self) -> bool:
         """Stop renewing and yield the still-live lease so anyone may take it (a parent
         waiting on its children); log `yielded`. `reclaim` takes it back if nobody did."""
-        lease = await self._let_go()
-        if lease is None:
-            return False
-        if not await self.leases.yield_lease(lease):
-            await self._lose("the store refused the yield: the lease was over or not held")
-            return False
-        self._state = _State.YIELDED
-        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.YIELDED)
-        return True
+        refused = "the store refused the yield: the lease was over or not held"
+        return await self._move(self.leases.yield_lease, _State.YIELDED, refused)
 
     async def reclaim(self) -> ExecutionLease | None:
         """Take a yielded lease back at the next epoch when nobody took it; log `reclaimed`
@@ -541,23 +528,44 @@ class LeaseKeeper:
 
     async def finish(self) -> bool:
         """Stop renewing and finish the lease (never granted again); log `finished`."""
-        lease = await self._let_go()
-        if lease is None:
-            return False
-        if not await self.leases.finish(lease):
-            await self._lose("the store refused the finish: the lease was no longer held")
-            return False
-        self._state = _State.FINISHED
-        await log_lease_event(self.events, self.clock, lease, LeaseEventKind.FINISHED)
-        return True
+        refused = "the store refused the finish: the lease was no longer held"
+        return await self._move(self.leases.finish, _State.FINISHED, refused)
 
-    async def _let_go(self) -> ExecutionLease | None:
-        if self._state is not _State.HELD:
-            return None
-        started = self._started
-        await self.stop()
-        self._started = started
-        return self._lease
+    async def _move(
+        self, move: Callable[[ExecutionLease], Awaitable[bool]], state: _State, refused: str
+    ) -> bool:
+        """One move of the held lease, one at a time: a second move while one is under way
+        sends nothing (False). The store's call, the new state and its event go to their
+        end even when the caller is cancelled meanwhile: a move the store may have applied
+        never leaves the lease looking held (a later release would be refused: a false
+        `lost`). A refusal loses the lease."""
+        if self._state is not _State.HELD or self._moving:
+            return False
+        self._moving = True
+        lease = self._lease
+        assert lease is not None
+
+        async def run() -> bool:
+            try:
+                started = self._started
+                await self.stop()
+                self._started = started
+                if not await move(lease):
+                    self._mark_lost(refused)
+                    return False
+                self._state = state
+            finally:
+                self._moving = False
+            await log_lease_event(self.events, self.clock, lease, LeaseEventKind(state.value))
+            return True
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if not await asyncio.shield(task):
+            await self._wait_background()  # the `lost` event
+            return False
+        return True
 
     def _describe(self) -> str:
         lease = self._lease
