@@ -49,6 +49,7 @@ autocommit, no fence and no lock, which sees committed rows only.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -273,14 +274,20 @@ class _IdleBound:
     """The servers' bound on a transaction left idle, kept by the store on SQLite (whose
     work connection is an `InlineWorkConnection`): the work's statements are timed on the
     monotonic clock, and one sent (or a return) after more than `max(statement_ms,
-    lock_ms)` without any fails with `StoreUnavailableError`, the transaction rolled back."""
+    lock_ms)` without any fails with `StoreUnavailableError`, the transaction rolled back.
+
+    The two statement listeners are installed once per connection (installing and removing
+    them around every effect cost more than the rest of its Python); between effects the
+    connection has no bound, and the listeners do nothing."""
 
     def __init__(self, tx: InlineWorkConnection, bound_ms: int) -> None:
         self.bound_ms = bound_ms
         self.sync = tx.sync_connection
         self.last = time.monotonic()
-        sa.event.listen(self.sync, "before_cursor_execute", self._before)
-        sa.event.listen(self.sync, "after_cursor_execute", self._after)
+        if self.sync not in _IDLE_BOUNDS:
+            sa.event.listen(self.sync, "before_cursor_execute", _before_statement)
+            sa.event.listen(self.sync, "after_cursor_execute", _after_statement)
+        _IDLE_BOUNDS[self.sync] = self
 
     @classmethod
     def on(cls, tx: AsyncConnection, connection: SqlConnection) -> _IdleBound | None:
@@ -288,12 +295,6 @@ class _IdleBound:
             return None  # a server bounds it itself
         timeouts = connection.timeouts
         return cls(tx, max(timeouts.statement_ms, timeouts.lock_ms))
-
-    def _before(self, *_args: Any) -> None:
-        self.check()
-
-    def _after(self, *_args: Any) -> None:
-        self.last = time.monotonic()
 
     def check(self) -> None:
         idle_ms = round((time.monotonic() - self.last) * 1000)
@@ -305,8 +306,25 @@ class _IdleBound:
             )
 
     def close(self) -> None:
-        sa.event.remove(self.sync, "before_cursor_execute", self._before)
-        sa.event.remove(self.sync, "after_cursor_execute", self._after)
+        if _IDLE_BOUNDS.get(self.sync) is self:
+            _IDLE_BOUNDS[self.sync] = None
+
+
+_IDLE_BOUNDS: weakref.WeakKeyDictionary[Any, _IdleBound | None] = weakref.WeakKeyDictionary()
+"""Each connection the listeners are installed on, with the bound of the effect running on
+it now (`None` between effects)."""
+
+
+def _before_statement(connection: Any, *_args: Any) -> None:
+    bound = _IDLE_BOUNDS.get(connection)
+    if bound is not None:
+        bound.check()
+
+
+def _after_statement(connection: Any, *_args: Any) -> None:
+    bound = _IDLE_BOUNDS.get(connection)
+    if bound is not None:
+        bound.last = time.monotonic()
 
 
 class _ClaimLostError(Exception):
