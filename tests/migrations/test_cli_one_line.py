@@ -248,7 +248,9 @@ def test_a_file_where_the_directory_must_be_is_one_line(
 def test_faults_makes_the_directory_of_its_sqlite_file(tmp_path: Path) -> None:
     path = tmp_path / "new" / "dir" / "faults.sqlite"
 
-    # The cheapest scenario, once, on fast clocks: it runs, so the file's directory was made.
+    # The cheapest scenario, once, on fast clocks: it runs on the file, so the file's
+    # directory was made. Whether the scenario holds on a loaded machine at fifty times
+    # speed is the fault suite's own tests' to say; this one asks only for the directory.
     done = run(
         "faults",
         *("--scenario", "sigterm", "--pods", "2", "--time-scale", "50"),
@@ -256,8 +258,10 @@ def test_faults_makes_the_directory_of_its_sqlite_file(tmp_path: Path) -> None:
         timeout=180,
     )
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert "unable to open" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.returncode in (0, 1), done.stdout + done.stderr
     assert path.exists()
+    assert "sigterm" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.fixture

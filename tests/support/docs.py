@@ -64,7 +64,8 @@ def samples(page: Path) -> list[tuple[str, Block]]:
 
 VARYING = [
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z"), "<time>"),
-    (re.compile(r"\(\d+(\.\d+)? s ago\)"), "(<age>)"),
+    # An age is printed in ms under a second, in s above it: both are one placeholder.
+    (re.compile(r"\(\d+(\.\d+)? m?s ago\)"), "(<age>)"),
     (re.compile(r"[-+]?\d+(\.\d+)? ms\b"), "<ms> ms"),
     (re.compile(r"\b(tree|order)-[0-9a-f]+"), r"\1-<id>"),
 ]
