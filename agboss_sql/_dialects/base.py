@@ -265,7 +265,7 @@ class ServerDriver(Protocol):
 class InlineDriver(Protocol):
     """SQLite's stdlib driver, run inline on the event loop's thread."""
 
-    def connect_sync(self, path: str) -> sqlite3.Connection: ...
+    def connect_sync(self, path: str, lock_ms: int) -> sqlite3.Connection: ...
 
     def execute_sync(
         self, raw: sqlite3.Connection, sql: str, params: Mapping[str, Any] | None

@@ -103,15 +103,31 @@ def exact_text(expression: ColumnElement[Any]) -> ColumnElement[Any]:
 # --- the stdlib driver, run inline on the event loop's thread -----------------------------
 
 
-def connect_sync(path: str) -> sqlite3.Connection:
+def connect_sync(path: str, lock_ms: int) -> sqlite3.Connection:
     """A connection in autocommit mode with WAL and busy timeout 0: the caller waits for the
-    write lock itself, with async sleeps, up to its own bound."""
+    write lock itself, with async sleeps, up to its own bound. Opening waits up to `lock_ms`
+    for a lock another connection holds (see `_prepare`)."""
     raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
-    raw.execute("PRAGMA busy_timeout = 0")
+    try:
+        _prepare(raw, lock_ms)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+def _prepare(raw: sqlite3.Connection, lock_ms: int) -> None:
+    """The session settings of every connection. Setting the journal mode reads the database
+    header under a lock that another connection can hold for a moment: the last connection
+    closing checkpoints the log and deletes it under an exclusive lock. With busy timeout 0
+    that moment failed the open ("database is locked") whenever a connection was opened as
+    another closed; so the settings wait up to `lock_ms` like any statement, and only then
+    the timeout goes to 0 for the caller's own statements."""
+    raw.execute(f"PRAGMA busy_timeout = {max(int(lock_ms), 0)}")
     raw.execute("PRAGMA journal_mode = WAL")
     raw.execute("PRAGMA synchronous = NORMAL")
     raw.execute("PRAGMA foreign_keys = ON")
-    return raw
+    raw.execute("PRAGMA busy_timeout = 0")
 
 
 def execute_sync(
@@ -293,11 +309,12 @@ def inline_aiosqlite_creator(path: str, lock_ms: int) -> Any:
                 delay = min(delay * 2, 0.05)
 
     def connector() -> sqlite3.Connection:
-        raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        raw.execute("PRAGMA busy_timeout = 0")
-        raw.execute("PRAGMA journal_mode = WAL")
-        raw.execute("PRAGMA synchronous = NORMAL")
-        raw.execute("PRAGMA foreign_keys = ON")
+        raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
+        try:
+            _prepare(raw, lock_ms)
+        except BaseException:
+            raw.close()
+            raise
         return raw
 
     async def create() -> Any:

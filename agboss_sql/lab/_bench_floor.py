@@ -111,7 +111,9 @@ async def open_floor(connection: SqlConnection) -> Floor:
     name = connection.dialect.NAME
     if connection.capabilities.inline:
         inline = inline_dialect(name)
-        return InlineFloor(inline, inline.connect_sync(connection.url.database or ""))
+        return InlineFloor(
+            inline, inline.connect_sync(connection.url.database or "", connection.timeouts.lock_ms)
+        )
     server = server_dialect(name)
     return ServerFloor(server, await server.connect(connection.url, connection.timeouts))
 

@@ -88,7 +88,7 @@ class InlineRunner:
     def _connection(self) -> sqlite3.Connection:
         if self._raw is None:
             try:
-                self._raw = self.dialect.connect_sync(self.path)
+                self._raw = self.dialect.connect_sync(self.path, self.timeouts.lock_ms)
             except Exception as exc:
                 raise StoreUnavailableError(
                     f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
@@ -332,7 +332,7 @@ class InlineRunner:
         return self._work_engine
 
     def _open_work_raw(self) -> sqlite3.Connection:
-        return self.dialect.connect_sync(self.path)
+        return self.dialect.connect_sync(self.path, self.timeouts.lock_ms)
 
     def _work_connection(self, engine: Callable[[], AsyncEngine]) -> WorkConnection:
         if self._work is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -37,6 +38,7 @@ from support.sql import (
     statement_past_its_bound,
 )
 
+from agboss_sql._dialects import inline_dialect
 from agboss_sql.contracts.errors import (
     CommitOutcomeUnknownError,
     StoreTimeoutError,
@@ -502,8 +504,8 @@ async def test_a_sqlite_busy_error_is_a_lock_timeout_not_a_retry(db: SqlConnecti
     would multiply the bound (12 tries of the lock wait), so it is a lock timeout."""
     require(embedded(db), "busy error of an embedded database (SQLITE_BUSY)")
     path = db._runner.path
-    holder = db.ops.connect_sync(path)
-    victim = db.ops.connect_sync(path)
+    holder = db.ops.connect_sync(path, 0)
+    victim = db.ops.connect_sync(path, 0)
     try:
         holder.execute("BEGIN IMMEDIATE")
         victim.execute("PRAGMA busy_timeout = 0")
@@ -517,6 +519,53 @@ async def test_a_sqlite_busy_error_is_a_lock_timeout_not_a_retry(db: SqlConnecti
         holder.execute("ROLLBACK")
         holder.close()
         victim.close()
+
+
+def _exclusively_locked(path: str) -> sqlite3.Connection:
+    """Another connection holding the database file's exclusive lock, as the last connection
+    of a WAL database does while it checkpoints and deletes the log on close."""
+    holder = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode = DELETE")
+    holder.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+    holder.execute("BEGIN EXCLUSIVE")
+    return holder
+
+
+def test_opening_a_sqlite_connection_waits_out_a_lock_another_connection_holds(
+    tmp_path: Any,
+) -> None:
+    # Opening used to set its session with busy timeout 0: a connection opened while another
+    # closed (and held the file's lock for a moment) failed with "database is locked".
+    dialect = inline_dialect("sqlite")
+    path = str(tmp_path / "opened.sqlite")
+    holder = _exclusively_locked(path)
+    # A release from another thread a little later: the open below has begun to wait by then
+    # or begins after it; either way it must succeed within its 30 s bound.
+    release = threading.Timer(0.2, holder.execute, args=("COMMIT",))
+    release.start()
+    try:
+        raw = dialect.connect_sync(path, 30_000)
+    finally:
+        release.join()
+        holder.close()
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    finally:
+        raw.close()
+
+
+def test_opening_a_sqlite_connection_waits_no_longer_than_its_lock_bound(tmp_path: Any) -> None:
+    dialect = inline_dialect("sqlite")
+    path = str(tmp_path / "held.sqlite")
+    holder = _exclusively_locked(path)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            dialect.connect_sync(path, 50)
+        assert dialect.is_busy(raised.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 async def test_errors_are_classified_on_this_database(db: SqlConnection) -> None:

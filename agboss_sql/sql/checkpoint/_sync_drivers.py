@@ -87,7 +87,7 @@ class SqliteDriver:
 
     def connect(self) -> Any:
         try:
-            return self.dialect.connect_sync(self.path)
+            return self.dialect.connect_sync(self.path, round(self.lock_s * 1000))
         except Exception as exc:
             raise StoreUnavailableError(
                 f"cannot open {self.path!r}: {type(exc).__name__}: {exc}"
