@@ -23,6 +23,7 @@ from agboss_sql.contracts.limits import (
 )
 from agboss_sql.contracts.types import (
     BudgetScope,
+    ChildFinish,
     CostEntry,
     ExecutionLease,
     ExecutionLeaseEvent,
@@ -147,6 +148,28 @@ def checked_queued_children(children: object) -> list[QueuedChild]:
                 "queues each child once"
             )
         seen.add(child.child_execution_id)
+    return checked
+
+
+def checked_child_finishes(finishes: object) -> list[ChildFinish]:
+    """`finishes` as a list of `ChildFinish` whose child ids are identifiers and attempts
+    int32; `ValueError` when one child id comes twice (a batch finishes each child once),
+    `TypeError` when it is not a sequence of finishes."""
+    if isinstance(finishes, (str, bytes)) or not isinstance(finishes, Sequence):
+        raise TypeError(f"finishes is a sequence of ChildFinish, got {finishes!r:.80}")
+    checked = [
+        _checked_fields(finish, ChildFinish, identifiers=("child_execution_id",))
+        for finish in finishes
+    ]
+    seen: set[str] = set()
+    for finish in checked:
+        checked_int32("attempt", finish.attempt)
+        if finish.child_execution_id in seen:
+            raise InvalidValueError(
+                f"child {finish.child_execution_id!r:.200} comes twice in one batch: a batch "
+                "finishes each child once"
+            )
+        seen.add(finish.child_execution_id)
     return checked
 
 

@@ -40,6 +40,7 @@ from agboss_sql.contracts._value_rules import (
     checked_budget_key as checked_budget_key,
 )
 from agboss_sql.contracts._value_rules import (
+    checked_child_finishes,
     checked_choice,
     checked_cost_entry,
     checked_key_prefix,
@@ -389,6 +390,7 @@ __all__ = [
     "checked_optional_identifier",
     "checked_pause",
     "checked_positive_ms",
+    "checked_child_finishes",
     "checked_queued_child",
     "checked_queued_children",
     "checked_record",

@@ -10,10 +10,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
+from agboss_sql.contracts._value_rules import checked_child_finishes
 from agboss_sql.contracts.types import (
     AttemptRef,
     BudgetScope,
     ChildExecution,
+    ChildFinish,
     ClaimedChild,
     CostEntry,
     CostTotal,
@@ -250,6 +252,22 @@ class ChildExecutionQueueRepository(Store):
         The finish that sees none left also moves its parent's entry, when the parent is
         itself a child `waiting` for its children, back to `queued` (claimable again), in
         the same step: a waiting parent is never left behind."""
+
+    async def finish_many(self, finishes: Sequence[ChildFinish]) -> Sequence[FinishResult]:
+        """Finish several children at once, each as `finish(child, outcome,
+        attempt=attempt)` would, as if one after another in the order given, and answer
+        each one's `FinishResult` in that order: each fenced by its own attempt (a
+        superseded attempt's entry changes nothing and answers `finished=False`), a retry of
+        an attempt's committed finish answering what it answered, exactly one finisher of a
+        parent's last children (in this batch or beside it) seeing none left, a waiting
+        parent made claimable again, tenants apart. A store commits the batch in one step
+        (one transaction: one commit, one count update per parent); this default, for a
+        store that cannot, finishes them one after another. A batch naming one child twice
+        is a `ValueError` before anything is finished; an empty batch answers `[]`."""
+        batch = checked_child_finishes(finishes)
+        return [
+            await self.finish(f.child_execution_id, f.outcome, attempt=f.attempt) for f in batch
+        ]
 
     @abstractmethod
     async def wait_for_children(

@@ -250,6 +250,16 @@ class ChildExecution:
     outcome: JsonValue = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChildFinish:
+    """One finish of a batch (`ChildExecutionQueueRepository.finish_many`): the child, the
+    attempt that ran it (the finish is fenced by it) and the outcome."""
+
+    child_execution_id: str
+    attempt: int
+    outcome: JsonValue = None
+
+
 class FinishResult(NamedTuple):
     finished: bool
     remaining: int

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import (
+    checked_child_finishes,
     checked_count,
     checked_int32,
     checked_positive_ms,
@@ -16,6 +17,7 @@ from agboss_sql.contracts.rules import (
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
 from agboss_sql.contracts.types import (
     ChildExecution,
+    ChildFinish,
     ChildStatus,
     ClaimedChild,
     FinishResult,
@@ -152,7 +154,20 @@ class InMemoryChildExecutionQueueRepository(ApplicationClockStore, ChildExecutio
         checked_identifier("child_execution_id", child_execution_id)
         if attempt is not None:
             checked_int32("attempt", attempt)
-        outcome = json_copy(outcome)
+        return self._finish_one(child_execution_id, json_copy(outcome), attempt)
+
+    async def finish_many(self, finishes: Sequence[ChildFinish]) -> Sequence[FinishResult]:
+        batch = checked_child_finishes(finishes)
+        outcomes = [json_copy(f.outcome) for f in batch]
+        # No await between the finishes: the batch is one atomic step.
+        return [
+            self._finish_one(f.child_execution_id, outcome, f.attempt)
+            for f, outcome in zip(batch, outcomes, strict=True)
+        ]
+
+    def _finish_one(
+        self, child_execution_id: str, outcome: JsonValue, attempt: int | None
+    ) -> FinishResult:
         row = self.memory.children.get(child_execution_id)
         if row is None:
             return FinishResult(False, 0)

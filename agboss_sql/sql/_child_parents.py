@@ -67,6 +67,14 @@ class ParentCountStatements:
         take_one = sa.update(P).where(*of_parent).values(unfinished=P.c.unfinished - 1)
         self.take_one = take_one
         self.take_one_returning = take_one.returning(P.c.unfinished)
+        # A batch finish: `n` of the parent's children finished in one transaction.
+        take_n = (
+            sa.update(P)
+            .where(*of_parent)
+            .values(unfinished=P.c.unfinished - sa.bindparam("n", type_=sa.BigInteger))
+        )
+        self.take_n = take_n
+        self.take_n_returning = take_n.returning(P.c.unfinished)
 
         # The count of a child's own children: the tenant by value from the child's row (a
         # plain read of a column that never changes: it locks nothing).

@@ -82,6 +82,7 @@ from agboss_sql.contracts.types import (
 from agboss_sql.sql._base import ApplicationClockStore, dumps
 from agboss_sql.sql._child_parents import ParentCountStatements
 from agboss_sql.sql._queue_batch import BatchQueueMethods, BatchStatements
+from agboss_sql.sql._queue_finish_many import FinishManyMethods, FinishManyStatements
 from agboss_sql.sql._queue_rows import CLAIMED, LISTED, claimed_of, columns, listed_of
 from agboss_sql.sql._queue_wakeups import NotifiedWakeups
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
@@ -106,6 +107,7 @@ class QueueStatements:
         self.update_returning: bool = b.capabilities.update_returning
         self.parents = ParentCountStatements(b.ops, self.update_returning)
         self.batch = BatchStatements(b)
+        self.finish_many = FinishManyStatements(b)
         self._build_enqueue_and_lists(b.ops)
         self._build_claims(b.ops)
         self._build_restarts()
@@ -306,7 +308,10 @@ _WAIT_PARAMS = {"queued": QUEUED, "running": RUNNING, "waiting": WAITING}
 
 
 class SqlChildExecutionQueueRepository(
-    ApplicationClockStore[QueueStatements], BatchQueueMethods, ChildExecutionQueueRepository
+    ApplicationClockStore[QueueStatements],
+    BatchQueueMethods,
+    FinishManyMethods,
+    ChildExecutionQueueRepository,
 ):
     """The child queue on SQL, on the application's clock: a child is claimed by one
     claimer, restarted by compare-and-set on its attempt, finished once (by its current

@@ -7,8 +7,8 @@ finisher of a parent's children sees none left; the parent's wake it owes is cla
 one claimer (compare-and-set, with a claim that runs out) and marked done once. A child
 whose own children run waits (`wait_for_children`): neither claimed nor rescued while it
 waits, and made claimable again by the finish of its last child in the same step, so a
-wait raced against that finish never loses the wake. A batch (`enqueue_many`, `claim_many`)
-keeps every one of these per child. Every case runs two instances on one
+wait raced against that finish never loses the wake. A batch (`enqueue_many`, `claim_many`,
+`finish_many`) keeps every one of these per child. Every case runs two instances on one
 backing store; the races go through both.
 """
 
@@ -31,6 +31,12 @@ from agboss_sql.testing.contracts._child_queue_claims import (
     never_gives_one_child_to_two_concurrent_claimers,
     queues_a_child_id_once,
     refuses_concurrent_duplicate_enqueues_but_one,
+)
+from agboss_sql.testing.contracts._child_queue_finish_many import (
+    finishes_a_batch_each_at_its_own_attempt,
+    keeps_tenants_apart_in_a_batch,
+    queues_a_waiting_parent_again_from_a_batch,
+    wakes_the_parent_exactly_once_among_concurrent_batch_finishers,
 )
 from agboss_sql.testing.contracts._child_queue_finishes import (
     answers_a_retried_finish_of_one_attempt_as_the_first,
@@ -146,6 +152,19 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         "queues and counts each id once among concurrent batches",
         queues_and_counts_each_id_once_among_concurrent_batches,
     ),
+    (
+        "finishes a batch, each at its own attempt",
+        finishes_a_batch_each_at_its_own_attempt,
+    ),
+    (
+        "wakes the parent exactly once among concurrent batch finishers",
+        wakes_the_parent_exactly_once_among_concurrent_batch_finishers,
+    ),
+    (
+        "queues a waiting parent again from a batch",
+        queues_a_waiting_parent_again_from_a_batch,
+    ),
+    ("keeps tenants apart in a batch", keeps_tenants_apart_in_a_batch),
 ]
 
 

@@ -1,0 +1,387 @@
+"""The child queue's batch finish: `finish_many` of the SQL child queue.
+
+A worker that finished several children commits them in one transaction: one commit, and
+one change of each parent's count of unfinished children per batch instead of one per
+child. Each child is still decided on its own row, locked, as `finish` decides it: finished
+only when running at its entry's attempt (a superseded attempt changes nothing), a retry of
+an attempt's committed finish answered from what that finish stored, and each finished
+child stores the count it saw, as if the batch's finishes ran one after another in the
+order given. So exactly one finisher of a parent's last children sees none left, whether
+they finished in one batch, in several, or one by one.
+
+Locks are taken as every transaction of the queue takes them, from the deepest level up:
+the batch's children (by row id, in one statement), then their parents' counts (sorted by
+tenant and parent), then the waiting parents made claimable again. Two batches therefore
+lock in one order; a batch beside single finishes holds no count while it waits for a child.
+
+Statements per batch of `k` children of `p` parents (BEGIN/COMMIT not counted; `w` parents
+woken, i.e. whose count reached 0):
+
+| | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
+|---|---|---|---|
+| lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
+| the counts | 2 (a locking read of all, one update of all) | p | 2p |
+| the children finished | 1 | k | k |
+| waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | w | w |
+
+A batch of 10 children of one parent is 4 statements and one commit on PostgreSQL, where 10
+`finish` calls are 30 statements and 10 commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from agboss_sql.contracts.errors import CorruptStoredRowError
+from agboss_sql.contracts.rules import checked_child_finishes
+from agboss_sql.contracts.types import ChildFinish, ChildStatus, FinishResult
+from agboss_sql.sql._base import dumps
+from agboss_sql.sql._child_parents import ParentCountStatements
+from agboss_sql.sql.connection import Exec, SqlBuilder, Step
+from agboss_sql.sql.schema import child_executions, child_parents
+
+if TYPE_CHECKING:
+    from agboss_sql.sql.connection import SqlConnection
+
+C = child_executions
+P = child_parents
+
+QUEUED = ChildStatus.QUEUED.value
+RUNNING = ChildStatus.RUNNING.value
+WAITING = ChildStatus.WAITING.value
+FINISHED = ChildStatus.FINISHED.value
+
+_MAX_IDS = 128
+"""The most child ids one locking read names (SQLite, MySQL/MariaDB)."""
+
+_LOCKED = (
+    C.c.id,
+    C.c.child_execution_id,
+    C.c.status,
+    C.c.finished_attempt,
+    C.c.finish_remaining,
+    C.c.attempt,
+    C.c.tenant_id,
+    C.c.parent_execution_id,
+)
+
+
+def _padded(count: int) -> int:
+    size = 1
+    while size < count:
+        size *= 2
+    return size
+
+
+class FinishManyStatements:
+    """The batch finish's statements for one dialect: with arrays (PostgreSQL) a fixed few
+    whatever the batch's size; elsewhere the locking read for a few sizes, then the
+    statements of `finish` per parent and per child."""
+
+    def __init__(self, b: SqlBuilder) -> None:
+        self.ops = b.ops
+        self.arrays = b.ops.NAME == "postgresql"
+        self._locks: dict[int, Any] = {}
+        now = sa.bindparam("now", type_=sa.BigInteger)
+        if not self.arrays:
+            return
+        text_array = postgresql.ARRAY(sa.Text())
+        ids = sa.bindparam("ids", type_=text_array)
+        self.lock_children = self.ops.for_update(
+            sa.select(*_LOCKED).where(C.c.child_execution_id == sa.any_(ids)).order_by(C.c.id)
+        )
+        parents = (
+            sa.func.unnest(
+                sa.bindparam("tenants", type_=text_array),
+                sa.bindparam("parents", type_=text_array),
+            )
+            .table_valued("t", "p")
+            .render_derived()
+        )
+        of_batch = sa.tuple_(P.c.tenant_id, P.c.parent_execution_id).in_(
+            sa.select(parents.c.t, parents.c.p)
+        )
+        self.lock_counts = self.ops.for_update(
+            sa.select(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished)
+            .where(of_batch)
+            .order_by(P.c.tenant_id, P.c.parent_execution_id)
+        )
+        taken = (
+            sa.func.unnest(
+                sa.bindparam("tenants", type_=text_array),
+                sa.bindparam("parents", type_=text_array),
+                sa.bindparam("ns", type_=postgresql.ARRAY(sa.BigInteger())),
+            )
+            .table_valued("t", "p", "n")
+            .render_derived()
+        )
+        self.take_counts = (
+            sa.update(P)
+            .where(P.c.tenant_id == taken.c.t, P.c.parent_execution_id == taken.c.p)
+            .values(unfinished=P.c.unfinished - taken.c.n)
+        )
+        done = (
+            sa.func.unnest(
+                sa.bindparam("rows", type_=postgresql.ARRAY(sa.BigInteger())),
+                sa.bindparam("outcomes", type_=text_array),
+                sa.bindparam("attempts", type_=postgresql.ARRAY(sa.Integer())),
+                sa.bindparam("remaining", type_=postgresql.ARRAY(sa.Integer())),
+            )
+            .table_valued("r", "o", "a", "n")
+            .render_derived()
+        )
+        self.finish_children = (
+            sa.update(C)
+            .where(C.c.id == done.c.r)
+            .values(
+                status=sa.bindparam("finished"),
+                outcome=done.c.o,
+                finished_at=now,
+                finished_attempt=done.c.a,
+                finish_remaining=done.c.n,
+            )
+        )
+        woken = (
+            sa.func.unnest(
+                sa.bindparam("tenants", type_=text_array),
+                sa.bindparam("parents", type_=text_array),
+            )
+            .table_valued("t", "p")
+            .render_derived()
+        )
+        self.wake_waiting_parents = (
+            sa.update(C)
+            .where(
+                C.c.tenant_id == woken.c.t,
+                C.c.child_execution_id == woken.c.p,
+                C.c.status == sa.bindparam("waiting"),
+            )
+            .values(status=sa.bindparam("queued"))
+        )
+
+    def lock_ids(self, size: int) -> Any:
+        """The locking read of the rows of `size` children (padded `IN` list), by row id."""
+        found = self._locks.get(size)
+        if found is None:
+            ids: list[Any] = [sa.bindparam(f"id_{i}") for i in range(size)]
+            found = self._locks[size] = self.ops.for_update(
+                sa.select(*_LOCKED).where(C.c.child_execution_id.in_(ids)).order_by(C.c.id)
+            )
+        return found
+
+
+class FinishManyMethods:
+    """`finish_many` of the SQL child queue (a base of `SqlChildExecutionQueueRepository`)."""
+
+    if TYPE_CHECKING:
+        connection: SqlConnection
+        _sql: Any  # the queue's statements: `.finish_many`, `.parents`, `.batch`, ...
+
+        @property
+        def clock(self) -> Any: ...
+
+    async def finish_many(self, finishes: Sequence[ChildFinish]) -> Sequence[FinishResult]:
+        """In one transaction: lock the batch's children, then their parents' counts; finish
+        each child running at its entry's attempt with its outcome, take the batch's
+        finished children off each parent's count in one change, and store with each child
+        the count it saw (as finishes one after another in the order given would). A
+        superseded entry changes nothing (`finished=False`, its parent's count at its
+        turn); a retry of an attempt's committed finish answers what it answered. The
+        parents whose count reached 0 and that wait for their children are queued again."""
+        batch = checked_child_finishes(finishes)
+        if not batch:
+            return []
+        entries = [(f.child_execution_id, f.attempt, dumps(f.outcome)) for f in batch]
+        now = self.clock.now()
+        return await self.connection.run(lambda: self._finish_many(entries, now))
+
+    def _finish_many(
+        self, entries: list[tuple[str, int, str]], now: int
+    ) -> Step[list[FinishResult]]:
+        sql: FinishManyStatements = self._sql.finish_many
+        parents: ParentCountStatements = self._sql.parents
+        # 1. The children's rows, locked.
+        ids = sorted(child_id for child_id, _, _ in entries)
+        rows: dict[str, Any] = {}
+        if sql.arrays:
+            for row in (yield Exec(sql.lock_children, {"ids": ids})).rows:
+                rows[row[1]] = row
+        else:
+            for at in range(0, len(ids), _MAX_IDS):
+                part = ids[at : at + _MAX_IDS]
+                size = _padded(len(part))
+                params = {f"id_{i}": part[min(i, len(part) - 1)] for i in range(size)}
+                for row in (yield Exec(sql.lock_ids(size), params)).rows:
+                    rows[row[1]] = row
+        # 2. Each entry decided on its row: answered (a retry), finishing, or refused.
+        answers: list[FinishResult | None] = []
+        finishing: list[tuple[int, Any, int, str]] = []  # (entry index, row, attempt, outcome)
+        taken: dict[tuple[str, str], int] = {}
+        of_parent: dict[int, tuple[str, str]] = {}
+        for index, (child_id, attempt, outcome) in enumerate(entries):
+            row = rows.get(child_id)
+            if row is None:
+                answers.append(FinishResult(False, 0))
+                continue
+            _id, _c, status, finished_attempt, answered, current, tenant_id, parent_id = row
+            if (
+                status == FINISHED
+                and finished_attempt is not None
+                and int(finished_attempt) == attempt
+                and answered is not None
+            ):
+                # This attempt's finish already committed (its reply was lost).
+                answers.append(FinishResult(True, int(answered)))
+                continue
+            parent = (tenant_id, parent_id)
+            of_parent[index] = parent
+            answers.append(None)
+            if status == RUNNING and int(current) == attempt:
+                finishing.append((index, row, attempt, outcome))
+                taken[parent] = taken.get(parent, 0) + 1
+            else:
+                taken.setdefault(parent, 0)
+        if not of_parent:
+            return [a for a in answers if a is not None]
+        # 3. The parents' counts, locked in one order, and the batch's finishes taken off.
+        before = yield from self._take_counts(sql, parents, taken)
+        # 4. Each entry's count at its turn; the finished children stored with theirs.
+        seen: dict[tuple[str, str], int] = {}
+        finished_rows: dict[int, tuple[Any, int, str]] = {
+            index: (row, attempt, outcome) for index, row, attempt, outcome in finishing
+        }
+        stored: list[tuple[int, str, int, int]] = []  # (row id, outcome, attempt, remaining)
+        for index, parent in of_parent.items():
+            done = finished_rows.get(index)
+            if done is None:
+                answers[index] = FinishResult(False, before[parent] - seen.get(parent, 0))
+                continue
+            seen[parent] = seen.get(parent, 0) + 1
+            remaining = before[parent] - seen[parent]
+            row, attempt, outcome = done
+            stored.append((int(row[0]), outcome, attempt, remaining))
+            answers[index] = FinishResult(True, remaining)
+        if stored:
+            yield from self._store_finishes(sql, stored, now)
+        emptied = sorted(p for p, n in taken.items() if n and before[p] - n == 0)
+        if emptied:
+            yield from self._wake_waiting(sql, emptied)
+        return [a for a in answers if a is not None]
+
+    def _take_counts(
+        self,
+        sql: FinishManyStatements,
+        parents: ParentCountStatements,
+        taken: dict[tuple[str, str], int],
+    ) -> Step[dict[tuple[str, str], int]]:
+        """Lock the counts of the batch's parents (sorted), take each one's finishes off;
+        the counts before the batch. A parent with finishes must have a count."""
+        order = sorted(taken)
+        before: dict[tuple[str, str], int] = {}
+        if sql.arrays:
+            params = {"tenants": [t for t, _ in order], "parents": [p for _, p in order]}
+            for tenant_id, parent_id, unfinished in (yield Exec(sql.lock_counts, params)).rows:
+                before[(tenant_id, parent_id)] = int(unfinished)
+            changed = [p for p in order if taken[p]]
+            for parent in changed:
+                if parent not in before:
+                    raise _missing(parent)
+            if changed:
+                yield Exec(
+                    sql.take_counts,
+                    {
+                        "tenants": [t for t, _ in changed],
+                        "parents": [p for _, p in changed],
+                        "ns": [taken[p] for p in changed],
+                    },
+                )
+        else:
+            for parent in order:
+                of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
+                n = taken[parent]
+                if not n:
+                    before[parent] = yield from parents.unfinished(of)
+                    continue
+                if parents.update_returning:
+                    row = (yield Exec(parents.take_n_returning, {**of, "n": n})).first()
+                    if row is None:
+                        raise _missing(parent)
+                    before[parent] = int(row[0]) + n
+                else:
+                    row = (yield Exec(parents.lock, of)).first()
+                    if row is None:
+                        raise _missing(parent)
+                    yield Exec(parents.take_n, {**of, "n": n})
+                    before[parent] = int(row[0])
+        for parent in order:
+            before.setdefault(parent, 0)
+        return before
+
+    def _store_finishes(
+        self, sql: FinishManyStatements, stored: list[tuple[int, str, int, int]], now: int
+    ) -> Step[None]:
+        if sql.arrays:
+            yield Exec(
+                sql.finish_children,
+                {
+                    "rows": [s[0] for s in stored],
+                    "outcomes": [s[1] for s in stored],
+                    "attempts": [s[2] for s in stored],
+                    "remaining": [s[3] for s in stored],
+                    "finished": FINISHED,
+                    "now": now,
+                },
+            )
+            return
+        for row_id, outcome, attempt, remaining in stored:
+            yield Exec(
+                self._sql.finish_locked,
+                {
+                    "id": row_id,
+                    "outcome": outcome,
+                    "finished": FINISHED,
+                    "now": now,
+                    "attempt": attempt,
+                    "remaining": remaining,
+                },
+            )
+
+    def _wake_waiting(
+        self, sql: FinishManyStatements, emptied: list[tuple[str, str]]
+    ) -> Step[None]:
+        """The emptied parents that wait for their children: claimable again."""
+        woke = 0
+        if sql.arrays:
+            params = {
+                "tenants": [t for t, _ in emptied],
+                "parents": [p for _, p in emptied],
+                "queued": QUEUED,
+                "waiting": WAITING,
+            }
+            woke = (yield Exec(sql.wake_waiting_parents, params)).rowcount
+        else:
+            for tenant_id, parent_id in emptied:
+                params = {
+                    "tenant_id": tenant_id,
+                    "parent_execution_id": parent_id,
+                    "queued": QUEUED,
+                    "waiting": WAITING,
+                }
+                woke += (yield Exec(self._sql.wake_waiting_parent, params)).rowcount
+        if woke and self._sql.batch.notify is not None:
+            yield Exec(self._sql.batch.notify, {})  # a parent is claimable again
+
+
+def _missing(parent: tuple[str, str]) -> CorruptStoredRowError:
+    return CorruptStoredRowError(
+        f"no count of unfinished children for parent {parent[1]!r:.200} of tenant "
+        f"{parent[0]!r:.200} though a child of it is running: children queued by a release "
+        "before migration 0010 while it ran? (agboss-sql migrate)"
+    )
+
+
+__all__ = ["FinishManyMethods", "FinishManyStatements"]
