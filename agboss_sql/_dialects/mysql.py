@@ -13,6 +13,7 @@ migrations there take a lock row instead of `GET_LOCK` (dialects/galera/QUIRKS.m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import select
@@ -242,18 +243,145 @@ def checked_settings(rows: Any) -> bool:
     return str(settings.get("wsrep_on", "")).upper() == "ON"
 
 
+FAILOVER_PARAM = "failover"
+"""The URL query parameter naming a Galera node's alternates, tried in order when it is gone:
+`mysql://root@node1:3306/db?failover=node2:3306,node3:3306`."""
+
+_PREFERRED: dict[tuple[tuple[str, int], ...], int] = {}
+"""Per node list, the index of the node the last new connection reached: the next one
+tries it first (a gone node costs its bound once, not at every new connection)."""
+
+_SYNCED = "4"  # wsrep_local_state: Synced (a donor or a joiner is 1, 2 or 3)
+
+
+def nodes_of(url: URL) -> list[tuple[str, int]]:
+    """The `(host, port)` of the URL's node, then of each `failover` alternate, in order;
+    a malformed alternate is `ValueError` naming it."""
+    nodes = [(url.host or "localhost", url.port or 3306)]
+    raw = url.query.get(FAILOVER_PARAM)
+    values = [raw] if isinstance(raw, str) else list(raw or ())
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"failover node {item!r} is not host:port (in {FAILOVER_PARAM}={value!r})"
+                )
+            if (host, int(port)) not in nodes:
+                nodes.append((host, int(port)))
+    return nodes
+
+
+def without_failover(url: URL) -> URL:
+    """The URL of its first node alone (what a synchronous driver connects to)."""
+    if FAILOVER_PARAM not in url.query:
+        return url
+    return url.difference_update_query([FAILOVER_PARAM])
+
+
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
     """A new connection; on a MariaDB Galera node (`wsrep_on`, asked once per connection)
     its session is set for the cluster (`GALERA_SESSION`). A server whose
     `max_allowed_packet` is under `MIN_MAX_ALLOWED_PACKET` (asked in the same statement) is
     `ServerSettingError`, and the connection is closed: a statement at the limits would be
-    refused by the server."""
+    refused by the server.
+
+    With `failover` alternates in the URL (`nodes_of`), the nodes are tried in turn,
+    starting from the one the last new connection reached, each within its share of
+    `connect_ms` (a frozen node accepts TCP and never greets): the first node that answers
+    and is in the cluster's primary component and Synced (`wsrep_ready`, `wsrep_local_state`)
+    serves; a ready node that is not Synced (a donor, which rsync blocks) only when none is.
+    No node answering is the last node's error."""
+    nodes = nodes_of(url)
+    if len(nodes) == 1:
+        return await _connect_node(url, nodes[0], timeouts, autocommit, timeouts.connect_ms)
+    key = tuple(nodes)
+    first = _PREFERRED.get(key, 0)
+    share_ms = max(200, timeouts.connect_ms // len(nodes))
+    fallback: tuple[int, Any] | None = None
+    failure: BaseException | None = None
+    for step in range(len(nodes)):
+        index = (first + step) % len(nodes)
+        try:
+            async with asyncio.timeout(share_ms / 1000):
+                raw = await _connect_node(url, nodes[index], timeouts, autocommit, share_ms)
+                state = await _node_state(raw) if raw._agboss_galera else ("ON", _SYNCED)
+        except ServerSettingError:
+            if fallback is not None:
+                fallback[1].close()
+            raise
+        except (Exception, TimeoutError) as exc:
+            failure = exc
+            continue
+        if state == ("ON", _SYNCED):
+            if fallback is not None:
+                fallback[1].close()
+            _PREFERRED[key] = index
+            return raw
+        if state[0] == "ON" and fallback is None:
+            fallback = (index, raw)
+        else:
+            raw.close()
+            failure = _not_ready(nodes[index], state)
+    if fallback is not None:
+        _PREFERRED[key] = fallback[0]
+        return fallback[1]
+    from pymysql.err import OperationalError
+
+    raise OperationalError(
+        2003,
+        f"no node of {', '.join(f'{h}:{p}' for h, p in nodes)} served a connection within its "
+        f"{share_ms} ms share of connect_ms (last: {type(failure).__name__}: {failure})",
+    ) from failure
+
+
+def _not_ready(node: tuple[str, int], state: tuple[str, str]) -> Exception:
+    from pymysql.err import OperationalError
+
+    error: Exception = OperationalError(
+        1047,
+        f"node {node[0]}:{node[1]} is not ready (wsrep_ready {state[0]}, "
+        f"wsrep_local_state {state[1]})",
+    )
+    return error
+
+
+async def _node_state(raw: Any) -> tuple[str, str]:
+    """A Galera node's `(wsrep_ready, wsrep_local_state)`; the connection is closed when
+    asking fails."""
+    try:
+        cursor = await raw.cursor()
+        try:
+            await cursor.execute(NODE_STATE_QUERY)
+            rows = {str(k).lower(): str(v) for k, v in await cursor.fetchall()}
+        finally:
+            await cursor.close()
+        if raw.get_transaction_status():
+            await raw.commit()
+    except BaseException:
+        raw.close()
+        raise
+    return rows.get("wsrep_ready", "").upper(), rows.get("wsrep_local_state", "")
+
+
+NODE_STATE_QUERY = "SHOW STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_local_state')"
+"""What a connection with `failover` alternates asks a Galera node before using it."""
+
+
+async def _connect_node(
+    url: URL, node: tuple[str, int], timeouts: Timeouts, autocommit: bool, bound_ms: int
+) -> Any:
     import aiomysql
     from pymysql.constants import CLIENT
 
+    options = session_options(timeouts)
+    options["connect_timeout"] = bound_ms / 1000
     raw = await aiomysql.connect(
-        host=url.host or "localhost",
-        port=url.port or 3306,
+        host=node[0],
+        port=node[1],
         user=url.username or "root",
         password=url.password or "",
         db=url.database,
@@ -262,7 +390,7 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
         # The pool's connections (in autocommit) take a transaction as one text (`Script`):
         # every parameter is still escaped by the driver, as in a single statement.
         client_flag=CLIENT.FOUND_ROWS | (CLIENT.MULTI_STATEMENTS if autocommit else 0),
-        **session_options(timeouts),
+        **options,
     )
     try:
         cursor = await raw.cursor()
@@ -399,8 +527,10 @@ _STATEMENT_TIMEOUTS = {1969, 3024, 1317}
 # Disk full, table full, out of memory, record file full.
 _STORAGE_FULL = {1021, 1114, 1041}
 # Can't connect, server gone away, lost during query, lost at handshake, server shutdown,
-# connection killed (MariaDB), disconnected by the server (MySQL 8.0.24+).
-_DISCONNECTS = {2003, 2006, 2013, 2055, 1053, 1927, 4031}
+# connection killed (MariaDB), disconnected by the server (MySQL 8.0.24+), and a Galera
+# node out of the primary component (1047, "WSREP has not yet prepared node for application
+# use": it applies nothing until it rejoins, so its connections are dropped like lost ones).
+_DISCONNECTS = {2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047}
 
 
 def _code(exc: BaseException) -> int | None:

@@ -77,9 +77,15 @@ def resolve_url(url: str | URL | None = None) -> str:
 
 def sync_url(url: str | URL) -> URL:
     """The URL with the synchronous driver migrations run on (psycopg, PyMySQL or the
-    stdlib sqlite3), whatever driver a plain or async `url` names."""
+    stdlib sqlite3), whatever driver a plain or async `url` names; a MySQL URL's `failover`
+    alternates are dropped (the first node serves)."""
     parsed = normalize_url(url)
     ops = dialect_for(parsed.get_backend_name())
+    if ops.NAME == "mysql":
+        from agboss_sql._dialects.mysql import without_failover
+
+        # A synchronous driver takes no alternates: it connects to the first node.
+        parsed = without_failover(parsed)
     return parsed.set(drivername=f"{ops.NAME}+{ops.SYNC_DRIVER}")
 
 

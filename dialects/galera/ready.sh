@@ -18,7 +18,23 @@
 # AGBOSS_GALERA_BASE_PORT (3310: SQL ports 3311-3313; Galera +1260 -> 4571-4573,
 # IST +1270 -> 4581-4583, SST +1280 -> 4591-4593), AGBOSS_READY_TIMEOUT (120 s per
 # wait). Stop with dialects/galera/stop.sh.
+#
+# --node N [--sst]: (re)start node N alone, joining the nodes that run (one must), and
+# print its URL once it is Synced; a node already up is left alone. It joins by IST when
+# the donor's gcache still holds what it missed, else by SST; --sst deletes its
+# grastate.dat first, so it joins by a full state transfer (rsync).
 set -euo pipefail
+
+only=""
+force_sst=0
+while (($#)); do
+    case "$1" in
+        --node) only="${2:-}"; shift 2 ;;
+        --sst) force_sst=1; shift ;;
+        *) echo "galera/ready.sh: unknown argument $1 (usage: ready.sh [--node N [--sst]])" >&2; exit 2 ;;
+    esac
+done
+[[ -z "$only" || "$only" =~ ^[123]$ ]] || { echo "galera/ready.sh: --node takes 1, 2 or 3" >&2; exit 2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -148,6 +164,42 @@ up=()
 for n in 1 2 3; do
     if node_up "$n"; then up+=("$n"); fi
 done
+
+if [[ -n "$only" ]]; then
+    if ! node_up "$only"; then
+        others=0
+        for n in 1 2 3; do
+            [[ "$n" != "$only" ]] && node_up "$n" && others=$((others + 1))
+        done
+        ((others > 0)) || fail "no other node runs: node $only has no cluster to join (start all with ready.sh)"
+        gs="$(node_dir "$only")/data/grastate.dat"
+        position=()
+        if ((force_sst)); then
+            log "node $only: deleting grastate.dat (a full state transfer follows)"
+            rm -f "$gs"
+        elif [[ -f "$gs" ]] && grep -q '^seqno: *-1' "$gs"; then
+            # It crashed (or was killed): grastate.dat holds no position, and the node would
+            # ask for a full state transfer. Recover its last committed position from
+            # InnoDB (as galera_recovery does) so that it asks for the missing write sets
+            # only (IST) when a donor's gcache still holds them.
+            write_config "$only"
+            recovered="$(/usr/sbin/mariadbd --defaults-file="$(node_dir "$only")/my.cnf" \
+                --wsrep-recover --log-error="$(node_dir "$only")/recover.log" 2>&1 >/dev/null || true)"
+            recovered="$(grep -ho 'Recovered position: .*' "$(node_dir "$only")/recover.log" 2>/dev/null | tail -n 1 | awk '{print $3}')"
+            if [[ "$recovered" =~ ^[0-9a-f-]+:[0-9]+$ ]]; then
+                log "node $only: recovered position $recovered"
+                position=(--wsrep_start_position="$recovered")
+            else
+                log "node $only: no position recovered (a full state transfer follows)"
+            fi
+        fi
+        start_node "$only" "${position[@]}"
+    fi
+    wait_synced "$only"
+    log "node $only Synced"
+    printf 'mysql://root@127.0.0.1:%s/%s\n' "$(sql_port "$only")" "$db"
+    exit 0
+fi
 
 if ((${#up[@]} == 0)); then
     # Nothing of ours runs: node 1 bootstraps. It may have stopped last or not, and

@@ -6,7 +6,24 @@
 # whose command line names that node's own config file. Nodes 3 and 2 stop before
 # node 1, so node 1 stops last and can bootstrap the next start.
 # Pass --wipe to also delete the data directories.
+#
+# --node N [--kill]: stop node N alone (the others keep running); with --kill it is sent
+# SIGKILL (a crash: no clean shutdown, the others see it vanish) instead of SIGTERM.
 set -euo pipefail
+
+only=""
+sig=TERM
+wipe=0
+while (($#)); do
+    case "$1" in
+        --node) only="${2:-}"; shift 2 ;;
+        --kill) sig=KILL; shift ;;
+        --wipe) wipe=1; shift ;;
+        *) echo "galera/stop.sh: unknown argument $1 (usage: stop.sh [--wipe | --node N [--kill]])" >&2; exit 2 ;;
+    esac
+done
+[[ -z "$only" || "$only" =~ ^[123]$ ]] || { echo "galera/stop.sh: --node takes 1, 2 or 3" >&2; exit 2; }
+[[ -z "$only" || $wipe == 0 ]] || { echo "galera/stop.sh: --wipe stops every node; not with --node" >&2; exit 2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -18,7 +35,7 @@ log() { echo "galera/stop.sh: $*" >&2; }
 [[ -d "$dir" ]] || { log "nothing to stop ($dir does not exist)"; exit 0; }
 dir="$(cd "$dir" && pwd)"
 
-for n in 3 2 1; do
+for n in ${only:-3 2 1}; do
     nd="$dir/node$n"
     pidfile="$nd/mysqld.pid"
     [[ -f "$pidfile" ]] || continue
@@ -28,8 +45,8 @@ for n in 3 2 1; do
         log "node $n: pid $pid is not this node's server; leaving it"
         continue
     fi
-    log "stopping node $n (pid $pid)"
-    kill -TERM "$pid"
+    log "stopping node $n (pid $pid, SIG$sig)"
+    kill -"$sig" "$pid"
     waited=0
     while kill -0 "$pid" 2>/dev/null; do
         if ((waited >= timeout)); then
@@ -42,7 +59,7 @@ for n in 3 2 1; do
     done
 done
 
-if [[ "${1:-}" == --wipe ]]; then
+if ((wipe)); then
     log "deleting $dir"
     rm -rf -- "$dir"
 fi

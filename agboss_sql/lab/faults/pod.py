@@ -8,7 +8,7 @@ event log, its trees, the clock's scale and origin, and the hold points armed at
 
 Events are JSON lines appended to the event log (flushed per line) and echoed on stdout,
 which the harness reads. Commands arrive as JSON lines on stdin: `arm`, `release`,
-`disarm`, `outage`. SIGTERM stops the pod gracefully within `shutdown_s`; stdin closing
+`disarm`, `outage`, `ping` (which server port answers: a MySQL/MariaDB node). SIGTERM stops the pod gracefully within `shutdown_s`; stdin closing
 (the harness died) stops it too.
 """
 
@@ -99,6 +99,10 @@ async def _commands(
                 control.release(command["hold"])
             elif kind == "disarm":
                 control.disarm(command["hold"])
+            elif kind == "ping":
+                probe = asyncio.get_running_loop().create_task(_ping(stores, log))
+                pending.add(probe)
+                probe.add_done_callback(pending.discard)
             elif kind == "outage":
                 if stores.outage is None:
                     log.emit({"kind": "outage-unsupported"})
@@ -109,6 +113,24 @@ async def _commands(
                 log.emit({"kind": "bad-command", "command": command})
         except Exception as error:
             log.emit({"kind": "bad-command", "error": repr(error)})
+
+
+async def _ping(stores: PodStores, log: EventLog) -> None:
+    """Ask the pod's database which server port answers (`pong`, with `port` or `error`):
+    which node of a cluster serves the pod now. A store set without a `connection` in its
+    `extra` answers `ping-unsupported`."""
+    connection = stores.extra.get("connection")
+    if connection is None:
+        log.emit({"kind": "ping-unsupported"})
+        return
+    began = time.monotonic()
+    try:
+        result = await connection.execute("SELECT @@port")
+        port = int(result.rows[0][0])
+    except Exception as error:
+        log.emit({"kind": "pong", "error": f"{type(error).__name__}: {error}"[:300]})
+        return
+    log.emit({"kind": "pong", "port": port, "ms": round((time.monotonic() - began) * 1000, 1)})
 
 
 async def _watch_hung(control: holds.HoldController, log: EventLog) -> None:
