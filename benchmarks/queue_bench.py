@@ -9,8 +9,9 @@ peers pgqueuer and procrastinate.
 
 A drain is what workers of a fan-out do: `--children` no-op children are queued (one
 `enqueue_many`, timed apart: the enqueue's jobs/s), then `workers` claimers, each on a
-connection of its own, loop `claim_many(10)` then `finish` each child at its attempt until
-the queue is empty (`agboss_sql.lab._bench_queue`). Two shapes: every child under one parent
+connection of its own, loop `claim_many(10)` then `finish_many` of those children, each at
+its attempt (one transaction per batch; with `--single-finish` also one `finish` per child,
+to compare), until the queue is empty (`agboss_sql.lab._bench_queue`). Two shapes: every child under one parent
 (a fan-out) and one parent per child. With `--floor`, the same drains by raw driver
 connections sending the same statements. With `--peers`, on PostgreSQL: pgqueuer at its
 defaults (a `QueueManager` per worker on a psycopg connection of its own, batches of 10,
@@ -182,7 +183,13 @@ async def procrastinate_round(url: str, count: int, workers: int) -> tuple[float
 
 
 async def run(
-    url: str, children: int, workers: list[int], rounds: int, floor: bool, peers: bool
+    url: str,
+    children: int,
+    workers: list[int],
+    rounds: int,
+    floor: bool,
+    peers: bool,
+    single: bool = False,
 ) -> dict[tuple[str, int], Series]:
     migrate.upgrade(url)
     connection = SqlConnection(url)
@@ -207,6 +214,11 @@ async def run(
             for w in workers:
                 for shape in SHAPES:
                     add(f"ours, {shape}", w, await drain_ours(url, connection, shape, children, w))
+                    if single:
+                        one_by_one = await drain_ours(
+                            url, connection, shape, children, w, batch_finish=False
+                        )
+                        add(f"ours 1-by-1, {shape}", w, one_by_one)
                     if floor:
                         add(f"floor, {shape}", w, await drain_floor(connection, shape, children, w))
                 if peers:
@@ -383,6 +395,11 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="the raw driver's drains too")
     parser.add_argument("--peers", action="store_true", help="pgqueuer and procrastinate too")
     parser.add_argument(
+        "--single-finish",
+        action="store_true",
+        help="also our drains finishing one child per transaction (no finish_many)",
+    )
+    parser.add_argument(
         "--scale",
         type=int,
         nargs=2,
@@ -405,7 +422,15 @@ def main() -> None:
         print(json.dumps(found))
         sys.exit(0 if found["verdict"] == "pass" else 1)
     measured = asyncio.run(
-        run(args.url, args.children, args.workers, args.rounds, args.floor, args.peers)
+        run(
+            args.url,
+            args.children,
+            args.workers,
+            args.rounds,
+            args.floor,
+            args.peers,
+            args.single_finish,
+        )
     )
     database = args.url.split(":", 1)[0]
     print(f"{database}: {args.children} no-op jobs, {args.rounds} rounds")

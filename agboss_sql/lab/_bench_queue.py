@@ -3,8 +3,8 @@ queue stores and by the floor (a raw driver connection sending the same statemen
 one parent or one parent per child; and the batch enqueue.
 
 A drain is what a fan-out's workers do: `workers` claimers, each on a connection of its own,
-loop `claim_many(BATCH)` then `finish` each child claimed at its attempt, until the queue is
-empty. It is timed from the first claim to the last finish; the queue is filled (one
+loop `claim_many(BATCH)` then `finish_many` of the children claimed, each at its attempt,
+until the queue is empty (or, to compare, one `finish` per child). It is timed from the first claim to the last finish; the queue is filled (one
 `enqueue_many`) before. Both sides are checked: every child finished exactly once.
 """
 
@@ -16,20 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from agboss_sql.contracts.clocks import SystemClock
-from agboss_sql.contracts.types import ApplicationContext, QueuedChild
+from agboss_sql.contracts.types import ApplicationContext, ChildFinish, QueuedChild
 from agboss_sql.lab._bench_floor import Floor, open_floor
 from agboss_sql.lab._bench_scale import fresh_tables
 from agboss_sql.sql._queue_batch import BatchStatements
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.queue import (
-    FINISHED,
     QUEUED,
     RUNNING,
-    WAITING,
     QueueStatements,
     SqlChildExecutionQueueRepository,
 )
 from agboss_sql.sql.schema import child_executions
+from agboss_sql.sql.statements import Result, Step
 
 SHAPES = ("one parent", "parent per child")
 BATCH = 10
@@ -77,10 +76,17 @@ async def fill(connection: SqlConnection, shape: str, count: int, prefix: str = 
 
 
 async def drain_ours(
-    url: str, connection: SqlConnection, shape: str, count: int, workers: int
+    url: str,
+    connection: SqlConnection,
+    shape: str,
+    count: int,
+    workers: int,
+    *,
+    batch_finish: bool = True,
 ) -> Drained:
     """Fill the queue in `shape`, drain it with `workers` of our queue stores (each on its
-    own one-connection pool): jobs per second, statements per job."""
+    own one-connection pool; each claimed batch finished with one `finish_many`, or with
+    `batch_finish=False` one `finish` per child): jobs per second, statements per job."""
     await fill(connection, shape, count)
     connections = [SqlConnection(url, pool_size=1) for _ in range(workers)]
     sent: list[str] = []
@@ -93,8 +99,14 @@ async def drain_ours(
     async def worker(queue: SqlChildExecutionQueueRepository) -> None:
         name = queue.application.instance_id
         while batch := await queue.claim_many(name, BATCH):
-            for child in batch:
-                result = await queue.finish(child.child_execution_id, None, attempt=child.attempt)
+            if batch_finish:
+                entries = [ChildFinish(c.child_execution_id, c.attempt) for c in batch]
+                results = list(await queue.finish_many(entries))
+            else:
+                results = [
+                    await queue.finish(c.child_execution_id, None, attempt=c.attempt) for c in batch
+                ]
+            for child, result in zip(batch, results, strict=True):
                 if not result.finished:
                     raise AssertionError(f"{child.child_execution_id} did not finish")
                 done.append(child.child_execution_id)
@@ -119,10 +131,12 @@ def _check(done: list[str], count: int, prefix: str) -> None:
 
 async def drain_floor(connection: SqlConnection, shape: str, count: int, workers: int) -> Drained:
     """The same drain by `workers` raw driver connections sending our queue's statements
-    (compiled once from its statement set) with nothing around them."""
+    (compiled once from its statement set: the batch claim, then the batch finish's step)
+    with nothing around them."""
     await fill(connection, shape, count, "r")
     sql = connection.prepared(QueueStatements)
     batch: BatchStatements = sql.batch
+    store = _store(connection, "floor")
     floors = [await open_floor(connection) for _ in range(workers)]
     compiled = connection.compiled
     begin = connection.dialect.BEGIN
@@ -155,45 +169,32 @@ async def drain_floor(connection: SqlConnection, shape: str, count: int, workers
         # The claimed rows as the one-statement claim answers them (id last).
         return [(*row[1:], None, row[0]) for row in rows]
 
-    async def finish(floor: Floor, row: Any) -> None:
-        tenant, _root, parent, child_id = row[0], row[1], row[2], row[3]
-        attempt = int(row[6]) + (0 if batch.update_returning else 1)
-        now = time.time_ns() // 1_000_000
+    async def drive(floor: Floor, step: Step[Any]) -> Any:
+        """Send a step's statements (the store's own, compiled once) on the raw driver."""
+        try:
+            statement = next(step)
+            while True:
+                c = compiled(statement.statement)
+                rows, rowcount = await floor.execute(c.sql, {**c.defaults, **statement.params})
+                statement = step.send(Result(rows, rowcount))
+        except StopIteration as stop:
+            return stop.value
+
+    async def finish(floor: Floor, rows: list[Any]) -> None:
+        # The claim answers the attempt before its increment where it cannot return rows.
+        bump = 0 if batch.update_returning else 1
+        entries = [(row[3], int(row[6]) + bump, "null") for row in rows]
         await floor.text(begin)
-        [me] = await run(floor, sql.lock_finishing, {"child_execution_id": child_id})
-        of_parent = {"tenant_id": tenant, "parent_execution_id": parent}
-        if sql.update_returning:
-            [counted] = await run(floor, sql.parents.take_one_returning, of_parent)
-            remaining = int(counted[0])
-        else:
-            [counted] = await run(floor, sql.parents.lock, of_parent)
-            await run(floor, sql.parents.take_one, of_parent)
-            remaining = int(counted[0]) - 1
-        await run(
-            floor,
-            sql.finish_locked,
-            {
-                "id": me[0],
-                "outcome": None,
-                "finished": FINISHED,
-                "now": now,
-                "attempt": attempt,
-                "remaining": remaining,
-            },
-        )
-        if remaining == 0:
-            await run(
-                floor,
-                sql.wake_waiting_parent,
-                {**of_parent, "queued": QUEUED, "waiting": WAITING},
-            )
+        results = await drive(floor, store._finish_many(entries, time.time_ns() // 1_000_000))
         await floor.text("COMMIT")
-        done.append(child_id)
+        for row, result in zip(rows, results, strict=True):
+            if not result.finished:
+                raise AssertionError(f"{row[3]} did not finish")
+            done.append(row[3])
 
     async def worker(floor: Floor, name: str) -> None:
         while rows := await claim(floor, name):
-            for row in rows:
-                await finish(floor, row)
+            await finish(floor, rows)
 
     try:
         for floor in floors:
