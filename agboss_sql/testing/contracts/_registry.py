@@ -52,10 +52,13 @@ def suite_module(contract: str) -> ModuleType:
 
 
 def suite_cases(contract: str) -> list[Case]:
-    """The cases of `contract`'s suite, in the suite's order."""
+    """The cases of `contract`'s suite, in the suite's order, then its coordination matrix
+    (`_matrix_coordination`: its writes against every state of their row, and tenants)."""
+    from agboss_sql.testing.contracts._matrix_coordination import coordination_cases
+
     module = suite_module(contract)
     found: list[Case] = list(module.cases())
-    return found
+    return found + coordination_cases(contract)
 
 
 def snake_case(text: str) -> str:
