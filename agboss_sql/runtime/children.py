@@ -23,6 +23,7 @@ from agboss_sql.contracts.stores import (
     QueueWakeups,
 )
 from agboss_sql.contracts.types import ChildExecution, ClaimedChild, ExecutionLease, JsonValue
+from agboss_sql.runtime._child_finishes import FinishBatcher
 from agboss_sql.runtime._child_stop import (
     STUCK_GRACE_S,
     FinishReporting,
@@ -85,6 +86,8 @@ class ChildWorker:
     parent its wake: it claims the wake in the queue (compare-and-set: one claimer wins),
     calls `wake_parent(tenant_id, parent_execution_id)` and records the wake done.
 
+    - The finishes of runs that end together go to the queue as one batch
+      (`finish_many`: one transaction), a lone finish at once by itself (`FinishBatcher`).
     - The finish and the wake's store calls are idempotent (per attempt, per claimer), so
       after an error that leaves their outcome unknown (`StoreUnavailableError`, e.g.
       `CommitOutcomeUnknownError`) they are sent again, up to `store_retries` times. A
@@ -157,6 +160,7 @@ class ChildWorker:
         self._runs: set[asyncio.Task[None]] = set()
         self._keepers: set[LeaseKeeper] = set()
         self._made: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
+        self._finishes = FinishBatcher(queue, store_retries)
         self._keeper()  # the lease settings are checked now, not at the first child
 
     def _keeper(self, root_execution_id: str | None = None) -> LeaseKeeper:
@@ -420,11 +424,9 @@ class ChildWorker:
             outcome = error_outcome(error)
         child_id = child.child_execution_id
         try:
-            # Idempotent per attempt: a retry after a lost reply answers what the first did.
-            result = await self._retrying(
-                f"the finish of child {child_id}",
-                lambda: self.queue.finish(child_id, outcome, attempt=child.attempt),
-            )
+            # With the finishes of the runs that end meanwhile, in one batch; idempotent per
+            # attempt: a retry after a lost reply answers what the first did.
+            result = await self._finishes.finish(child_id, outcome, child.attempt)
         except BaseException:
             # Whether the child finished is unknown: stop renewing. A child still running is
             # rescued when its lease runs out; the parent of one that finished last is woken
@@ -533,6 +535,7 @@ class ChildWorker:
         listener, self._listener = self._listener, None
         tasks = [*(t for t in (task, listener) if t is not None), *self._runs]
         await cancel_and_wait(tasks, timeout_s, on_stuck=on_stuck)
+        await self._finishes.close()
         released = 0
         if release:
             keepers = [keeper for keeper in self._keepers if keeper.held]

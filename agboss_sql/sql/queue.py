@@ -320,6 +320,10 @@ class SqlChildExecutionQueueRepository(
 
     statements = QueueStatements
 
+    # Given here, beside `finish`: a worker batches the finishes of a store whose
+    # `finish_many` is at least as specific as its `finish` (`runtime._child_finishes`).
+    finish_many = FinishManyMethods.finish_many
+
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's
         now) and add one to its parent's count of unfinished children, in one transaction;

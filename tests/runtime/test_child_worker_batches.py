@@ -14,9 +14,11 @@ from support.capabilities import require
 
 from agboss_sql.contracts import (
     ApplicationContext,
+    ChildFinish,
     ChildStatus,
     ClaimedChild,
     ExecutionLease,
+    FinishResult,
     JsonValue,
     QueuedChild,
     StoreClock,
@@ -24,6 +26,7 @@ from agboss_sql.contracts import (
     VirtualClock,
 )
 from agboss_sql.contracts.stores import QueueWakeups
+from agboss_sql.memory import InMemoryChildExecutionQueueRepository
 from agboss_sql.runtime import ChildWorker
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.events import SqlExecutionLeaseEventRepository
@@ -199,3 +202,55 @@ async def test_an_idle_worker_told_of_a_child_queued_elsewhere_claims_it_before_
             await claimed.wait()
     finally:
         await worker.stop()
+
+
+class CountedFinishes(InMemoryChildExecutionQueueRepository):
+    """The in-memory queue, noting each batch of finishes it was sent."""
+
+    batches: list[list[str]]
+
+    async def finish_many(self, finishes: Sequence[ChildFinish]) -> Sequence[FinishResult]:
+        self.batches.append([f.child_execution_id for f in finishes])
+        return await super().finish_many(finishes)
+
+
+async def test_runs_that_end_together_finish_in_one_batch_and_wake_the_parent_once() -> None:
+    """Six runs that end at once: the first finish goes alone, the ones that came while it
+    was in flight go as one `finish_many`; every child finishes once, the parent is woken
+    once. A run whose outcome cannot be stored fails alone, its batch mates finish."""
+    world = World()
+    inst = world.instance("instance-1")
+    queue = CountedFinishes(world.backend, world.clock, inst.queue.application)
+    queue.batches = []
+    await queue.enqueue_many([_child(f"c-{i}") for i in range(7)])
+    all_started = asyncio.Event()
+    started: list[str] = []
+    wakes: list[str] = []
+
+    async def run_child(child: ClaimedChild, _lease: ExecutionLease) -> JsonValue:
+        started.append(child.child_execution_id)
+        if len(started) == 7:
+            all_started.set()
+        await all_started.wait()  # all end in one turn of the loop
+        if child.child_execution_id == "c-3":
+            return {"not json": {1, 2}}  # type: ignore[dict-item]
+        return {"done": child.child_execution_id}
+
+    async def wake_parent(_tenant: str, parent: str) -> None:
+        wakes.append(parent)
+
+    worker = ChildWorker(
+        queue, inst.leases, inst.events, world.clock, run_child=run_child, wake_parent=wake_parent
+    )
+    runs = await worker.start_many(7)
+    await asyncio.gather(*(task for _, task in runs if task is not None))
+    batched = [name for batch in queue.batches for name in batch]
+    assert queue.batches and all(len(batch) >= 2 for batch in queue.batches)
+    assert "c-3" not in batched, "an outcome that cannot be stored never joins a batch"
+    assert len(batched) == len(set(batched)) >= 5
+    statuses = {c.child_execution_id: c.status for c in await queue.children(TENANT, "parent")}
+    assert statuses.pop("c-3") is ChildStatus.RUNNING  # left to the rescue
+    assert set(statuses.values()) == {ChildStatus.FINISHED}
+    assert wakes == [], "c-3 is unfinished: nobody saw none left"
+    assert worker._finishes.batches == len(queue.batches)
+    await worker.stop()
