@@ -4,6 +4,7 @@ imports `agboss_sql.lab` inside its run function only, so building the parser ne
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from agboss_sql.cli._common import (
@@ -40,7 +41,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    add_url_argument(parser)
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        action="append",
+        default=None,
+        help="database URL (default: $AGBOSS_DATABASE_URL, else "
+        "sqlite:///.agboss/agboss.sqlite); for a cluster of MySQL/MariaDB nodes (Galera), "
+        "each node's URL (repeat --url, or separate them by commas): the workers are spread "
+        "over the nodes, each failing over to the next ones when its node is gone",
+    )
     parser.add_argument(
         "--workload",
         default="tree",
@@ -112,6 +122,28 @@ def _check_cluster_options(args: argparse.Namespace) -> None:
         )
 
 
+def _cluster_nodes(given: list[str] | None) -> list[str]:
+    """The URLs `--url` gave (each may list several, comma-separated); a list of several is
+    refused (`MISUSED`) when it cannot be one cluster's nodes (`nodes_problem`)."""
+    from agboss_sql.lab.workload import nodes_problem
+
+    # Split only before a scheme: a URL's own query may hold commas (failover=a:1,b:2).
+    nodes = [
+        part.strip()
+        for item in given or ()
+        for part in re.split(r",(?=\s*[A-Za-z][A-Za-z0-9+]*://)", item)
+        if part.strip()
+    ]
+    if len(nodes) > 1:
+        try:
+            problem = nodes_problem(nodes)
+        except Exception as exc:  # an unparsable URL: sqlalchemy.exc.ArgumentError
+            raise CommandFailed(f"--url: {exc}", MISUSED) from exc
+        if problem is not None:
+            raise CommandFailed(f"--url: {problem}", MISUSED)
+    return nodes
+
+
 def _cluster(args: argparse.Namespace) -> int:
     import json
 
@@ -125,6 +157,8 @@ def _cluster(args: argparse.Namespace) -> int:
     )
 
     _check_cluster_options(args)
+    nodes = _cluster_nodes(args.url)
+    args.url = nodes[0] if nodes else None
     url = writable_database(args)
     refuse_collation(url, force_hint=False)
     if url.startswith("sqlite") and url.rstrip("/").endswith(":memory:"):
@@ -149,6 +183,7 @@ def _cluster(args: argparse.Namespace) -> int:
             chaos=not args.no_chaos,
             cancel=not args.no_chaos,
             timeout_s=args.timeout,
+            nodes=tuple(nodes) if len(nodes) > 1 else (),
         )
     except (ValueError, ImportError) as exc:
         raise CommandFailed(str(exc), MISUSED) from exc

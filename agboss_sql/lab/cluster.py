@@ -6,7 +6,8 @@ A workload is a `ClusterWorkload`: the app the workers load (`module:attr` of a
 written on the public API can be one (`examples/order_saga` has one).
 
 The run: the workers start (each `agboss-sql worker --app ... --commands`, an `Engine` taking
-commands on standard input); the runs are started, handed to the workers in turn; every
+commands on standard input; on a cluster of database nodes, `ClusterConfig.nodes`, worker
+`i` on node `i mod n` with the others as its failover alternates); the runs are started, handed to the workers in turn; every
 pause is answered by two workers at once that are not the one that paused (one answer
 wins); as the work progresses one run is cancelled from a worker that is not running it,
 one worker is SIGKILLed and replaced, and another is frozen (SIGSTOP) past its leases and
@@ -47,7 +48,7 @@ from agboss_sql.lab.cluster_audit import Report, audit_cluster, mine
 from agboss_sql.lab.cluster_view import State, live_view, render_report
 from agboss_sql.lab.faults.audit import read_sql_history
 from agboss_sql.lab.faults.harness import Cluster, Event, Pod, WaitTimeout
-from agboss_sql.lab.workload import ClusterConfig, ClusterRun, ClusterWorkload
+from agboss_sql.lab.workload import ClusterConfig, ClusterRun, ClusterWorkload, node_url
 from agboss_sql.sql.migrate import sync_url
 
 
@@ -136,11 +137,13 @@ def run_cluster(
             "start_timeout": _start_bound(config.timeout_s),
         }
 
+    nodes = config.nodes
     cluster = Cluster(
         run_dir,
         config.url,
         [base() for _ in range(config.workers)],
         command=(sys.executable, "-m", "agboss_sql.cli", "worker", "--commands", "--config"),
+        url_for_pod=(lambda index, _url: node_url(nodes, index)) if len(nodes) > 1 else None,
     )
     engine = sa.create_engine(sync_url(config.url))
     slow_stops: list[str] = []
