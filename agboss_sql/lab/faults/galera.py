@@ -41,6 +41,7 @@ from agboss_sql.lab.faults.holds import AFTER_COMMIT, AFTER_WORK, BEFORE_FENCE, 
 from agboss_sql.lab.faults.run import FaultSettings, ScenarioRun
 from agboss_sql.lab.faults.scenarios import Hold, Scenario
 from agboss_sql.lab.faults.suite import ScenarioResult, format_report, run_scenario
+from agboss_sql.lab.workload import node_url
 
 QUORUM_BOUND_S = 45.0
 """How long the survivors may take to form a primary component of 2: the node's loss is
@@ -54,7 +55,16 @@ REJOIN_BOUND_S = 150.0
 """How long a node may take to rejoin: a restarted one waits for the eviction of its
 previous self (up to `evs.inactive_timeout`), then transfers the state."""
 VICTIM = 2
-SCRIPTS = Path(__file__).resolve().parents[3] / "dialects" / "galera"
+
+
+def _checkout() -> Path:
+    """The checkout whose `dialects/galera` scripts run the cluster: this module's, or (an
+    installed wheel, as tox runs it) the working directory."""
+    mine = Path(__file__).resolve().parents[3]
+    return mine if (mine / "dialects" / "galera" / "ready.sh").is_file() else Path.cwd()
+
+
+SCRIPTS = _checkout() / "dialects" / "galera"
 
 
 class NodeError(RuntimeError):
@@ -87,14 +97,9 @@ class GaleraNodes:
         return port
 
     def url_with_failover(self, node: int) -> str:
-        """Node `node`'s URL, the next nodes (in turn) as its `failover` alternates."""
-        order = [(node - 1 + k) % 3 for k in range(3)]
-        alternates = [sa.make_url(self.urls[i]) for i in order[1:]]
-        return (
-            sa.make_url(self.urls[order[0]])
-            .update_query_dict({"failover": ",".join(f"{u.host}:{u.port}" for u in alternates)})
-            .render_as_string(hide_password=False)
-        )
+        """Node `node`'s URL, the next nodes (in turn) as its `failover` alternates (as
+        `agboss-sql cluster` gives its workers)."""
+        return node_url(self.urls, node - 1)
 
     def pid(self, node: int) -> int | None:
         """The running server of `node`, or `None` when none runs."""
