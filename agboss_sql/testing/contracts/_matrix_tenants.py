@@ -1,7 +1,7 @@
 """Tenant isolation of writes and wakes where a tenant's rows meet another's through an id
 they share beside the row's own: a parent id (the child queue's counts and wakes), an
-execution id or an application (the cost ledger's totals and reservations), an execution
-id (the lease log), a root id (the pauses drained for a tree). Each case gives both tenants
+execution id or an application (the cost ledger's totals and reservations). (The lease
+log's and the drained pauses' reads are kept apart by hand-picked cases of their suites.) Each case gives both tenants
 every id equal and proves that what one tenant does never changes, wakes or counts
 anything of the other. The row-by-row isolation (one tenant's write never moves another's
 row of the same ids) is in every table of `_matrix_rows`."""
@@ -15,10 +15,6 @@ from agboss_sql.contracts.types import (
     BudgetScope,
     ChildStatus,
     CostEntry,
-    ExecutionLeaseEvent,
-    LeaseEventKind,
-    PausedExecution,
-    PauseStatus,
     QueuedChild,
 )
 from agboss_sql.testing._case import Case, CaseContext
@@ -239,69 +235,6 @@ def _keys(execution: str) -> list[tuple[BudgetScope, str]]:
     ]
 
 
-# --- the lease log ------------------------------------------------------------------------
-
-LEASE_LOG = "execution_lease_event"
-
-
-async def log_lists_its_own_tenant(ctx: CaseContext) -> None:
-    """Two tenants log events of one execution id: each lists its own only."""
-    w = World(ctx)
-    log = ctx.store(LEASE_LOG, 0)
-    other = ctx.store(LEASE_LOG, 1)
-    execution = w.name("exec")
-    at = ctx.clock.now()
-    theirs = ExecutionLeaseEvent(B, execution, "instance-2", 1, LeaseEventKind.ACQUIRED, at)
-    mine = ExecutionLeaseEvent(A, execution, "instance-1", 1, LeaseEventKind.ACQUIRED, at)
-    await other.save(theirs)
-    await log.save(mine)
-    for tenant, own in ((A, mine), (B, theirs)):
-        listed = list(await other.list(tenant, execution))
-        expect(listed == [own], RULE, f"{tenant}'s events of {execution!r} are {listed}")
-
-
-# --- pauses -------------------------------------------------------------------------------
-
-PAUSES = "paused_execution"
-
-
-async def resolved_lists_its_own_tenant(ctx: CaseContext) -> None:
-    """Two tenants pause one root with one pause id: resolving B's leaves A's pending and
-    A's tree has nothing to drain; A's own answer then drains A's pause only."""
-    w = World(ctx)
-    pauses = ctx.store(PAUSES, 0)
-    other = ctx.store(PAUSES, 1)
-    pause_id, root = w.name("pause"), w.name("root")
-
-    def pause(tenant: str) -> PausedExecution:
-        return PausedExecution(
-            tenant,
-            pause_id,
-            f"{root}/exec",
-            root,
-            None,
-            PauseStatus.PENDING,
-            {"q": 1},
-            None,
-            ctx.clock.now(),
-        )
-
-    await pauses.save(pause(B))
-    await pauses.save(pause(A))
-    await other.resolve(B, pause_id, {"by": B})
-    drained = list(await pauses.resolved(A, root))
-    expect(drained == [], RULE, f"{A}'s tree drains {drained} after {B} answered its pause")
-    mine = await pauses.get(A, pause_id)
-    expect(
-        mine is not None and mine.status is PauseStatus.PENDING,
-        RULE,
-        f"{A}'s pause reads {mine} after {B} answered its own",
-    )
-    await other.resolve(A, pause_id, {"by": A})
-    drained = [(p.tenant_id, p.decision) for p in await pauses.resolved(A, root)]
-    expect(drained == [(A, {"by": A})], RULE, f"{A}'s tree drains {drained}")
-
-
 CASES: dict[str, list[tuple[str, CaseRun]]] = {
     CHILD_QUEUE: [
         (
@@ -323,15 +256,6 @@ CASES: dict[str, list[tuple[str, CaseRun]]] = {
             "tenants: a reservation is held and counted in its own tenant only",
             reserve_counts_its_own_tenant,
         ),
-    ],
-    LEASE_LOG: [
-        ("tenants: events are listed under their own tenant only", log_lists_its_own_tenant)
-    ],
-    PAUSES: [
-        (
-            "tenants: another tenant's answer drains nothing of a tree",
-            resolved_lists_its_own_tenant,
-        )
     ],
 }
 """The tenant cases of each contract."""

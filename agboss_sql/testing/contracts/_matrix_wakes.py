@@ -108,6 +108,7 @@ SLOT_TABLE = Table(
         ),
     ),
     label=_slot_label,
+    label_before=False,
 )
 
 
