@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import select
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,6 +14,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
+from agboss_sql._dialects import _pg_pooling
 from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
@@ -33,6 +35,8 @@ CAPABILITIES = Capabilities(
     shared_with=True,
     notifications=True,
 )
+POOLED_CAPABILITIES = dataclasses.replace(CAPABILITIES, notifications=False)
+"""Behind a transaction pooler (`_pg_pooling`)."""
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"
 DRIVER_SENDS_BEGIN = True  # psycopg outside autocommit, before a transaction's first statement
@@ -123,6 +127,11 @@ def session_options(timeouts: Timeouts) -> dict[str, Any]:
 
 
 def conninfo(url: URL, timeouts: Timeouts) -> dict[str, Any]:
+    """The keyword arguments of psycopg's `connect` for `url` under `timeouts`: libpq's
+    parameters, the bounds as startup options; behind a transaction pooler
+    (`?agboss_pooling=transaction`, `_pg_pooling`) no startup options and no prepared
+    statements."""
+    pooled = _pg_pooling.pooling_of(url) is not None
     args: dict[str, Any] = {
         "host": url.host or "localhost",
         "port": url.port or 5432,
@@ -132,7 +141,16 @@ def conninfo(url: URL, timeouts: Timeouts) -> dict[str, Any]:
     }
     if url.password:
         args["password"] = url.password
-    args.update({k: v for k, v in url.query.items() if isinstance(v, str)})
+    args.update(
+        {
+            k: v
+            for k, v in url.query.items()
+            if isinstance(v, str) and k != _pg_pooling.POOLING_OPTION
+        }
+    )
+    if pooled:
+        del args["options"]
+        args["prepare_threshold"] = None
     return args
 
 
@@ -169,13 +187,39 @@ def _connection_class() -> Any:
 
 
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
-    raw = await _connection_class().connect(**conninfo(url, timeouts), autocommit=autocommit)
+    args = conninfo(url, timeouts)
+    if "options" not in args:
+        # Behind a transaction pooler: the bounds go into every transaction instead.
+        raw = await _pg_pooling.pooled_class(_connection_class()).connect(
+            **args, autocommit=autocommit
+        )
+        raw.agboss_begin = _pg_pooling.begin_sql(timeouts)
+        raw.agboss_bounds = _pg_pooling.bounds_sql(timeouts).encode()
+        raw.agboss_cursor = raw.cursor()
+        return raw
+    raw = await _connection_class().connect(**args, autocommit=autocommit)
+    raw.agboss_begin = None
     raw.agboss_cursor = raw.cursor()
+    key = _pg_pooling.check_key(args)
+    if _pg_pooling.needs_check(key):
+        try:
+            rows = await (await raw.execute(_pg_pooling.CHECK_SQL)).fetchall()
+            if not autocommit:
+                await raw.rollback()
+            _pg_pooling.checked(key, rows, timeouts, _where(url))
+        except BaseException:
+            abort(raw)
+            raise
     return raw
 
 
+def _where(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
 def capabilities_of(raw: Any) -> Capabilities:
-    return CAPABILITIES
+    """Behind a transaction pooler no session outlives a transaction: no `LISTEN`."""
+    return CAPABILITIES if getattr(raw, "agboss_begin", None) is None else POOLED_CAPABILITIES
 
 
 async def wait_notification(raw: Any, timeout_s: float) -> bool:
@@ -205,6 +249,13 @@ async def execute(
     cursor = getattr(raw, "agboss_cursor", None)
     if cursor is None:
         cursor = raw.cursor()
+    if (
+        raw.autocommit
+        and getattr(raw, "agboss_begin", None) is not None
+        and raw.pgconn.transaction_status == _IDLE
+    ):
+        # Behind a transaction pooler a statement alone gets a bounded transaction.
+        return await _alone(raw, cursor, sql, params)
     try:
         await cursor.execute(sql, params)
         # The result's status, not `cursor.description`, which builds a column object per
@@ -229,7 +280,45 @@ _TUPLES_OK = 2
 rows (possibly none)."""
 
 
+async def _alone(
+    raw: Any, cursor: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    """`sql` in a transaction of its own, bounded as `BEGIN` bounds one behind a pooler;
+    rolled back when it fails (not after a cancellation: the caller drops `raw`)."""
+    try:
+        await cursor.execute(raw.agboss_begin)
+    finally:
+        _release(cursor)
+    try:
+        answer = await _statement(cursor, sql, params)
+        await cursor.execute("COMMIT")
+    except Exception:
+        if raw.pgconn.transaction_status != _IDLE:
+            with contextlib.suppress(Exception):
+                await cursor.execute("ROLLBACK")
+        raise
+    finally:
+        _release(cursor)
+    return answer
+
+
+async def _statement(
+    cursor: Any, sql: str, params: Mapping[str, Any] | None
+) -> tuple[list[Any] | None, int]:
+    try:
+        await cursor.execute(sql, params)
+        result = cursor.pgresult
+        returned = result is not None and result.status == _TUPLES_OK
+        rows = await cursor.fetchall() if returned else None
+        return rows, cursor.rowcount
+    finally:
+        _release(cursor)
+
+
 async def run_text(raw: Any, sql: str) -> None:
+    if sql == BEGIN:
+        # Behind a transaction pooler, the transaction's bounds with its BEGIN.
+        sql = getattr(raw, "agboss_begin", None) or sql
     await raw.execute(sql)
 
 
@@ -332,6 +421,8 @@ def is_disconnect(exc: BaseException) -> bool:
 # --- migrations ------------------------------------------------------------------------
 
 SYNC_DRIVER = "psycopg"
+# Migrations' engines are SQLAlchemy's own: they take a URL naming the pooling mode too.
+_pg_pooling.install_engine_hook()
 MIGRATION_LOCK_TIMEOUT_S = 600
 # A fixed key for every agboss-sql migration of a database (advisory locks are scoped to
 # their database): the first 8 bytes of SHA-256("agboss_sql_migrations"), signed.
@@ -343,7 +434,20 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
     """Run the body in one transaction on `connection` (a sync connection with no
     transaction begun) while holding the database's migration lock, a session advisory
     lock taken before the transaction begins and released after it ends, so the next
-    holder sees all it committed. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it."""
+    holder sees all it committed. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it.
+
+    Behind a transaction pooler (`?agboss_pooling=transaction`) a session lock would stay
+    with a server session the pooler lends to others: the lock is then transaction-scoped
+    (`pg_advisory_xact_lock`), taken first in the body's transaction and released by its
+    end; the next holder's statements after its own lock see all it committed."""
+    if _pg_pooling.pooling_of(connection.engine.url) is not None:
+        with connection.begin():
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
+            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+            # The body waits on locks as long as a direct session's migration does.
+            connection.exec_driver_sql("SET LOCAL lock_timeout = DEFAULT")
+            yield
+        return
     with connection.begin():
         # SET LOCAL: the bound applies to waiting for this lock only, not to the body.
         connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")

@@ -55,6 +55,11 @@ class NotifiedWakeups(QueueWakeups):
         try:
             async with asyncio.timeout(self._timeouts.connect_ms / 1000 * 2):
                 raw = await self._driver.connect(self._url, self._timeouts)
+                if not self._driver.capabilities_of(raw).notifications:
+                    # Behind a transaction pooler no session stays to listen: poll only.
+                    self._closed = True
+                    self._driver.abort(raw)
+                    return False
                 await self._driver.run_text(raw, f"LISTEN {WAKE_CHANNEL}")
         except Exception as exc:
             logger.info("could not listen for queued children (polling meanwhile): %s", exc)

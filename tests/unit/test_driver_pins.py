@@ -131,6 +131,15 @@ def _psycopg_constants() -> None:
         raise PinBroken("psycopg.pq.TransactionStatus.IDLE is no longer postgresql._IDLE")
 
 
+def _psycopg_generators() -> None:
+    from psycopg import _cursor_base, generators
+
+    if not callable(getattr(generators, "execute", None)):
+        raise PinBroken("psycopg.generators.execute is gone")
+    if "_start_query" not in _cursor_base.BaseCursor._start_query.__code__.co_names:
+        raise PinBroken("a cursor no longer starts its connection's transaction by _start_query")
+
+
 def _work_connection_sets_what_sqlalchemy_sets() -> None:
     """`InlineWorkConnection.__init__` does not call `AsyncConnection.__init__`: it must set
     every attribute that one sets, through `_assign_proxied`, and answer through
@@ -194,6 +203,23 @@ PINS: list[Pin] = [
         "agboss_sql/_dialects/postgresql.py (_release: the result freed after each statement "
         "on the connection's one cursor)",
         coroutine=False,
+    ),
+    *(
+        MethodPin(
+            "psycopg:Connection",
+            name,
+            "agboss_sql/_dialects/_pg_pooling.py (PooledConnection: behind a transaction "
+            "pooler, psycopg's implicit BEGIN also sets the transaction's bounds)",
+            coroutine=False,
+        )
+        for name in ("_start_query", "_get_tx_start_command", "_check_connection_ok")
+    ),
+    CustomPin(
+        "psycopg.generators.execute",
+        "agboss_sql/_dialects/_pg_pooling.py (PooledConnection: the BEGIN and its bounds "
+        "sent as one query, all its results read)",
+        _psycopg_generators,
+        requires="psycopg",
     ),
     CustomPin(
         "psycopg.pq status codes",

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import URL
 
+from agboss_sql._dialects import _pg_pooling as pg_pooling
 from agboss_sql._dialects import inline_dialect
 from agboss_sql._dialects import mysql as mysql_dialect
 from agboss_sql._dialects import postgresql as pg_dialect
@@ -190,10 +191,9 @@ class PostgresDriver:
     def connect(self) -> Any:
         import psycopg
 
+        args = pg_dialect.conninfo(self.url, self.timeouts)
         try:
-            raw: Any = psycopg.Connection.connect(
-                **pg_dialect.conninfo(self.url, self.timeouts), autocommit=True
-            )
+            raw: Any = psycopg.Connection.connect(**args, autocommit=True)
         except Exception as exc:
             if "timeout expired" in str(exc):
                 raise StoreTimeoutError(
@@ -204,12 +204,29 @@ class PostgresDriver:
                 ) from exc
             raise _unavailable(self.url, exc) from exc
         raw.agboss_cursor = raw.cursor()
+        # Behind a transaction pooler (no startup options): the bounds in every transaction.
+        pooled = "options" not in args
+        raw.agboss_begin = pg_pooling.begin_sql(self.timeouts) if pooled else None
+        key = pg_pooling.check_key(args)
+        if not pooled and pg_pooling.needs_check(key):
+            try:
+                rows = raw.execute(pg_pooling.CHECK_SQL).fetchall()
+                where = self.url.render_as_string(hide_password=True)
+                pg_pooling.checked(key, rows, self.timeouts, where)
+            except BaseException:
+                self.close(raw)
+                raise
         return raw
 
     def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
         cursor = raw.agboss_cursor
         entry = WATCHDOG.arm(self.bound_s, raw.fileno())
         try:
+            if raw.agboss_begin is not None:
+                if sql == pg_dialect.BEGIN:
+                    sql = raw.agboss_begin
+                elif raw.pgconn.transaction_status == pg_dialect._IDLE:
+                    return self._alone(raw, cursor, sql, params)
             cursor.execute(sql, params)
             result = cursor.pgresult
             rows = cursor.fetchall() if result is not None and result.status == 2 else None
@@ -225,6 +242,24 @@ class PostgresDriver:
             reset = getattr(cursor, "_reset", None)
             if reset is not None:
                 reset()
+
+    @staticmethod
+    def _alone(raw: Any, cursor: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
+        """Behind a transaction pooler: `sql` in a bounded transaction of its own (as the
+        async path's `postgresql._alone`), rolled back when it fails."""
+        cursor.execute(raw.agboss_begin)
+        try:
+            cursor.execute(sql, params)
+            result = cursor.pgresult
+            rows = cursor.fetchall() if result is not None and result.status == 2 else None
+            answer = rows, cursor.rowcount
+            cursor.execute("COMMIT")
+        except Exception:
+            if raw.pgconn.transaction_status != pg_dialect._IDLE:
+                with contextlib.suppress(Exception):
+                    cursor.execute("ROLLBACK")
+            raise
+        return answer
 
     def close(self, raw: Any) -> None:
         with contextlib.suppress(Exception):

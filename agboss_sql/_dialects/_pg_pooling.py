@@ -1,0 +1,186 @@
+"""PostgreSQL through a transaction pooler (PgBouncer `pool_mode = transaction`).
+
+A URL with `?agboss_pooling=transaction` asks for this mode. A transaction pooler lends a
+server session to a client for one transaction only, so nothing set on a session reaches
+the next transaction: the bounds the direct path sends as startup options (`-c
+statement_timeout=…`, which PgBouncer refuses, or drops under `ignore_startup_parameters =
+options`) are set inside every transaction instead, with `SET LOCAL`:
+
+- an explicit transaction sends `BEGIN; SET LOCAL statement_timeout = …; SET LOCAL
+  lock_timeout = …; SET LOCAL idle_in_transaction_session_timeout = …` (one simple-protocol
+  query, one round trip, as the plain `BEGIN` was): the pool's `BEGIN`
+  (`run_text`), and psycopg's own `BEGIN` before a non-autocommit connection's first
+  statement (`PooledConnection._start_query`: SQLAlchemy's engine);
+- a statement sent alone in autocommit runs in a transaction of its own, begun that way
+  and committed after it (two round trips more than in the direct mode: the price of a
+  bound that survives pooling);
+- prepared statements are off (`prepare_threshold=None`): a statement prepared on one server
+  session is unknown to the next (PgBouncer before 1.21 passes them through blindly);
+- no `LISTEN` (a listening session is not kept between transactions): the capabilities say
+  `notifications=False`, and the child queue's idle claimers poll;
+- migrations hold a transaction-scoped advisory lock (`pg_advisory_xact_lock`) for their one
+  transaction, not a session lock a pooler would lend to another client.
+
+Without the mode, a connection checks once per server address and database (per process)
+that the startup options reached its session, and refuses one whose bounds are missing
+(`BoundsDroppedError`): a pooler that drops them is never used silently unbounded.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import StoreUnavailableError
+
+POOLING_OPTION = "agboss_pooling"
+"""The URL query option naming the pooling mode in front of the server."""
+TRANSACTION = "transaction"
+"""The one pooling mode: a server session is the client's for one transaction."""
+
+
+class BoundsDroppedError(StoreUnavailableError):
+    """The server session did not get the bounds sent as startup options: something between
+    the client and the server (a pooler, e.g. PgBouncer with `ignore_startup_parameters =
+    options`) dropped them. No connection is handed out: add `?agboss_pooling=transaction`
+    to the URL (the bounds are then set in every transaction), or connect to the server
+    directly."""
+
+    code = "store.bounds-dropped"
+
+
+def pooling_of(url: URL) -> str | None:
+    """The pooling mode `url` names (`TRANSACTION`), or `None` for a direct connection;
+    `ValueError` for any other value."""
+    value = url.query.get(POOLING_OPTION)
+    if value is None:
+        return None
+    if value != TRANSACTION:
+        raise ValueError(
+            f"{POOLING_OPTION}={value!r} in the database URL: the only pooling mode is "
+            f"{POOLING_OPTION}={TRANSACTION} (PgBouncer's pool_mode = transaction; session "
+            "pooling needs no option)"
+        )
+    return TRANSACTION
+
+
+def bounds_sql(timeouts: Timeouts) -> str:
+    """The statements that bound the transaction they run in by `timeouts`, as the startup
+    options bound a direct session (`postgresql.session_options`)."""
+    idle_ms = max(timeouts.statement_ms, timeouts.lock_ms)
+    return (
+        f"SET LOCAL statement_timeout = {timeouts.statement_ms}; "
+        f"SET LOCAL lock_timeout = {timeouts.lock_ms}; "
+        f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+    )
+
+
+def begin_sql(timeouts: Timeouts) -> str:
+    """`BEGIN` and the transaction's bounds, one simple-protocol query."""
+    return f"BEGIN; {bounds_sql(timeouts)}"
+
+
+_pooled_classes: dict[Any, Any] = {}
+
+
+def pooled_class(base: Any) -> Any:
+    """`base` (a psycopg connection class) whose implicit `BEGIN` (outside autocommit, before
+    a transaction's first statement) also sets the transaction's bounds, read from the
+    connection's `agboss_bounds` (bytes: `bounds_sql`)."""
+    made = _pooled_classes.get(base)
+    if made is not None:
+        return made
+    from psycopg import errors, generators, pq
+
+    idle = pq.TransactionStatus.IDLE
+    fatal = pq.ExecStatus.FATAL_ERROR
+
+    class PooledConnection(base):  # type: ignore[misc]
+        def _start_query(self) -> Any:
+            bounds = getattr(self, "agboss_bounds", None)
+            if (
+                bounds is None
+                or self._autocommit
+                or self._pipeline
+                or self.pgconn.transaction_status != idle
+            ):
+                return (yield from super()._start_query())
+            self._check_connection_ok()
+            # One query of several statements (psycopg's own `_exec_command` takes one).
+            self.pgconn.send_query(self._get_tx_start_command() + b"; " + bounds)
+            results = yield from generators.execute(self.pgconn)
+            for result in results:
+                if result.status == fatal:
+                    raise errors.error_from_result(result, encoding=self.pgconn._encoding)
+            return None
+
+    PooledConnection.__name__ = PooledConnection.__qualname__ = f"Pooled{base.__name__}"
+    _pooled_classes[base] = PooledConnection
+    return PooledConnection
+
+
+# --- the direct mode: bounds that did not arrive are refused ------------------------------
+
+_checked: set[tuple[Any, ...]] = set()
+_checked_guard = threading.Lock()
+
+CHECK_SQL = (
+    "SELECT setting FROM pg_settings WHERE name IN ('statement_timeout', 'lock_timeout') "
+    "ORDER BY name DESC"
+)
+"""The session's statement and lock timeouts, in ms (in that order)."""
+
+
+def check_key(args: dict[str, Any]) -> tuple[Any, ...]:
+    """Where a connection of libpq arguments `args` lands: its server and database."""
+    return (args.get("host"), args.get("port"), args.get("dbname"), args.get("user"))
+
+
+def needs_check(key: tuple[Any, ...]) -> bool:
+    """Whether connections to `key` have not yet shown their bounds arrive."""
+    return key not in _checked
+
+
+def checked(key: tuple[Any, ...], rows: Any, timeouts: Timeouts, where: str) -> None:
+    """Record that `key`'s sessions get their bounds, from `rows` (`CHECK_SQL`'s answer on
+    a new connection); `BoundsDroppedError` when they did not arrive."""
+    found = [str(row[0]) for row in rows or ()]
+    wanted = [str(timeouts.statement_ms), str(timeouts.lock_ms)]
+    if found != wanted:
+        raise BoundsDroppedError(
+            f"the session on {where} has statement_timeout and lock_timeout {found} ms, not "
+            f"the {wanted} ms sent as startup options: a pooler in between (PgBouncer with "
+            "ignore_startup_parameters = options?) dropped them, and every wait would be "
+            f"unbounded. Behind a transaction pooler add ?{POOLING_OPTION}={TRANSACTION} to "
+            "the URL (docs/operations.md, 'Running behind PgBouncer'); else connect to the "
+            "server directly"
+        )
+    with _checked_guard:
+        _checked.add(key)
+
+
+# --- SQLAlchemy's own engines (migrations) -----------------------------------------------
+
+
+def _strip_option(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    """A SQLAlchemy engine on a URL with `POOLING_OPTION` (a migration's): the option is
+    ours, not libpq's, and its connections prepare no statement (psycopg)."""
+    value = cparams.pop(POOLING_OPTION, None)
+    if value is None or dialect.name != "postgresql":
+        return
+    if value != TRANSACTION:
+        raise ValueError(f"{POOLING_OPTION}={value!r}: the only pooling mode is {TRANSACTION}")
+    if dialect.driver == "psycopg":
+        cparams["prepare_threshold"] = None
+
+
+def install_engine_hook() -> None:
+    """Let every SQLAlchemy engine of this process connect with a URL naming the pooling
+    mode (once; the hook touches only connections whose arguments carry the option)."""
+    import sqlalchemy as sa
+
+    if not sa.event.contains(sa.engine.Engine, "do_connect", _strip_option):
+        sa.event.listen(sa.engine.Engine, "do_connect", _strip_option)
