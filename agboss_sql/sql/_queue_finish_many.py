@@ -20,12 +20,12 @@ woken, i.e. whose count reached 0):
 | | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
 |---|---|---|---|
 | lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
-| the counts | 2 (a locking read of all, one update of all) | p | 2p |
+| the counts | 1 (+1 read when an entry's parent has no finish here) | p | 2p |
 | the children finished | 1 | k | k |
 | waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | w | w |
 
-A batch of 10 children of one parent is 4 statements and one commit on PostgreSQL, where 10
-`finish` calls are 30 statements and 10 commits.
+A batch of 10 children (of one parent or of ten) is 3 statements and one commit on
+PostgreSQL, where 10 `finish` calls are 30 statements and 10 commits.
 """
 
 from __future__ import annotations
@@ -94,6 +94,9 @@ class FinishManyStatements:
         self.lock_children = self.ops.for_update(
             sa.select(*_LOCKED).where(C.c.child_execution_id == sa.any_(ids)).order_by(C.c.id)
         )
+        # The counts of the parents whose children finish, locked in one order (a
+        # materialised, sorted locking read), each lowered by its finishes: one statement
+        # answering each count as it was before.
         parents = (
             sa.func.unnest(
                 sa.bindparam("tenants", type_=text_array),
@@ -105,10 +108,14 @@ class FinishManyStatements:
         of_batch = sa.tuple_(P.c.tenant_id, P.c.parent_execution_id).in_(
             sa.select(parents.c.t, parents.c.p)
         )
-        self.lock_counts = self.ops.for_update(
-            sa.select(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished)
-            .where(of_batch)
-            .order_by(P.c.tenant_id, P.c.parent_execution_id)
+        locked = (
+            self.ops.for_update(
+                sa.select(P.c.tenant_id, P.c.parent_execution_id)
+                .where(of_batch)
+                .order_by(P.c.tenant_id, P.c.parent_execution_id)
+            )
+            .cte("locked")
+            .prefix_with("MATERIALIZED", dialect="postgresql")
         )
         taken = (
             sa.func.unnest(
@@ -121,8 +128,18 @@ class FinishManyStatements:
         )
         self.take_counts = (
             sa.update(P)
-            .where(P.c.tenant_id == taken.c.t, P.c.parent_execution_id == taken.c.p)
+            .where(
+                P.c.tenant_id == locked.c.tenant_id,
+                P.c.parent_execution_id == locked.c.parent_execution_id,
+                P.c.tenant_id == taken.c.t,
+                P.c.parent_execution_id == taken.c.p,
+            )
             .values(unfinished=P.c.unfinished - taken.c.n)
+            .returning(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished + taken.c.n)
+        )
+        # The counts of parents none of whose children finish here (every entry refused).
+        self.read_counts = sa.select(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished).where(
+            of_batch
         )
         done = (
             sa.func.unnest(
@@ -283,22 +300,26 @@ class FinishManyMethods:
         order = sorted(taken)
         before: dict[tuple[str, str], int] = {}
         if sql.arrays:
-            params = {"tenants": [t for t, _ in order], "parents": [p for _, p in order]}
-            for tenant_id, parent_id, unfinished in (yield Exec(sql.lock_counts, params)).rows:
-                before[(tenant_id, parent_id)] = int(unfinished)
             changed = [p for p in order if taken[p]]
-            for parent in changed:
-                if parent not in before:
-                    raise _missing(parent)
             if changed:
-                yield Exec(
-                    sql.take_counts,
-                    {
-                        "tenants": [t for t, _ in changed],
-                        "parents": [p for _, p in changed],
-                        "ns": [taken[p] for p in changed],
-                    },
-                )
+                params = {
+                    "tenants": [t for t, _ in changed],
+                    "parents": [p for _, p in changed],
+                    "ns": [taken[p] for p in changed],
+                }
+                for tenant_id, parent_id, was in (yield Exec(sql.take_counts, params)).rows:
+                    before[(tenant_id, parent_id)] = int(was)
+                for parent in changed:
+                    if parent not in before:
+                        raise _missing(parent)
+            unchanged = [p for p in order if not taken[p]]
+            if unchanged:
+                params = {
+                    "tenants": [t for t, _ in unchanged],
+                    "parents": [p for _, p in unchanged],
+                }
+                for tenant_id, parent_id, was in (yield Exec(sql.read_counts, params)).rows:
+                    before[(tenant_id, parent_id)] = int(was)
         else:
             for parent in order:
                 of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}

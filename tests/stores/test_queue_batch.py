@@ -1,5 +1,5 @@
-"""The SQL child queue's batches on the database under test: `claim_many` and
-`enqueue_many` (what they send, SKIP LOCKED, concurrent batches across connections)."""
+"""The SQL child queue's batches on the database under test: `claim_many`, `enqueue_many`
+and `finish_many` (what they send, SKIP LOCKED, concurrent batches across connections)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import sqlalchemy as sa
 from support.capabilities import require, skip_locked, update_returning
 from support.sql import statements
 
-from agboss_sql.contracts import ApplicationContext, QueuedChild, VirtualClock
+from agboss_sql.contracts import (
+    ApplicationContext,
+    ChildFinish,
+    FinishResult,
+    QueuedChild,
+    VirtualClock,
+)
 from agboss_sql.contracts.errors import InvalidValueError
 from agboss_sql.sql._queue_batch import chunks
 from agboss_sql.sql.connection import SqlConnection
@@ -206,3 +212,32 @@ async def test_a_listener_hears_children_queued_and_requeued_on_other_connection
         assert await told_after(lambda: other.finish("mid/x", None, attempt=x.attempt))
     finally:
         await wakeups.close()
+
+
+async def test_a_batch_finish_sends_a_fixed_few_statements_in_one_transaction(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """Ten children finished in one `finish_many`: on PostgreSQL three statements whatever
+    the number of children or parents (arrays); elsewhere the locking read, the counts (one
+    statement per parent, two without `UPDATE … RETURNING`) and one update per child. The
+    parent emptied by the second batch, waiting for nothing, wakes no row."""
+    queue = store(sql, clock)
+    await queue.enqueue_many([child(f"c-{i:02d}") for i in range(12)])
+    claimed = list(await queue.claim_many("instance-1", 12))
+    first = [ChildFinish(c.child_execution_id, c.attempt) for c in claimed[:10]]
+    with statements(sql, transaction_control=False) as sent:
+        got = await queue.finish_many(first)
+    assert [r.remaining for r in got] == list(range(11, 1, -1))
+    arrays = sql.dialect.NAME == "postgresql"
+    counts = 1 if update_returning(sql) else 2
+    assert len(sent) == (3 if arrays else 1 + counts + 10), sent
+    rest = [ChildFinish(c.child_execution_id, c.attempt, "last") for c in claimed[10:]]
+    with statements(sql, transaction_control=False) as sent:
+        got = await queue.finish_many(rest)
+    assert list(got) == [FinishResult(True, 1), FinishResult(True, 0)]
+    assert len(sent) == (3 if arrays else 1 + counts + 2) + 1  # + the waiting parent's wake
+    with statements(sql, transaction_control=False) as sent:
+        assert list(await queue.finish_many(first[:3])) == [
+            FinishResult(True, n) for n in (11, 10, 9)
+        ]
+    assert len(sent) == 1, "a retried batch is answered from the children's rows alone"

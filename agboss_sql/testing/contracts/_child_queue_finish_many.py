@@ -36,8 +36,9 @@ async def finishes_a_batch_each_at_its_own_attempt(ctx: CaseContext) -> None:
     """A batch finishes each running child at its entry's attempt and answers, in its
     order, what finishes one after another would: the parent's count falling entry by
     entry, the superseded attempt's entry refused (its child left running at the new
-    attempt), a queued child's and an unknown child's entries refused; each finished
-    child keeps its outcome. The same batch sent again answers the same and changes
+    attempt), a queued child's and an unknown child's entries refused (one whose parent
+    has no finish in the batch answers that parent's count); each finished child keeps its
+    outcome. The same batch sent again answers the same and changes
     nothing; an empty batch answers []; a batch naming a child twice is a `ValueError`."""
     first, second = _queue(ctx, 0), _queue(ctx, 1)
     await first.enqueue_many(
@@ -45,6 +46,7 @@ async def finishes_a_batch_each_at_its_own_attempt(ctx: CaseContext) -> None:
     )
     claimed = await _claim_all(ctx, 0, 5)
     await first.enqueue(_child("late"))  # queued, never claimed
+    await first.enqueue(_child("alone", parent="parent-3"))  # its parent's only child, queued
     restarted = await second.restart("c1", claimed["c1"].attempt)
     _expect(restarted is not None, "restart-cas", "the restart of c1 was refused")
     assert restarted is not None
@@ -55,6 +57,7 @@ async def finishes_a_batch_each_at_its_own_attempt(ctx: CaseContext) -> None:
         ChildFinish("c2", claimed["c2"].attempt, "two"),
         ChildFinish("late", 1, "too early"),
         ChildFinish("nobody", 1, None),
+        ChildFinish("alone", 1, "too early"),
         ChildFinish("c3", claimed["c3"].attempt, None),
     ]
     want = [
@@ -64,6 +67,7 @@ async def finishes_a_batch_each_at_its_own_attempt(ctx: CaseContext) -> None:
         FinishResult(True, 3),
         FinishResult(False, 3),
         FinishResult(False, 0),
+        FinishResult(False, 1),
         FinishResult(True, 2),
     ]
     got = list(await second.finish_many(batch))
@@ -75,7 +79,7 @@ async def finishes_a_batch_each_at_its_own_attempt(ctx: CaseContext) -> None:
     retry = list(await first.finish_many(batch))
     # The finished entries answer what they first answered; the refused ones the count now.
     want_retry = [r if r.finished else FinishResult(False, 2) for r in want]
-    want_retry[5] = FinishResult(False, 0)
+    want_retry[5:7] = [FinishResult(False, 0), FinishResult(False, 1)]
     _expect(
         retry == want_retry,
         "finish-retry",
