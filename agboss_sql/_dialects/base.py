@@ -200,6 +200,11 @@ class Dialect(Protocol):
         """The database could not write: its disk or file is full."""
         ...
 
+    def is_read_only(self, exc: BaseException) -> bool:
+        """The server refused a write because it takes none now (a standby, a read-only
+        session or server): nothing applied; its primary may take it."""
+        ...
+
     def driver_error(self, exc: BaseException) -> BaseException | None:
         """The driver's own error behind `exc` (`exc` itself, or the one a SQLAlchemy error
         wraps), or `None` when `exc` is not the driver's: what a `StoreRefusedError` names

@@ -562,6 +562,15 @@ def is_busy(exc: BaseException) -> bool:
     return False
 
 
+def is_read_only(exc: BaseException) -> bool:
+    """A server run `--read-only` (1290, the option named in its text; 1836, MySQL's
+    read-only mode), or a read-only transaction (1792)."""
+    code = _code(exc)
+    if code == 1290:
+        return "read-only" in str(exc) or "read_only" in str(exc)
+    return code in (1792, 1836)
+
+
 def driver_error(exc: BaseException) -> BaseException | None:
     from pymysql.err import MySQLError
 

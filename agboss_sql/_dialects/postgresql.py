@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
 from agboss_sql._dialects import _pg_pooling
+from agboss_sql._dialects._pg_hosts import libpq_hosts
 from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
@@ -148,6 +149,9 @@ def conninfo(url: URL, timeouts: Timeouts) -> dict[str, Any]:
             if isinstance(v, str) and k != _pg_pooling.POOLING_OPTION
         }
     )
+    hosts = libpq_hosts(url)  # several servers: ?host=h1:p1&host=h2:p2 (`_pg_hosts`)
+    if hosts is not None:
+        args.update(hosts)
     if pooled:
         del args["options"]
         args["prepare_threshold"] = None
@@ -379,6 +383,12 @@ def is_storage_full(exc: BaseException) -> bool:
 def is_busy(exc: BaseException) -> bool:
     """SQLite's "database is locked"; a server waits on its own row locks instead."""
     return False
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """read_only_sql_transaction (25006): a standby in recovery, or a session read-only by
+    `default_transaction_read_only`."""
+    return _sqlstate(exc) == "25006"
 
 
 def driver_error(exc: BaseException) -> BaseException | None:

@@ -199,6 +199,12 @@ def is_disconnect(exc: BaseException) -> bool:
     return False
 
 
+def is_read_only(exc: BaseException) -> bool:
+    """Never: a file SQLite cannot write (SQLITE_READONLY) is no server that may take the
+    write later; it stays a refusal (`StoreRefusedError`)."""
+    return False
+
+
 def is_usable(raw: sqlite3.Connection) -> bool:
     """`raw` is outside any transaction (a file has no session to lose)."""
     return not raw.in_transaction

@@ -34,6 +34,7 @@ from agboss_sql.contracts.errors import (
     NotPausedError,
     SchemaNotReadyError,
     SchemaUnversionedError,
+    StoreReadOnlyError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
@@ -209,6 +210,7 @@ __all__ = [
     "StepRef",
     "Store",
     "StoreClock",
+    "StoreReadOnlyError",
     "StoreTimeoutError",
     "StoreUnavailableError",
     "StoredKeyFacts",

@@ -214,6 +214,19 @@ class ServerSettingError(StoreUnavailableError):
         )
 
 
+class StoreReadOnlyError(StoreUnavailableError):
+    """The server refused a write because it takes none now: a standby (a replica in
+    recovery, or a primary demoted by a failover), or a session read-only by default
+    (PostgreSQL's `default_transaction_read_only`, SQLSTATE 25006; a MySQL/MariaDB server
+    run `--read-only`). Nothing of the call was applied.
+
+    Call again once the instance reaches the primary: with a URL naming every server and
+    `target_session_attrs=read-write` (PostgreSQL), a new connection skips the standbys
+    and finds the one promoted."""
+
+    code = "store.read-only"
+
+
 class CommitOutcomeUnknownError(StoreUnavailableError):
     """The write was sent and its answer never came: it may or may not have committed.
 

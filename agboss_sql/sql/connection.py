@@ -76,6 +76,7 @@ from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import (
     AgbossError,
     CommitOutcomeUnknownError,
+    StoreReadOnlyError,
     StoreRefusedError,
     StoreTimeoutError,
     StoreUnavailableError,
@@ -367,7 +368,21 @@ class SqlConnection:
             return StoreUnavailableError(
                 f"{where} cannot write (storage full): {exc}; nothing was committed"
             )
-        return self.refused(exc) or exc
+        return self.read_only(exc) or self.refused(exc) or exc
+
+    def read_only(self, exc: BaseException) -> StoreReadOnlyError | None:
+        """The typed error of a write the server refused because it takes none now (a
+        standby, a read-only session: `Dialect.is_read_only`), else `None`."""
+        if isinstance(exc, AgbossError | DeadlinePassed) or not self.ops.is_read_only(exc):
+            return None
+        driver = self.ops.driver_error(exc) or exc
+        said = str(driver).strip().splitlines()[0] if str(driver).strip() else ""
+        return StoreReadOnlyError(
+            f"{self._safe_url()} is read-only ({said}): it is a standby, or its sessions are "
+            "read-only by default; nothing was committed: call again once the primary "
+            "answers (a URL naming every server, with target_session_attrs=read-write, "
+            "connects to the one promoted)"
+        )
 
     def refused(self, exc: BaseException) -> StoreRefusedError | None:
         """The typed error of a statement the database refused with `exc` (a trigger, a
@@ -385,6 +400,7 @@ class SqlConnection:
             or ops.is_statement_timeout(exc)
             or ops.is_busy(exc)
             or ops.is_storage_full(exc)
+            or ops.is_read_only(exc)
         ):
             return None
         return StoreRefusedError(
@@ -412,7 +428,7 @@ class SqlConnection:
         try:
             return await self._runner.drive_on(connection, step)
         except Exception as exc:
-            refused = self.refused(exc)
+            refused = self.read_only(exc) or self.refused(exc)
             if refused is None:
                 raise
             raise refused from exc
@@ -425,7 +441,7 @@ class SqlConnection:
         try:
             return await self._runner.execute_on(connection, statement, params)
         except Exception as exc:
-            refused = self.refused(exc)
+            refused = self.read_only(exc) or self.refused(exc)
             if refused is None:
                 raise
             raise refused from exc
