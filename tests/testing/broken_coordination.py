@@ -20,6 +20,7 @@ from agboss_sql.memory import (
     InMemoryChildExecutionQueueRepository,
     InMemoryCostLedgerRepository,
     InMemoryExecutionHistoryRepository,
+    InMemoryExecutionLeaseEventRepository,
     InMemoryExecutionRecordRepository,
     InMemoryExecutionTreeRepository,
     InMemoryMeshRequestRepository,
@@ -249,3 +250,10 @@ class PauseLastWins(InMemoryRateLimitRepository):
 
     async def pause_until(self, key: str, until: int) -> None:
         self.memory.rate_pauses[key] = until
+
+
+class LogOfEveryTenant(InMemoryExecutionLeaseEventRepository):
+    """Lists an execution id's events of every tenant."""
+
+    async def list(self, tenant_id: str, execution_id: str) -> Any:
+        return [e for e in self.memory.lease_events if e.execution_id == execution_id]

@@ -1,5 +1,5 @@
 """The coordination matrix's tables of the keyed stores: the mesh requests, the tree keys,
-the history and the cost ledger, each write against every state of its row, under the
+the history, the cost ledger and the lease log, each write against every state of its row, under the
 row's tenant and another one (run by `_matrix_rows`)."""
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ import json
 from typing import Any
 
 from agboss_sql.contracts.errors import IdempotencyKeyConflictError
-from agboss_sql.contracts.types import BudgetScope, CostEntry, ExecutionSnapshot
+from agboss_sql.contracts.types import (
+    BudgetScope,
+    CostEntry,
+    ExecutionLeaseEvent,
+    ExecutionSnapshot,
+    LeaseEventKind,
+)
 from agboss_sql.testing.contracts._matrix_rows import (
     ABSENT,
     UNCHECKED,
@@ -298,7 +304,55 @@ LEDGER_TABLE = Table(
 )
 
 
-TABLES: tuple[Table, ...] = (MESH_TABLE, TREE_TABLE, HISTORY_TABLE, LEDGER_TABLE)
+# --- the lease log ------------------------------------------------------------------------
+
+LEASE_LOG = "execution_lease_event"
+
+
+def _event(cell: Cell) -> ExecutionLeaseEvent:
+    return ExecutionLeaseEvent(
+        cell.tenant, cell.id, "instance-1", 1, LeaseEventKind.ACQUIRED, 1_700_000_000_000
+    )
+
+
+async def _e_saved(cell: Cell) -> None:
+    await cell.store().save(_event(cell))
+
+
+async def _e_list(cell: Cell) -> Any:
+    return list(await cell.store().list(cell.tenant, cell.id))
+
+
+async def _e_label(cell: Cell) -> str:
+    return f"{len(await _e_list(cell))} listed"
+
+
+async def _e_save(cell: Cell, i: int) -> Any:
+    return await cell.store(i).save(_event(cell))
+
+
+LOG_TABLE = Table(
+    contract=LEASE_LOG,
+    what="an execution's lease log",
+    rule="lease-log-exact",
+    states=(
+        RowState(ABSENT, "0 listed", _nothing),
+        RowState("with an event saved", "1 listed", _e_saved),
+    ),
+    ops=(
+        Op(
+            "save of the same event",
+            _e_save,
+            {ABSENT: None, "with an event saved": None},
+            {ABSENT: "1 listed", "with an event saved": "2 listed"},
+        ),
+    ),
+    label=_e_label,
+    snapshot=_e_list,
+)
+
+
+TABLES: tuple[Table, ...] = (MESH_TABLE, TREE_TABLE, HISTORY_TABLE, LEDGER_TABLE, LOG_TABLE)
 """The keyed stores' tables."""
 
 __all__ = ["TABLES"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agboss_sql.contracts.errors import DuplicateChildError
 from agboss_sql.contracts.types import QueuedChild
 from agboss_sql.testing.contracts._fencing import fail
 from agboss_sql.testing.contracts._matrix_rows import (
@@ -293,6 +294,32 @@ async def _queue_label(cell: Cell) -> str:
     return OWES if owes else str(found[0].status.value)
 
 
+async def _attempt(cell: Cell) -> int:
+    for found in await cell.store().children(cell.tenant, f"{cell.id}-parent"):
+        if found.child_execution_id == cell.id:
+            return int(found.attempt)
+    return 1
+
+
+async def _enqueue(cell: Cell, i: int) -> Any:
+    try:
+        await cell.store(i).enqueue(_child(cell, cell.id))
+    except DuplicateChildError:
+        return "DuplicateChildError"
+    return "queued"
+
+
+async def _enqueue_many(cell: Cell, i: int) -> Any:
+    queued = list(await cell.store(i).enqueue_many([_child(cell, cell.id)]))
+    return f"{len(queued)} queued" if queued in ([], [cell.id]) else queued
+
+
+async def _wait(cell: Cell, i: int) -> Any:
+    # At the child's current attempt: a wait at another one is the waits suite's.
+    got = await cell.store(i).wait_for_children(cell.id, attempt=await _attempt(cell))
+    return None if got is None else (got.waiting, got.remaining)
+
+
 async def _claim_wake(cell: Cell, i: int) -> Any:
     return await cell.store(i).claim_wake(cell.id, CLAIMER, CLAIM_MS)
 
@@ -341,12 +368,35 @@ def _wakes(*granted: str) -> dict[str, bool]:
     return {s.name: s.name in granted for s in _CHILD_STATES}
 
 
+def _all(value: Any, **but: Any) -> dict[str, Any]:
+    found = {s.name: value for s in _CHILD_STATES}
+    found.update(but)
+    return found
+
+
 WAKE_TABLE = Table(
     contract=CHILD_QUEUE,
     what="a child",
     rule="wake-claim",
     states=_CHILD_STATES,
     ops=(
+        Op(
+            "enqueue of the same child id",
+            _enqueue,
+            _all("DuplicateChildError", absent="queued"),
+            {ABSENT: "queued"},
+        ),
+        Op(
+            "enqueue_many of the same child id",
+            _enqueue_many,
+            _all("0 queued", absent="1 queued"),
+            {ABSENT: "queued"},
+        ),
+        Op(
+            "wait_for_children at its current attempt",
+            _wait,
+            _all(None, running=(False, 0), **{"waiting for its own children": (True, 1)}),
+        ),
         Op(
             f"claim_wake by {CLAIMER}",
             _claim_wake,
