@@ -14,7 +14,10 @@ duplicate skips it silently; on MySQL/MariaDB a locking read of the batch's ids 
 locks (gap locks included) keep a concurrent enqueue of the same ids out until this one
 ends, then a plain insert of the absent ones), then each parent's count raised by the number
 of its children inserted (one upsert per parent, parents in sorted order: two batches lock
-the counts in one order). Multi-row statements are built for a few sizes only (powers of
+the counts in one order). On PostgreSQL the batch goes as one JSON document of its rows:
+one `INSERT … SELECT … FROM json_array_elements(…) WITH ORDINALITY … ON CONFLICT DO
+NOTHING RETURNING`, then one upsert of every parent's count from a second document, whatever
+the batch's size. Multi-row statements are built for a few sizes only (powers of
 two up to `_MAX_ROWS`), so a batch of any size is sent as a handful of compiled statements.
 
 Statements per batch (BEGIN/COMMIT not counted), `p` parents, `k` children:
@@ -22,7 +25,7 @@ Statements per batch (BEGIN/COMMIT not counted), `p` parents, `k` children:
 | operation | PostgreSQL, SQLite | MySQL/MariaDB |
 |---|---|---|
 | `claim_many` (`k` claimed) | 1 | 1 + ⌈k/128⌉ in a transaction (1 when none is queued) |
-| `enqueue_many` | ⌈k/128⌉ + (binary digits of k mod 128) inserts + p (+1 notify) | the same + ⌈k/128⌉ locking reads |
+| `enqueue_many` | PostgreSQL 2 (+1 notify); SQLite ⌈k/128⌉ + (binary digits of k mod 128) inserts + p | as SQLite + ⌈k/128⌉ locking reads |
 
 On PostgreSQL a batch enqueue, like `enqueue` and a finish that makes a waiting parent
 claimable again, sends `pg_notify` in its transaction (`Capabilities.notifications`): the
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -188,23 +192,24 @@ class BatchStatements:
         )
 
     def _build_array_enqueue(self) -> None:
-        text_array = postgresql.ARRAY(sa.Text())
+        # The batch as one JSON document, `[[tenant, root, parent, child, depth, payload],
+        # …]`: one parameter, encoded by the json module's C encoder and parsed by the
+        # server (psycopg dumps a list parameter element by element in Python).
         rows = (
-            sa.func.unnest(
-                *(sa.bindparam(_SHORT[f], type_=text_array) for f in _CHILD_FIELDS[:4]),
-                sa.bindparam("d", type_=postgresql.ARRAY(sa.Integer())),
-                sa.bindparam("j", type_=text_array),
+            sa.func.json_array_elements(
+                sa.cast(sa.bindparam("rows", type_=sa.Text()), postgresql.JSON())
             )
-            .table_valued("t", "r", "p", "c", "d", "j", with_ordinality="o")
+            .table_valued("e", with_ordinality="o")
             .render_derived()
         )
+
+        def field(i: int) -> Any:
+            return rows.c.e.op("->>")(sa.literal_column(str(i)))
+
         inserted = sa.select(
-            rows.c.t,
-            rows.c.r,
-            rows.c.p,
-            rows.c.c,
-            rows.c.d,
-            rows.c.j,
+            *(field(i) for i in range(4)),
+            sa.cast(field(4), sa.Integer),
+            field(5),
             sa.bindparam("queued"),
             sa.literal(0, sa.Integer),
             sa.bindparam("now", type_=sa.BigInteger),
@@ -216,20 +221,22 @@ class BatchStatements:
             .returning(C.c.child_execution_id)
         )
         counts = (
-            sa.func.unnest(
-                sa.bindparam("tenants", type_=text_array),
-                sa.bindparam("parents", type_=text_array),
-                sa.bindparam("ns", type_=postgresql.ARRAY(sa.BigInteger())),
+            sa.func.json_array_elements(
+                sa.cast(sa.bindparam("counts", type_=sa.Text()), postgresql.JSON())
             )
-            .table_valued("t", "p", "n")
+            .table_valued("e")
             .render_derived()
         )
+
+        def count(i: int) -> Any:
+            return counts.c.e.op("->>")(sa.literal_column(str(i)))
+
         # The parents in sorted order: two batches lock their counts in one order.
         upsert = postgresql.insert(P).from_select(
             ["tenant_id", "parent_execution_id", "unfinished", "waits"],
-            sa.select(counts.c.t, counts.c.p, counts.c.n, sa.literal(0, sa.BigInteger)).order_by(
-                counts.c.t, counts.c.p
-            ),
+            sa.select(
+                count(0), count(1), sa.cast(count(2), sa.BigInteger), sa.literal(0, sa.BigInteger)
+            ).order_by(count(0), count(1)),
         )
         self.count_array = upsert.on_conflict_do_update(
             index_elements=["tenant_id", "parent_execution_id"],
@@ -382,9 +389,10 @@ class BatchQueueMethods:
         """PostgreSQL: the batch's children in one insert of arrays, their parents' counts
         in one upsert of arrays."""
         sql: BatchStatements = self._sql.batch
-        values: dict[str, Any] = {"queued": QUEUED, "now": now}
-        for name in _CHILD_FIELDS:
-            values[_SHORT[name]] = [row[name] for row in rows]
+        document = json.dumps(
+            [[row[name] for name in _CHILD_FIELDS] for row in rows], ensure_ascii=False
+        )
+        values: dict[str, Any] = {"queued": QUEUED, "now": now, "rows": document}
         result = yield Exec(sql.insert_array, values)
         inserted = {str(row[0]) for row in result.rows}
         counts: dict[tuple[str, str], int] = {}
@@ -394,14 +402,8 @@ class BatchQueueMethods:
                 counts[parent] = counts.get(parent, 0) + 1
         if counts:
             order = sorted(counts)
-            yield Exec(
-                sql.count_array,
-                {
-                    "tenants": [t for t, _ in order],
-                    "parents": [p for _, p in order],
-                    "ns": [counts[p] for p in order],
-                },
-            )
+            document = json.dumps([[t, p, counts[(t, p)]] for t, p in order], ensure_ascii=False)
+            yield Exec(sql.count_array, {"counts": document})
         if inserted and sql.notify is not None:
             yield Exec(sql.notify, {})
         return inserted
