@@ -20,12 +20,12 @@ woken, i.e. whose count reached 0):
 | | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
 |---|---|---|---|
 | lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
-| the counts | 1 (+1 read when an entry's parent has no finish here) | p | 2p |
-| the children finished | 1 | k | k |
+| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | p + k | 2p + k |
 | waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | w | w |
 
-A batch of 10 children (of one parent or of ten) is 3 statements and one commit on
-PostgreSQL, where 10 `finish` calls are 30 statements and 10 commits.
+A batch of 10 children (of one parent or of ten) is 2 statements and one commit on
+PostgreSQL, where 10 `finish` calls are 30 statements and 10 commits; the parents' counts
+stay locked for the commit only.
 """
 
 from __future__ import annotations
@@ -126,7 +126,14 @@ class FinishManyStatements:
             .table_valued("t", "p", "n")
             .render_derived()
         )
-        self.take_counts = (
+        # The counts of parents none of whose children finish here (every entry refused).
+        self.read_counts = sa.select(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished).where(
+            of_batch
+        )
+        # The counts lowered and the children finished in one statement: each child stores
+        # its parent's count before the batch less its rank `k` among the parent's children
+        # finishing here (1 for the first), so the count's lock is held for the commit only.
+        counted = (
             sa.update(P)
             .where(
                 P.c.tenant_id == locked.c.tenant_id,
@@ -135,32 +142,36 @@ class FinishManyStatements:
                 P.c.parent_execution_id == taken.c.p,
             )
             .values(unfinished=P.c.unfinished - taken.c.n)
-            .returning(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished + taken.c.n)
+            .returning(
+                P.c.tenant_id.label("t"),
+                P.c.parent_execution_id.label("p"),
+                (P.c.unfinished + taken.c.n).label("before"),
+            )
+            .cte("counted")
         )
-        # The counts of parents none of whose children finish here (every entry refused).
-        self.read_counts = sa.select(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished).where(
-            of_batch
-        )
-        done = (
+        ended = (
             sa.func.unnest(
                 sa.bindparam("rows", type_=postgresql.ARRAY(sa.BigInteger())),
                 sa.bindparam("outcomes", type_=text_array),
                 sa.bindparam("attempts", type_=postgresql.ARRAY(sa.Integer())),
-                sa.bindparam("remaining", type_=postgresql.ARRAY(sa.Integer())),
+                sa.bindparam("ranks", type_=postgresql.ARRAY(sa.Integer())),
+                sa.bindparam("of_tenants", type_=text_array),
+                sa.bindparam("of_parents", type_=text_array),
             )
-            .table_valued("r", "o", "a", "n")
+            .table_valued("r", "o", "a", "k", "t", "p")
             .render_derived()
         )
-        self.finish_children = (
+        self.count_and_finish = (
             sa.update(C)
-            .where(C.c.id == done.c.r)
+            .where(C.c.id == ended.c.r, counted.c.t == ended.c.t, counted.c.p == ended.c.p)
             .values(
                 status=sa.bindparam("finished"),
-                outcome=done.c.o,
+                outcome=ended.c.o,
                 finished_at=now,
-                finished_attempt=done.c.a,
-                finish_remaining=done.c.n,
+                finished_attempt=ended.c.a,
+                finish_remaining=counted.c.before - ended.c.k,
             )
+            .returning(counted.c.t, counted.c.p, counted.c.before)
         )
         woken = (
             sa.func.unnest(
@@ -264,8 +275,12 @@ class FinishManyMethods:
                 taken.setdefault(parent, 0)
         if not of_parent:
             return [a for a in answers if a is not None]
-        # 3. The parents' counts, locked in one order, and the batch's finishes taken off.
-        before = yield from self._take_counts(sql, parents, taken)
+        # 3. The parents' counts, locked in one order, and the batch's finishes taken off
+        # (on PostgreSQL with the finished children stored, in one statement).
+        if sql.arrays:
+            before = yield from self._count_and_finish(sql, finishing, taken, now)
+        else:
+            before = yield from self._take_counts(sql, parents, taken)
         # 4. Each entry's count at its turn; the finished children stored with theirs.
         seen: dict[tuple[str, str], int] = {}
         finished_rows: dict[int, tuple[Any, int, str]] = {
@@ -282,12 +297,70 @@ class FinishManyMethods:
             row, attempt, outcome = done
             stored.append((int(row[0]), outcome, attempt, remaining))
             answers[index] = FinishResult(True, remaining)
-        if stored:
+        if stored and not sql.arrays:
             yield from self._store_finishes(sql, stored, now)
         emptied = sorted(p for p, n in taken.items() if n and before[p] - n == 0)
         if emptied:
             yield from self._wake_waiting(sql, emptied)
         return [a for a in answers if a is not None]
+
+    def _count_and_finish(
+        self,
+        sql: FinishManyStatements,
+        finishing: list[tuple[int, Any, int, str]],
+        taken: dict[tuple[str, str], int],
+        now: int,
+    ) -> Step[dict[tuple[str, str], int]]:
+        """PostgreSQL: lower the counts of the parents with finishes (locked in one order)
+        and finish their children, in one statement; read the counts of the others. The
+        counts before the batch."""
+        before: dict[tuple[str, str], int] = {}
+        order = sorted(taken)
+        changed = [p for p in order if taken[p]]
+        if finishing:
+            ranks: dict[tuple[str, str], int] = {}
+            rows, outcomes, attempts, ranked, tenants, parents = [], [], [], [], [], []
+            for _index, row, attempt, outcome in finishing:
+                parent = (row[6], row[7])
+                ranks[parent] = ranks.get(parent, 0) + 1
+                rows.append(int(row[0]))
+                outcomes.append(outcome)
+                attempts.append(attempt)
+                ranked.append(ranks[parent])
+                tenants.append(parent[0])
+                parents.append(parent[1])
+            params = {
+                "tenants": [t for t, _ in changed],
+                "parents": [p for _, p in changed],
+                "ns": [taken[p] for p in changed],
+                "rows": rows,
+                "outcomes": outcomes,
+                "attempts": attempts,
+                "ranks": ranked,
+                "of_tenants": tenants,
+                "of_parents": parents,
+                "finished": FINISHED,
+                "now": now,
+            }
+            result = yield Exec(sql.count_and_finish, params)
+            for tenant_id, parent_id, was in result.rows:
+                before[(tenant_id, parent_id)] = int(was)
+            for parent in changed:
+                if parent not in before:
+                    raise _missing(parent)  # nothing of the batch stays: the step rolls back
+            if len(result.rows) != len(finishing):
+                raise CorruptStoredRowError(
+                    f"{len(result.rows)} of {len(finishing)} children locked by a batch "
+                    "finish were finished"
+                )
+        unchanged = [p for p in order if not taken[p]]
+        if unchanged:
+            params = {"tenants": [t for t, _ in unchanged], "parents": [p for _, p in unchanged]}
+            for tenant_id, parent_id, was in (yield Exec(sql.read_counts, params)).rows:
+                before[(tenant_id, parent_id)] = int(was)
+        for parent in order:
+            before.setdefault(parent, 0)
+        return before
 
     def _take_counts(
         self,
@@ -299,45 +372,23 @@ class FinishManyMethods:
         the counts before the batch. A parent with finishes must have a count."""
         order = sorted(taken)
         before: dict[tuple[str, str], int] = {}
-        if sql.arrays:
-            changed = [p for p in order if taken[p]]
-            if changed:
-                params = {
-                    "tenants": [t for t, _ in changed],
-                    "parents": [p for _, p in changed],
-                    "ns": [taken[p] for p in changed],
-                }
-                for tenant_id, parent_id, was in (yield Exec(sql.take_counts, params)).rows:
-                    before[(tenant_id, parent_id)] = int(was)
-                for parent in changed:
-                    if parent not in before:
-                        raise _missing(parent)
-            unchanged = [p for p in order if not taken[p]]
-            if unchanged:
-                params = {
-                    "tenants": [t for t, _ in unchanged],
-                    "parents": [p for _, p in unchanged],
-                }
-                for tenant_id, parent_id, was in (yield Exec(sql.read_counts, params)).rows:
-                    before[(tenant_id, parent_id)] = int(was)
-        else:
-            for parent in order:
-                of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
-                n = taken[parent]
-                if not n:
-                    before[parent] = yield from parents.unfinished(of)
-                    continue
-                if parents.update_returning:
-                    row = (yield Exec(parents.take_n_returning, {**of, "n": n})).first()
-                    if row is None:
-                        raise _missing(parent)
-                    before[parent] = int(row[0]) + n
-                else:
-                    row = (yield Exec(parents.lock, of)).first()
-                    if row is None:
-                        raise _missing(parent)
-                    yield Exec(parents.take_n, {**of, "n": n})
-                    before[parent] = int(row[0])
+        for parent in order:
+            of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
+            n = taken[parent]
+            if not n:
+                before[parent] = yield from parents.unfinished(of)
+                continue
+            if parents.update_returning:
+                row = (yield Exec(parents.take_n_returning, {**of, "n": n})).first()
+                if row is None:
+                    raise _missing(parent)
+                before[parent] = int(row[0]) + n
+            else:
+                row = (yield Exec(parents.lock, of)).first()
+                if row is None:
+                    raise _missing(parent)
+                yield Exec(parents.take_n, {**of, "n": n})
+                before[parent] = int(row[0])
         for parent in order:
             before.setdefault(parent, 0)
         return before
@@ -345,19 +396,6 @@ class FinishManyMethods:
     def _store_finishes(
         self, sql: FinishManyStatements, stored: list[tuple[int, str, int, int]], now: int
     ) -> Step[None]:
-        if sql.arrays:
-            yield Exec(
-                sql.finish_children,
-                {
-                    "rows": [s[0] for s in stored],
-                    "outcomes": [s[1] for s in stored],
-                    "attempts": [s[2] for s in stored],
-                    "remaining": [s[3] for s in stored],
-                    "finished": FINISHED,
-                    "now": now,
-                },
-            )
-            return
         for row_id, outcome, attempt, remaining in stored:
             yield Exec(
                 self._sql.finish_locked,

@@ -217,7 +217,7 @@ async def test_a_listener_hears_children_queued_and_requeued_on_other_connection
 async def test_a_batch_finish_sends_a_fixed_few_statements_in_one_transaction(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:
-    """Ten children finished in one `finish_many`: on PostgreSQL three statements whatever
+    """Ten children finished in one `finish_many`: on PostgreSQL two statements whatever
     the number of children or parents (arrays); elsewhere the locking read, the counts (one
     statement per parent, two without `UPDATE … RETURNING`) and one update per child. The
     parent emptied by the second batch, waiting for nothing, wakes no row."""
@@ -230,12 +230,12 @@ async def test_a_batch_finish_sends_a_fixed_few_statements_in_one_transaction(
     assert [r.remaining for r in got] == list(range(11, 1, -1))
     arrays = sql.dialect.NAME == "postgresql"
     counts = 1 if update_returning(sql) else 2
-    assert len(sent) == (3 if arrays else 1 + counts + 10), sent
+    assert len(sent) == (2 if arrays else 1 + counts + 10), sent
     rest = [ChildFinish(c.child_execution_id, c.attempt, "last") for c in claimed[10:]]
     with statements(sql, transaction_control=False) as sent:
         got = await queue.finish_many(rest)
     assert list(got) == [FinishResult(True, 1), FinishResult(True, 0)]
-    assert len(sent) == (3 if arrays else 1 + counts + 2) + 1  # + the waiting parent's wake
+    assert len(sent) == (2 if arrays else 1 + counts + 2) + 1  # + the waiting parent's wake
     with statements(sql, transaction_control=False) as sent:
         assert list(await queue.finish_many(first[:3])) == [
             FinishResult(True, n) for n in (11, 10, 9)
