@@ -33,36 +33,19 @@ from pathlib import Path
 
 MUTANTS = Path("mutants")
 
+EVERY: tuple[str, ...] = ("*",)
+"""Every function of the module (its conditions, as for any target)."""
+
 TARGETS: dict[str, tuple[str, ...]] = {
-    # the in-memory guards and fences
-    "agboss_sql.memory._fencing": ("fence", "raise_mark"),
-    "agboss_sql.memory.leases": (
-        "InMemoryExecutionLeaseRepository.acquire",
-        "InMemoryExecutionLeaseRepository._held",
-        "InMemoryExecutionLeaseRepository.renew",
-        "InMemoryExecutionLeaseRepository.release",
-        "InMemoryExecutionLeaseRepository.yield_lease",
-        "InMemoryExecutionLeaseRepository.reclaim",
-        "InMemoryExecutionLeaseRepository.finish",
-    ),
-    "agboss_sql.memory.fenced": (
-        "InMemoryFencedEffectRepository.save_result_if_absent",
-        "InMemoryOutboundCallRepository._fenced",
-        "InMemoryOutboundCallRepository.save_if_absent",
-        "InMemoryOutboundCallRepository.mark_pending",
-        "InMemoryOutboundCallRepository._end",
-        "InMemoryOutboundCallRepository.lease_state_of",
-    ),
-    "agboss_sql.memory.queue": (
-        "InMemoryChildExecutionQueueRepository.claim",
-        "InMemoryChildExecutionQueueRepository._claim_next",
-        "InMemoryChildExecutionQueueRepository.enqueue_many",
-        "InMemoryChildExecutionQueueRepository.restart",
-        "InMemoryChildExecutionQueueRepository.finish",
-        "InMemoryChildExecutionQueueRepository.unwoken",
-        "InMemoryChildExecutionQueueRepository.claim_wake",
-        "InMemoryChildExecutionQueueRepository.mark_woken",
-    ),
+    # the in-memory stores, every function (the guards and fences among them)
+    "agboss_sql.memory._fencing": EVERY,
+    "agboss_sql.memory.leases": EVERY,
+    "agboss_sql.memory.fenced": EVERY,
+    "agboss_sql.memory.queue": EVERY,
+    "agboss_sql.memory.backend": EVERY,
+    "agboss_sql.memory.pauses": EVERY,
+    "agboss_sql.memory.records": EVERY,
+    "agboss_sql.memory.limits": EVERY,
     # the decisions both store families share
     "agboss_sql.contracts.rules": (
         "fence_refusal_of",
@@ -101,6 +84,18 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "SqlChildExecutionQueueRepository._restart_then_read",
         "SqlChildExecutionQueueRepository.finish",
         "SqlChildExecutionQueueRepository._finish",
+        # the rest of the store (its wake path: unwoken, claim_wake, mark_woken)
+        "QueueStatements.__init__",
+        "SqlChildExecutionQueueRepository.enqueue",
+        "SqlChildExecutionQueueRepository._enqueue",
+        "SqlChildExecutionQueueRepository.wakeups",
+        "SqlChildExecutionQueueRepository.running",
+        "SqlChildExecutionQueueRepository.wait_for_children",
+        "SqlChildExecutionQueueRepository._wait",
+        "SqlChildExecutionQueueRepository.unwoken",
+        "SqlChildExecutionQueueRepository.claim_wake",
+        "SqlChildExecutionQueueRepository.mark_woken",
+        "SqlChildExecutionQueueRepository.children",
     ),
     "agboss_sql.sql._queue_batch": (
         "BatchStatements.__init__",
@@ -124,7 +119,94 @@ TARGETS: dict[str, tuple[str, ...]] = {
     # the SQLite dialect's parts of the fence and take statements
     "agboss_sql._dialects.sqlite": ("now_source", "greatest", "least"),
     "agboss_sql._dialects.on_conflict": ("OnConflict.upsert_where", "OnConflict.insert_or_lock"),
+    # the coordination stores on SQL, every function (the queue's wake path: `_build_wakes`
+    # and the store's wake methods above, the PostgreSQL wake-up listener here)
+    "agboss_sql.sql._queue_finish_many": EVERY,
+    "agboss_sql.sql._queue_wakeups": EVERY,
+    "agboss_sql.sql._queue_rows": EVERY,
+    "agboss_sql.sql._child_parents": EVERY,
+    "agboss_sql.sql.pauses": EVERY,
+    "agboss_sql.sql.records": EVERY,
+    "agboss_sql.sql.trees": EVERY,
+    "agboss_sql.sql.mesh": EVERY,
+    "agboss_sql.sql.rate_limits": EVERY,
+    "agboss_sql.sql.costs": EVERY,
+    "agboss_sql.sql.history": EVERY,
+    "agboss_sql.sql.events": EVERY,
+    # the checkpoint saver's fenced paths: the lease it reads from a config, the fenced
+    # write statements and the writes that pick them
+    "agboss_sql.sql.checkpoint._lease": EVERY,
+    "agboss_sql.sql.checkpoint._write_statements": EVERY,
+    "agboss_sql.sql.checkpoint._writes": EVERY,
 }
+
+STORE_PACKAGES = ("agboss_sql/memory", "agboss_sql/sql")
+"""Where the store modules live: every module under them is in `TARGETS` or in
+`NOT_MUTATED` with its reason (`tests/unit/test_mutation_targets.py` checks it)."""
+
+NOT_MUTATED: dict[str, str] = {
+    "agboss_sql.memory.__init__": "exports only",
+    "agboss_sql.sql.__init__": "exports only",
+    "agboss_sql.sql.checkpoint.__init__": "exports only",
+    "agboss_sql.sql.timeouts": "exports only",
+    "agboss_sql.sql._base": (
+        "the stores' base classes: JSON in and out and the identity hash (every store's "
+        "round trip fails without them), no decision of a store"
+    ),
+    "agboss_sql.sql._column_types": "column types of the schema, no decision",
+    "agboss_sql.sql.schema": "the tables' definitions, no decision",
+    "agboss_sql.sql.migrate": "schema migrations, proven by tests/migrations, no store decision",
+    "agboss_sql.sql.statements": (
+        "how a statement is compiled and sent (the statement cache, results), not what it "
+        "decides; every store statement runs through it"
+    ),
+    "agboss_sql.sql.connection": (
+        "the connection: retries, typed errors, an unknown commit outcome (the faults "
+        "command and tests/faults prove them), not a store's decision"
+    ),
+    "agboss_sql.sql._backoff": "the connection's retry pauses",
+    "agboss_sql.sql._deadline": "the connection's statement deadline (tests/faults)",
+    "agboss_sql.sql._progress": "the connection's record of how far a step got",
+    "agboss_sql.sql._runner": "the connection's runner interface",
+    "agboss_sql.sql._inline_runner": "the connection's SQLite runner",
+    "agboss_sql.sql._inline_work": "the connection's SQLite work transaction",
+    "agboss_sql.sql._pool_runner": "the connection's server runner",
+    "agboss_sql.sql.inspect": "the operator's read-only views (`agboss-sql inspect`), no store",
+    "agboss_sql.sql._inspect_rows": "the operator's read-only views, no store",
+    "agboss_sql.sql._tree_view": "the operator's read-only view of a tree, no store",
+    "agboss_sql.sql.checkpoint.saver": (
+        "the saver's public face: each method hands over to the reads and writes"
+    ),
+    "agboss_sql.sql.checkpoint._aio": (
+        "the saver's deletes, copies and prunes: unfenced maintenance, proven by "
+        "tests/checkpoint and LangGraph's own saver suite (tests/langgraph_suite)"
+    ),
+    "agboss_sql.sql.checkpoint._reads": "the saver's reads, unfenced (tests/checkpoint)",
+    "agboss_sql.sql.checkpoint._statements": (
+        "the saver's read, list, delete and copy statements, unfenced (the fenced writes are "
+        "`_write_statements`)"
+    ),
+    "agboss_sql.sql.checkpoint._core": "the saver's keys, size checks and hashes, unfenced",
+    "agboss_sql.sql.checkpoint._appends": "the saver's value encoding, unfenced",
+    "agboss_sql.sql.checkpoint._bridge": "the saver's synchronous bridge, unfenced",
+    "agboss_sql.sql.checkpoint._decoded": "the saver's value decoding, unfenced",
+    "agboss_sql.sql.checkpoint._layout": "the saver's row layout, no decision",
+    "agboss_sql.sql.checkpoint._sync": "the saver's synchronous database, unfenced",
+    "agboss_sql.sql.checkpoint._sync_drivers": "the saver's synchronous drivers, unfenced",
+    "agboss_sql.sql.checkpoint._values": "the saver's value rows, unfenced",
+}
+"""The modules under `STORE_PACKAGES` not mutated, each with why: none is a store's
+decision (its conditions are not what a store guarantees, or they are proven elsewhere)."""
+
+
+def store_modules(root: Path = Path(".")) -> list[str]:
+    """Every module under `STORE_PACKAGES` (dotted names), in path order."""
+    found = []
+    for package in STORE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            found.append(".".join(path.relative_to(root).with_suffix("").parts))
+    return found
+
 
 CONDITION_CALLS = {"where", "and_", "or_", "case", "greatest", "least", "not_"}
 
@@ -248,6 +330,26 @@ def _source_lines(module: str) -> dict[str, int]:
     return lines
 
 
+def _functions(
+    functions: tuple[str, ...], defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]
+) -> tuple[str, ...]:
+    """`functions`, or with `EVERY` each function mutmut mutated in the module
+    ("Class.method" or "function", from its `__mutmut_orig` copy)."""
+    if functions != EVERY:
+        return functions
+    found = []
+    for name in defs:
+        if not name.endswith("__mutmut_orig"):
+            continue
+        mangled = name[: -len("__mutmut_orig")]
+        if mangled.startswith("xǁ"):
+            cls, _, method = mangled[len("xǁ") :].partition("ǁ")
+            found.append(f"{cls}.{method}")
+        elif mangled.startswith("x_"):
+            found.append(mangled[len("x_") :])
+    return tuple(found)
+
+
 def mutants() -> list[Mutant]:
     found: list[Mutant] = []
     for module, functions in TARGETS.items():
@@ -255,7 +357,7 @@ def mutants() -> list[Mutant]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         defs = _mutant_functions(tree)
         source_lines = _source_lines(module)
-        for function in functions:
+        for function in _functions(functions, defs):
             cls, _, method = function.rpartition(".")
             prefix = f"xǁ{cls}ǁ{method}__mutmut_" if cls else f"x_{method}__mutmut_"
             original = defs.get(prefix + "orig")

@@ -8,13 +8,13 @@
    failure ends it (the tests: pyproject.toml, `[tool.mutmut]`);
 4. `mutants.py report`: the kill rate per module and every surviving mutant.
 
-    python tools/mutation/run.py [--max-children N] [--fresh]
+    python tools/mutation/run.py [--max-children N] [--fresh] [--only 'NAME-PATTERN' ...]
     python tools/mutation/run.py --rerun-survivors [--only 'NAME-PATTERN' ...]
 
 `--fresh` removes `mutants/` first (after a change to the code or the tests: mutmut keeps
 the results of mutants it ran). `--rerun-survivors` runs the survivors of the last run
-again (after adding the cases that should kill them); `--only` picks some of them by name
-pattern (`*` matches anything).
+again (after adding the cases that should kill them); `--only` picks some mutants by name
+pattern (`*` matches anything), e.g. `--only 'agboss_sql.memory.pauses.*'` for one module.
 """
 
 from __future__ import annotations
@@ -70,15 +70,30 @@ connection. A builder's mutant must meet every test that runs its statements: th
 the store functions of its module (one more store call per test is all it takes)."""
 
 
+def _builders(by_function: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:
+    """`BUILDER_TESTS`, and every other SQL module's statement class (`...Statements`,
+    built once per connection as well) with its own module's tests."""
+    builders = dict(BUILDER_TESTS)
+    for name in by_function:
+        module, _, mangled = name.partition(".xǁ")
+        cls = mangled.partition("ǁ")[0]
+        if module.startswith("agboss_sql.sql.") and cls.endswith("Statements"):
+            prefix = f"{module}.xǁ{cls}ǁ"
+            if not any(prefix.startswith(b) for b in builders):
+                builders[prefix] = (f"{module}.",)
+    return builders
+
+
 def _widen_builder_tests() -> None:
     path = MUTANTS / "mutmut-stats.json"
     stats = json.loads(path.read_text(encoding="utf-8"))
     by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
-    for builder, modules in BUILDER_TESTS.items():
+    builders = _builders(by_function)
+    for builder, modules in builders.items():
         users = {
             test
             for name, tests in by_function.items()
-            if name.startswith(modules) and not any(name.startswith(b) for b in BUILDER_TESTS)
+            if name.startswith(modules) and not any(name.startswith(b) for b in builders)
             for test in tests
         }
         for name in by_function:
@@ -129,7 +144,10 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--rerun-survivors", action="store_true")
     parser.add_argument(
-        "--only", action="append", default=[], help="with --rerun-survivors: a name pattern"
+        "--only",
+        action="append",
+        default=[],
+        help="only the mutants whose name matches this pattern (`*` matches anything)",
     )
     args = parser.parse_args()
     started = time.monotonic()
@@ -156,6 +174,8 @@ def main() -> int:
         # mutmut runs every mutant it is named, also those it ran: name the new ones only.
         codes = _codes()
         chosen = [name for name in chosen if codes.get(name) is None]
+        if args.only:
+            chosen = [name for name in chosen if any(fnmatch(name, p) for p in args.only)]
     print(f"{len(chosen)} mutants chosen", flush=True)
     if chosen:
         _mutmut("run", *children, *chosen)

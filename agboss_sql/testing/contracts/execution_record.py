@@ -15,6 +15,7 @@ from agboss_sql.contracts.errors import DuplicateExecutionError
 from agboss_sql.contracts.stores import ExecutionRecordRepository
 from agboss_sql.contracts.types import ExecutionRecord, ExecutionRecordStatus
 from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._execution_record_more import more_cases
 
 CONTRACT = "execution_record"
 TENANT = "tenant-1"
@@ -347,7 +348,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The execution records' cases (none is a fencing case: records are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + more_cases()
 
 
 __all__ = ["CONTRACT", "cases"]
