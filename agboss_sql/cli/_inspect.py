@@ -13,6 +13,7 @@ from agboss_sql.cli._common import (
     _select,
     add_url_argument,
     collation_lines,
+    database_url,
     existing_database,
     require_head,
     shown,
@@ -26,15 +27,31 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="an opted-out fencing store is an error"
     )
+    parser.add_argument(
+        "--require-sync",
+        action="store_true",
+        help="PostgreSQL: not ready unless the server is a primary with a synchronous standby "
+        "(a failover then loses no acknowledged commit); without it, a warning",
+    )
 
 
 def _check(args: argparse.Namespace) -> int:
     import asyncio
 
-    return asyncio.run(_check_async(existing_database(args, stores=True), strict=args.strict))
+    from sqlalchemy.engine import make_url
+
+    given = make_url(database_url(args))
+    if args.require_sync and given.get_backend_name() != "postgresql":
+        raise CommandFailed(
+            f"--require-sync checks PostgreSQL's synchronous replication; {shown(str(given))} "
+            f"is {given.get_backend_name()}",
+            MISUSED,
+        )
+    url = existing_database(args, stores=True)
+    return asyncio.run(_check_async(url, strict=args.strict, require_sync=args.require_sync))
 
 
-async def _check_async(url: str, *, strict: bool) -> int:
+async def _check_async(url: str, *, strict: bool, require_sync: bool = False) -> int:
     import time
 
     from agboss_sql.application import Application, DatabaseUrl, HealthStatus, sql_stores
@@ -53,6 +70,19 @@ async def _check_async(url: str, *, strict: bool) -> int:
     healthy = healthy and collated
     for line in collation:
         print(line)
+    if revision is not None:
+        # A database that runs leases: a failover must not lose a granted epoch.
+        from agboss_sql.cli._replication import replication_of
+
+        replication = replication_of(url)
+        if replication is not None:
+            for line in replication.lines():
+                print(line)
+            if replication.in_recovery:
+                healthy = False
+            elif require_sync and not replication.safe:
+                healthy = False
+                print("replication: refused (--require-sync): no synchronous standby")
     # The report says what is wrong with the schema; start() would refuse it instead.
     app = Application(
         "agboss-sql-check",
