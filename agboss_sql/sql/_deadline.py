@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import StoreUnavailableError
 
 GRACE_S = 0.5
 """How long past `Timeouts.statement_ms` the client still waits for the server's answer."""
@@ -87,8 +88,17 @@ ENGINE_DEADLINE = "agboss.deadline"
 
 def connect_and_begin(engine: sa.Engine, deadline: StatementDeadline) -> sa.Connection:
     """A pooled connection with `deadline` as its statements' deadline, in a transaction
-    (run in SQLAlchemy's greenlet)."""
-    connection = engine.connect()
+    (run in SQLAlchemy's greenlet). A connection that closed while SQLAlchemy set it up
+    (its first connection asks the server a few questions; a server that died meanwhile
+    leaves it closed, the driver's error swallowed) is `StoreUnavailableError`: nothing of
+    the caller's was sent."""
+    try:
+        connection = engine.connect()
+    except sa.exc.ResourceClosedError as exc:
+        raise StoreUnavailableError(
+            f"the connection to {engine.url.render_as_string(hide_password=True)} closed "
+            f"while it was being opened ({exc}): the server went away; nothing was sent"
+        ) from exc
     try:
         connection.info[ENGINE_DEADLINE] = deadline
         connection.begin()

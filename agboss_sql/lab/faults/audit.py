@@ -5,11 +5,14 @@ Rules (each violation names its rule):
 
 - `one-holder`: an epoch of a lease was granted to one instance only, and no result was
   stored at an older epoch of a scope after a newer epoch had stored one (a zombie's
-  write after a takeover).
+  write after a takeover); and no two pods reported running a tree, or a child, at one
+  epoch (what the pods were granted, which a database that lost acknowledged commits,
+  e.g. a standby promoted from asynchronous replication, no longer shows).
 - `result-and-row`: every business row has its stored result and every stored result its
   business row (they commit together or not at all).
-- `charged-once`: each business row (an order's charge) exists at most once, and each
-  attempt of an outbound call was sent at most once.
+- `charged-once`: each business row (an order's charge) exists at most once, each
+  attempt of an outbound call was sent at most once, and no effect was reported run
+  (not replayed) twice: once committed, a fenced effect replays.
 - `child-once`: every child is finished, by one finish only, and by its current attempt
   (a superseded worker's finish never counts).
 - `no-undo-on-handover`: no tree was compensated: the workload never fails, so an undo
@@ -146,6 +149,7 @@ def audit(
     events = list(events)
     found: list[Violation] = []
     found += _one_holder(history)
+    found += _one_holder_reported(events)
     found += _result_and_row(history)
     found += _charged_once(history, events)
     found += _child_once(history, events, facts)
@@ -227,6 +231,26 @@ def _one_holder(history: StoreHistory) -> list[Violation]:
     return found
 
 
+def _one_holder_reported(events: list[dict[str, Any]]) -> list[Violation]:
+    """No two pods reported a grant of one epoch (a tree run, a child run): the pods' own
+    record, kept outside the database."""
+    holders: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for event in events:
+        kind = event.get("kind")
+        if kind in ("tree-run", "child-run") and event.get("epoch") is not None:
+            what = event["tree"] if kind == "tree-run" else event["child"]
+            holders[(str(what), int(event["epoch"]))].add(str(event.get("pod")))
+    return [
+        Violation(
+            "one-holder",
+            f"epoch {epoch} of {what} was reported granted to {sorted(who)}: one fencing "
+            "token granted twice",
+        )
+        for (what, epoch), who in sorted(holders.items())
+        if len(who) > 1
+    ]
+
+
 def _result_and_row(history: StoreHistory) -> list[Violation]:
     from agboss_sql.lab.faults.workload import EFFECT
 
@@ -255,6 +279,20 @@ def _charged_once(history: StoreHistory, events: list[dict[str, Any]]) -> list[V
         if count > 1:
             found.append(
                 Violation("charged-once", f"business row {row!r} was written {count} times")
+            )
+    ran = Counter(
+        (e["execution"], e["step"])
+        for e in events
+        if e.get("kind") == "effect" and not e.get("replayed")
+    )
+    for (execution, step), count in sorted(ran.items()):
+        if count > 1:
+            found.append(
+                Violation(
+                    "charged-once",
+                    f"the effect of {execution} {step} was reported run {count} times (not "
+                    "replayed): a commit acknowledged to one holder was lost",
+                )
             )
     sends = Counter((e["call"], e["attempt"]) for e in events if e.get("kind") == "sent")
     for (call, attempt), count in sorted(sends.items()):

@@ -26,6 +26,7 @@ import functools
 import inspect
 import itertools
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -248,6 +249,8 @@ class HoldController:
                     "message": str(error)[:300],
                     "start": found.wall_started,
                     "end": end,
+                    # Where an untyped error came from: the audit names it as a defect.
+                    **({} if isinstance(error, AgbossError) else {"where": _where(error)}),
                 }
             )
         if ms > self.op_bound_ms:
@@ -289,6 +292,16 @@ class HoldController:
             "errors": dict(self.errors),
             "open": len(self._open),
         }
+
+
+def _where(error: BaseException) -> list[str]:
+    """The last frames `error` passed through, and the errors it was raised from."""
+    frames = traceback.extract_tb(error.__traceback__)[-6:]
+    where = [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in frames]
+    cause = error.__cause__ or error.__context__
+    if cause is not None:
+        where.append(f"from {type(cause).__name__}: {str(cause)[:200]}")
+    return where
 
 
 _controller: HoldController | None = None
