@@ -7,7 +7,10 @@ only releases, a reclaim that keeps the epoch, a renewal that ignores a yield, a
 release/finish that matches the holder but not the epoch, calls keyed by the step
 only, a claim that does not compare, effects that trust the current token,
 effects on the caller's clock, a queue finish without the attempt compare, ends of an
-attempt that trust a finished lease.
+attempt that trust a finished lease; for the worlds of the other stores: a `lease_state_of`
+that reads the lease's flags before it compares the token, a queue that wakes a waiting
+parent at any of its children's finish, a pause's take that answers True to anyone's retry,
+reservations that leave the recorded entries out of the budget.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agboss_sql.contracts.clocks import StoreClock, remaining_of
-from agboss_sql.contracts.rules import LeaseClosedReason
+from agboss_sql.contracts.keys import checked_identifier
+from agboss_sql.contracts.rules import LeaseClosedReason, checked_budget_key
 from agboss_sql.contracts.types import (
     AttemptRef,
+    BudgetScope,
     ChildStatus,
     ClaimedChild,
     ExecutionLease,
@@ -29,16 +34,20 @@ from agboss_sql.contracts.types import (
     FinishResult,
     JsonValue,
     LeaseHolder,
+    LeaseState,
     OutboundCall,
     OutboundCallSaved,
     OutboundCallStatus,
+    PauseStatus,
 )
 from agboss_sql.memory import (
     InMemoryBackend,
     InMemoryChildExecutionQueueRepository,
+    InMemoryCostLedgerRepository,
     InMemoryExecutionLeaseRepository,
     InMemoryFencedEffectRepository,
     InMemoryOutboundCallRepository,
+    InMemoryPausedExecutionRepository,
     InMemoryTransaction,
 )
 from agboss_sql.memory._fencing import store_now
@@ -316,6 +325,70 @@ class EffectsTrustCurrentToken(InMemoryFencedEffectRepository):
         return await super().save_result_if_absent(key, work)
 
 
+class LeaseStateOfFlagsFirst(InMemoryOutboundCallRepository):
+    """A `lease_state_of` that reads the lease row's flags before it compares the token:
+    an older epoch is answered finished or released when the latest one is, where the
+    contract answers superseded (and it closes an expired epoch as the contract does)."""
+
+    async def lease_state_of(self, tenant_id: str, execution_id: str, token: int) -> LeaseState:
+        row = self.memory.leases.get((tenant_id, execution_id))
+        if row is None or row.lease_epoch < token:
+            return LeaseState.ABSENT
+        if row.finished:
+            return LeaseState.FINISHED
+        if row.released:
+            if row.closed_reason == LeaseClosedReason.SUPERSEDED:
+                return LeaseState.SUPERSEDED
+            return LeaseState.RELEASED
+        return await super().lease_state_of(tenant_id, execution_id, token)
+
+
+class WakesAWaitingParentEarly(InMemoryChildExecutionQueueRepository):
+    """A queue whose every finish of a child makes its waiting parent claimable, not only
+    the finish of its last child."""
+
+    def _finish_one(self, child_execution_id: str, outcome: JsonValue, attempt: int | None) -> Any:
+        result = super()._finish_one(child_execution_id, outcome, attempt)
+        row = self.memory.children.get(child_execution_id)
+        if result.finished and row is not None:
+            self._wake_waiting(row.tenant_id, row.parent_execution_id)
+        return result
+
+
+class TakeRetriesForAnyone(InMemoryPausedExecutionRepository):
+    """A pause's take whose "retry after a lost reply answers True" forgets to compare the
+    taker: every taker of a taken pause is told it took it."""
+
+    async def take(self, tenant_id: str, pause_id: str, *, taker: str | None = None) -> bool:
+        checked_identifier("tenant_id", tenant_id)
+        row = self.memory.pauses.get((tenant_id, pause_id))
+        if row is not None and row.pause.status is PauseStatus.TAKEN:
+            return True
+        return await super().take(tenant_id, pause_id, taker=taker)
+
+
+class ReservationsIgnoreEntries(InMemoryCostLedgerRepository):
+    """Reservations checked against the reservations alone: the recorded entries are left
+    out of the budget."""
+
+    async def try_reserve(
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
+    ) -> bool:
+        _, tenant = checked_budget_key(scope, key, tenant_id)
+        slot = (BudgetScope(scope), tenant, key)
+        reserved = self.memory.reservations.get(slot, 0)
+        if reserved + amount_micros > limit_micros:
+            return False
+        self.memory.reservations[slot] = reserved + amount_micros
+        return True
+
+
 @dataclass
 class MemorySet:
     """An in-memory store set on one backend, as `explore` takes it."""
@@ -345,6 +418,8 @@ def memory_set(
     effects: Callable[[InMemoryBackend, Seam], Any] | None = None,
     calls: Callable[[InMemoryBackend, Seam], Any] | None = None,
     queue: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    pauses: Callable[[InMemoryBackend, Seam], Any] | None = None,
+    costs: Callable[[InMemoryBackend, Seam], Any] | None = None,
 ) -> MemorySet:
     """The in-memory reference set, with any of its fencing stores replaced."""
     backend = InMemoryBackend()
@@ -356,12 +431,9 @@ def memory_set(
         "execution_lease": leases or reference(InMemoryExecutionLeaseRepository),
         "fenced_effect": effects or reference(InMemoryFencedEffectRepository),
         "outbound_call": calls or reference(InMemoryOutboundCallRepository),
-        "child_queue": queue
-        or (
-            lambda memory, seam: InMemoryChildExecutionQueueRepository(
-                memory, seam.clock, seam.application
-            )
-        ),
+        "child_queue": queue or on_application_clock(InMemoryChildExecutionQueueRepository),
+        "paused_execution": pauses or on_application_clock(InMemoryPausedExecutionRepository),
+        "cost_ledger": costs or on_application_clock(InMemoryCostLedgerRepository),
     }
     factories: dict[str, Any] = {
         key: StoreFactory(instance=(lambda seam, make=make: make(backend, seam)))
@@ -375,10 +447,22 @@ def on_callers_clock(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
     return lambda memory, seam: cls(memory, StoreClock(seam.clock), seam.application)
 
 
+def on_application_clock(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
+    """A store on the application's clock (`seam.clock`), as the queue, pauses and ledger are."""
+    return lambda memory, seam: cls(memory, seam.clock, seam.application)
+
+
 def naive(cls: Any) -> Callable[[InMemoryBackend, Seam], Any]:
-    if issubclass(cls, InMemoryChildExecutionQueueRepository):
-        # The child queue is on the application's clock.
-        return lambda memory, seam: cls(memory, seam.clock, seam.application)
+    if issubclass(
+        cls,
+        (
+            InMemoryChildExecutionQueueRepository,
+            InMemoryPausedExecutionRepository,
+            InMemoryCostLedgerRepository,
+        ),
+    ):
+        # The child queue, the pauses and the ledger are on the application's clock.
+        return on_application_clock(cls)
     return lambda memory, seam: cls(memory, seam.store_clock, seam.application)
 
 
@@ -389,6 +473,7 @@ __all__ = [
     "ClaimWithoutCompare",
     "EffectsTrustCurrentToken",
     "FinishOnlyReleases",
+    "LeaseStateOfFlagsFirst",
     "LetGoByHolderOnly",
     "LiveThroughExpiry",
     "MemorySet",
@@ -398,6 +483,9 @@ __all__ = [
     "RenewIgnoresYield",
     "QueueFinishWithoutCompare",
     "RenewWhateverTheTime",
+    "ReservationsIgnoreEntries",
+    "TakeRetriesForAnyone",
+    "WakesAWaitingParentEarly",
     "memory_set",
     "naive",
     "on_callers_clock",

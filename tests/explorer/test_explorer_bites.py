@@ -21,6 +21,7 @@ from naive_stores import (
     EffectsTrustCurrentToken,
     EndsTrustAFinishedLease,
     FinishOnlyReleases,
+    LeaseStateOfFlagsFirst,
     LetGoByHolderOnly,
     LiveThroughExpiry,
     QueueFinishWithoutCompare,
@@ -28,6 +29,9 @@ from naive_stores import (
     RenewFromOldEnd,
     RenewIgnoresYield,
     RenewWhateverTheTime,
+    ReservationsIgnoreEntries,
+    TakeRetriesForAnyone,
+    WakesAWaitingParentEarly,
     memory_set,
     naive,
     on_callers_clock,
@@ -165,6 +169,34 @@ BITES = [
         "no-stale-write",
         3,
         {"effects": on_callers_clock(InMemoryFencedEffectRepository)},
+    ),
+    Bite(
+        "a lease_state_of that reads the lease's flags before the token",
+        "lease_closing",
+        "closed-epoch-never-moves",
+        5,
+        {"calls": naive(LeaseStateOfFlagsFirst)},
+    ),
+    Bite(
+        "a queue that wakes a waiting parent at any child's finish",
+        "child_tree",
+        "parent-woken-once",
+        3,
+        {"queue": naive(WakesAWaitingParentEarly)},
+    ),
+    Bite(
+        "a pause's take that answers True to anyone's retry",
+        "pause",
+        "pause-answered-once",
+        3,
+        {"pauses": naive(TakeRetriesForAnyone)},
+    ),
+    Bite(
+        "reservations that leave the recorded entries out",
+        "cost_ledger",
+        "spend-within-budget",
+        3,
+        {"costs": naive(ReservationsIgnoreEntries)},
     ),
 ]
 
@@ -305,13 +337,17 @@ async def test_shrinking_removes_every_step_whose_removal_still_breaks_the_invar
 
 def test_every_naive_store_of_the_spec_has_its_bite() -> None:
     labels = {bite.label for bite in BITES}
-    assert len(labels) == 15
+    assert len(labels) == 19
     assert {bite.world for bite in BITES} == {
         "lease",
         "fenced_effect",
         "outbound_call_business_key",
         "outbound_call_takeover",
         "child_queue",
+        "lease_closing",
+        "child_tree",
+        "pause",
+        "cost_ledger",
     }
     assert READ  # the protocol's first step is part of the call worlds' schedules
 
@@ -347,3 +383,50 @@ async def test_the_takeover_worlds_naive_store_is_caught_by_that_world_alone() -
     text = str(caught)
     assert "every schedule of this world starts from its set-up:" in text
     assert "instance-1 claim attempt 1 after pending attempt 0 of tree-1 at 1" in text
+
+
+ONLY_THEIR_WORLD = {
+    "lease_closing": ("calls", "execution_lease"),
+    "child_tree": ("queue", "child_queue"),
+    "pause": ("pauses", "paused_execution"),
+    "cost_ledger": ("costs", "cost_ledger"),
+}
+"""The worlds of the other stores, with the store their bite breaks (as `memory_set` and
+as a world's `needs` name it)."""
+
+
+@pytest.mark.parametrize("ident", list(ONLY_THEIR_WORLD))
+async def test_the_other_stores_bites_are_caught_by_their_world_alone(ident: str) -> None:
+    """Each naive store of the worlds of the other stores passes every other world that
+    drives its store: a `lease_state_of` that reads the flags first passes the lease world
+    (it asks only the latest token) and the call worlds; a queue that wakes a waiting
+    parent early passes the child-queue world (whose parent is the root, never waiting);
+    no other world drives the pauses or the ledger. Each other world runs its races, an
+    exhaustive search to depth 5 and the 200 seeded walks."""
+    bite = next(b for b in BITES if b.world == ident)
+    key, store = ONLY_THEIR_WORLD[ident]
+    chosen = memory_set(**bite.stores)
+    others = [
+        world.ident
+        for world in WORLDS.values()
+        if world.ident != ident
+        and (store in world.needs or (key == "calls" and "outbound_call" in world.needs))
+    ]
+    if key in ("pauses", "costs"):
+        assert others == []
+    else:
+        assert others, ident
+    for other in others:
+        report = await explore(
+            chosen.factories,
+            world=other,
+            depth=5,
+            walks=200,
+            seed=SEED,
+            reset=chosen.reset,
+            business_rows=chosen.business_rows,
+            name=bite.label,
+        )
+        assert report.states > 10 and report.walk_steps == 200 * 30, report.summary()
+    caught = await _failure(bite, exhaustive=True)
+    assert caught.invariant == bite.invariant

@@ -151,9 +151,67 @@ REACHED: dict[str, tuple[str, ...]] = {
         "reconcile: superseded, not-landed",
         "reconcile: released, not-landed",
     ),
+    "lease_closing": (
+        "lease_state_of: absent",
+        "lease_state_of: live",
+        "lease_state_of: superseded",
+        "lease_state_of: released",
+        "lease_state_of: finished",
+        "release: done",
+        "release: refused",
+        "finish: done",
+        "finish: refused",
+        "stale release: refused",
+        "stale finish: refused",
+        "stale renew: over",
+        "acquire: taken over",
+    ),
+    "child_tree": (
+        "claim-child: claimed",
+        "claim-children: 2",
+        "running: 2",
+        "restart: restarted",
+        "restart: refused",
+        "finish-child: finished, some left",
+        "finish-child: finished, none left",
+        "finish-child: refused",
+        "wait: waiting",
+        "wait: go on",
+        "wait: none",
+        "unwoken: 1",
+        "claim-wake: True",
+        "claim-wake: False",
+        "mark-woken: True",
+    ),
+    "pause": (
+        "resolve: resolved",
+        "resolve: not pending",
+        "take: True",
+        "take: False",
+        "cancel: True",
+        "cancel: False",
+        "get: read",
+    ),
+    "cost_ledger": (
+        "reserve: granted",
+        "reserve: refused",
+        "record-cost: recorded",
+        "record-cost: replayed",
+        "total: read",
+    ),
 }
 """What each world's search and walks must reach on the reference set: a search that never
 got there would pass without having proven anything."""
+
+SHALLOWER: dict[str, int] = {"child_tree": 3, "lease_closing": 1}
+"""How many levels less than `DEPTH` a world searches: the child-tree world's instances
+restart, finish and wait with every attempt they saw and wake what they saw owed, about
+ten times the states of the child-queue world per level (depth 6: 4,612 states in about 20
+s; depth 8: 55,175 in 265 s)."""
+
+FEWEST_STATES: dict[str, int] = {"pause": 60}
+"""A world whose every state the search reaches below 100: the pause world has 64 (each
+tenant's pause pending, resolved by either instance, taken by either, or cancelled)."""
 
 
 DEEPER_ONLY: dict[str, tuple[str, ...]] = {
@@ -179,12 +237,13 @@ async def _explore(chosen: MemorySet, world: str, **options: Any) -> Any:
 @pytest.mark.parametrize("world", list(WORLDS))
 async def test_the_reference_set_passes_every_world(world: str) -> None:
     started = time.perf_counter()
-    report = await _explore(memory_set(), world)
+    depth = DEPTH - SHALLOWER.get(world, 0)
+    report = await _explore(memory_set(), world, depth=depth)
     elapsed = time.perf_counter() - started
     print(report.summary())
     assert report.skipped is None
-    assert report.depth == DEPTH and report.walks == WALKS and report.seed == SEED
-    assert report.schedules > report.states > 100
+    assert report.depth == depth and report.walks == WALKS and report.seed == SEED
+    assert report.schedules > report.states > FEWEST_STATES.get(world, 100)
     assert report.race_orders > 0 and report.race_orders % 2 == 0
     assert report.walk_steps == WALKS * 30
     # The reference stores decide by the store's time only: one skew's search stands for all.

@@ -11,7 +11,7 @@ yielded and released leases) and may renew, yield, reclaim, release or finish
 with any of them, write the fenced effect, or record, claim and end the call;
 the model decides what must be refused. Each operation is sent only once the store answered the one
 before, so the order the explorer chose is the order the store sees, for any
-store. Six worlds: the lease; the step's fenced effect; an outbound call
+store. Ten worlds: the lease; the step's fenced effect; an outbound call
 handed over on one tree; an outbound call under one business key from two
 trees; takeovers mixed with reconciliation (every schedule starts with a claimed
 attempt pending under an expired lease of tree-1 while tree-2 holds the same
@@ -20,14 +20,20 @@ stopped claimer marks with its old context, a holder may finish its tree); a
 parent's two children in the child queue (claim, list the running
 ones, restart and finish with any attempt an instance saw: a finish or restart
 at a stale attempt must be refused, and exactly one finish of the last child
-answers none left). Each runs both orders of its two-outcome races, every schedule of two
+answers none left); `lease_state_of` asked at every token between the holder's moves (an
+epoch it answered over never moves again: `closed-epoch-never-moves`); a tree two levels
+deep in the child queue (a child waiting for its own children while its sibling finishes,
+rescues, restarts and the parents' wakes: `parent-woken-once`); a pause in each of two
+tenants resolved, taken and cancelled by any instance (`pause-answered-once`); the cost
+ledger's reservations and entries in two tenants (`spend-within-budget`). Each runs both orders of its two-outcome races, every schedule of two
 instances to `depth` (each state explored once, at the fewest steps that reach
 it) and seeded walks of three instances, with the other instances' clocks
 skewed by +-lease/2, +-lease and +-10 x lease while the store decides by the
 run's time (a search under one skew stands for all six when no store ever read
 its instance's own clock: the others would be the same search). After every step it checks `one-live-holder`, `no-stale-write`,
 `one-effect-per-key`, `one-send-per-business-key`,
-`no-takeover-of-finished-work` and `store-error`, and prints a failure as its
+`no-takeover-of-finished-work` and `store-error` (and each world's own: `closed-epoch-never-moves`,
+`parent-woken-once`, `pause-answered-once`, `spend-within-budget`), and prints a failure as its
 minimal schedule, each step with what the store answered.
 
     report = await explore(factories, world="lease", reset=reset)
@@ -105,16 +111,21 @@ def register(
     """Add the explorer's cases to the pytest class `cls`, for each world the set can run
     (a lease store; the fenced-effect world also needs the fenced-effect store, the
     outbound-call worlds the outbound-call store, the child-queue world the child-queue
-    store and a reset, since a claim takes any tenant's queued child): `test_interleavings__<world>__exhaustive`
+    store and a reset, since a claim takes any tenant's queued child, and so does the
+    child-tree world; the lease-closing world the outbound-call store, for its
+    `lease_state_of`; the pause and cost-ledger worlds their store alone):
+    `test_interleavings__<world>__exhaustive`
     (its races and its exhaustive search) and `test_interleavings__<world>__walks_seed_<seed>`
     (its walks), each async on the event loop scope of the class's store set (a
     `store_conformance` class), else the session's. `interleavings` is
     `{depth, walks, walk_depth, seed, time_limit}` (defaults 8, 200, 30, then
-    `AGBOSS_EXPLORER_SEED` or 533, 480 s) or False (nothing is added). A world whose fencing
+    `AGBOSS_EXPLORER_SEED` or 533, 480 s) or False (nothing is added); the child-tree world
+    searches 3 levels less than `depth` (at least 1): its states grow about ten times as
+    fast per level. A world whose fencing
     store opted out of the lease check fails with `[store-conformance.opted-out-store]`, or
     is skipped when the opt-out is accepted. The names added."""
     options = options_of(interleavings)
-    if options is None or "execution_lease" not in factories:
+    if options is None:
         return []
     has_reset = reset is not None or any(
         getattr(factory, "reset", None) is not None for factory in factories.values()
@@ -167,13 +178,16 @@ def _case(
 ) -> Any:
     title = WORLDS[world].title
 
+    # A world whose states grow faster per level searches fewer levels (at least one).
+    depth = max(1, options["depth"] - WORLDS[world].shallower) if options["depth"] else 0
+
     async def test(self: Any) -> None:
         import pytest
 
         report = await explore(
             factories,
             world=world,
-            depth=0 if walks_only else options["depth"],
+            depth=0 if walks_only else depth,
             walks=options["walks"] if walks_only else 0,
             walk_depth=options["walk_depth"],
             seed=options["seed"],
@@ -190,7 +204,7 @@ def _case(
     kind = (
         f"{options['walks']} seeded walks of three instances (seed {options['seed']})"
         if walks_only
-        else f"its races in both orders and every schedule of two instances to depth {options['depth']}"
+        else f"its races in both orders and every schedule of two instances to depth {depth}"
     )
     test.__doc__ = f"interleavings ({name}): the {title}, {kind}."
     return test

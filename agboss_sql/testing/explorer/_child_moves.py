@@ -3,6 +3,7 @@ children, each checked against the contract's model of the child."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
@@ -13,6 +14,7 @@ from agboss_sql.testing.explorer._world import (
     NO_STALE_WRITE,
     ONE_EFFECT_PER_KEY,
     ONE_LIVE_HOLDER,
+    PARENT_WOKEN_ONCE,
     Broken,
 )
 
@@ -56,11 +58,15 @@ class ChildMoves(SimBase):
         self._said(log, f"{inst.name} claim a child", answer)
         self.outcome = "claim-child: none" if found is None else "claim-child: claimed"
         if found is None:
+            if check and self.world.deep:
+                self._check_none_left_behind(inst, "claim")
             return
         index = self._child_seen(inst, found, "claim", check)
         if index is None:
             return
         child = self.children[index]
+        if check and self.world.deep:
+            self._check_not_waiting(inst, index, "claim")
         if check and (child.status is not ChildStatus.QUEUED or found.attempt != child.attempt + 1):
             raise Broken(
                 ONE_LIVE_HOLDER,
@@ -82,13 +88,17 @@ class ChildMoves(SimBase):
         answer = ", ".join(f"{c.child_execution_id} attempt {c.attempt}" for c in found)
         self._said(log, f"{inst.name} claim up to {n} children", answer or "none queued")
         self.outcome = f"claim-children: {len(found)}"
-        queued_before = [c.index for c in self.children if c.status is ChildStatus.QUEUED]
+        queued_before = [
+            c.index for c in self.children if c.queued and c.status is ChildStatus.QUEUED
+        ]
         got: list[int] = []
         for claimed in found:
             index = self._child_seen(inst, claimed, "batch claim", check)
             if index is None:
                 continue
             child = self.children[index]
+            if check and self.world.deep:
+                self._check_not_waiting(inst, index, "batch claim")
             if check and (
                 child.status is not ChildStatus.QUEUED
                 or claimed.attempt != child.attempt + 1
@@ -103,7 +113,12 @@ class ChildMoves(SimBase):
             got.append(index)
             child.status = ChildStatus.RUNNING
             child.attempt = int(claimed.attempt)
-        if check and (got != queued_before[:n]):
+        if check and self.world.deep:
+            # Deepest first, then oldest: which of a level's queued children comes first is
+            # the store's; how many it takes is not.
+            if len(got) < min(n, len(queued_before)):
+                self._check_none_left_behind(inst, f"batch claim of up to {n}", got)
+        elif check and (got != queued_before[:n]):
             raise Broken(
                 ONE_LIVE_HOLDER,
                 f"{inst.name}'s batch claim of up to {n} took children {got} while "
@@ -117,13 +132,40 @@ class ChildMoves(SimBase):
         except Exception as exc:
             raise self._error(inst, "list the running children", exc) from exc
         seen = []
+        listed: set[tuple[int, int]] = set()
         for row in rows:
             index = self.child_index(row.child_execution_id)
             if index is not None:
                 inst.attempts.add((index, int(row.attempt)))
+                listed.add((index, int(row.attempt)))
                 seen.append(f"{row.child_execution_id} attempt {row.attempt}")
         self.outcome = f"running: {len(seen)}"
         self._said(log, f"{inst.name} list the running children", ", ".join(seen) or "none")
+        if self.world.deep:
+            running = {
+                (c.index, c.attempt) for c in self.children if c.status is ChildStatus.RUNNING
+            }
+            if listed != running:
+                waiting = [
+                    self.child_id(c.index)
+                    for c in self.children
+                    if c.status is ChildStatus.WAITING and any(i == c.index for i, _ in listed)
+                ]
+                raise Broken(
+                    PARENT_WOKEN_ONCE if waiting else ONE_LIVE_HOLDER,
+                    f"{inst.name}'s list of the running children answered "
+                    f"{', '.join(seen) or 'none'} where the running ones are "
+                    + (
+                        ", ".join(f"{self.child_id(i)} attempt {a}" for i, a in sorted(running))
+                        or "none"
+                    )
+                    + (
+                        f": {', '.join(waiting)} waits for its children, and a waiting child "
+                        "is never rescued"
+                        if waiting
+                        else ""
+                    ),
+                )
 
     async def _restart(
         self, inst: Inst, index: int, attempt: int, check: bool, log: list[str] | None
@@ -202,19 +244,67 @@ class ChildMoves(SimBase):
         child.status = ChildStatus.FINISHED
         child.finished_attempt = attempt
         child.remaining = remaining
-        left = sum(1 for c in self.children if c.status is not ChildStatus.FINISHED)
+        wake = PARENT_WOKEN_ONCE if self.world.deep else ONE_EFFECT_PER_KEY
+        parent = child.parent
+        left = sum(
+            1
+            for c in self.children
+            if c.parent == parent and c.queued and c.status is not ChildStatus.FINISHED
+        )
         if check and remaining != left:
             raise Broken(
-                ONE_EFFECT_PER_KEY,
+                wake,
                 f"{inst.name}'s finish of {name} at attempt {attempt} answered {remaining} "
                 f"left where {left} of the parent's children are unfinished: exactly one "
                 "finisher of the last child wakes the parent",
             )
         if remaining == 0:
-            if check and self.woken_by:
+            woken = self.woken_by.get(parent)
+            if check and woken:
                 raise Broken(
-                    ONE_EFFECT_PER_KEY,
+                    wake,
                     f"{inst.name}'s finish of {name} at attempt {attempt} answered none left "
-                    f"after {self.woken_by} had: the parent is woken twice",
+                    f"after {woken} had: the parent is woken twice",
                 )
-            self.woken_by = f"{inst.name}'s finish of {name} at attempt {attempt}"
+            self.woken_by[parent] = f"{inst.name}'s finish of {name} at attempt {attempt}"
+            inst.wakes.add(index)
+            if parent >= 0 and self.children[parent].status is ChildStatus.WAITING:
+                # The finish of the last child it waits for makes the parent claimable.
+                self.children[parent].status = ChildStatus.QUEUED
+
+    # --- checks of the child-tree world --------------------------------------------
+
+    def _check_not_waiting(self, inst: Inst, index: int, how: str) -> None:
+        child = self.children[index]
+        if child.status is ChildStatus.WAITING:
+            unfinished = [
+                self.child_id(c.index)
+                for c in self.children
+                if c.parent == index and c.status is not ChildStatus.FINISHED
+            ]
+            raise Broken(
+                PARENT_WOKEN_ONCE,
+                f"{inst.name}'s {how} took {self.child_id(index)} while it waits for "
+                f"{', '.join(unfinished)}: a parent is woken only when the last child it "
+                "waits for is done",
+            )
+
+    def _check_none_left_behind(self, inst: Inst, how: str, got: Sequence[int] = ()) -> None:
+        queued = [
+            c.index
+            for c in self.children
+            if c.queued and c.status is ChildStatus.QUEUED and c.index not in got
+        ]
+        if queued:
+            names = ", ".join(self.child_id(i) for i in queued)
+            woken = [i for i in queued if any(c.parent == i for c in self.children)]
+            raise Broken(
+                PARENT_WOKEN_ONCE if woken else ONE_LIVE_HOLDER,
+                f"{inst.name}'s {how} left {names} queued"
+                + (
+                    ": a parent woken by its last child's finish is claimable again, never "
+                    "left behind"
+                    if woken
+                    else ": a claim takes a queued child while there is one"
+                ),
+            )

@@ -48,7 +48,7 @@ def _clocks_line(n: int, skew_index: int) -> str:
 
 def _setup_lines(sim: Sim) -> list[str]:
     """The world's set-up, printed after a schedule that started from it."""
-    if not sim.world.setup:
+    if not (sim.world.setup or sim.world.deep):
         return []
     return [
         "every schedule of this world starts from its set-up:",
@@ -158,16 +158,27 @@ class ExplorerBase:
                 store_clock=store_clock,
                 application=ApplicationContext(name),
             )
-            leases = self._build("execution_lease", seam) if not world.queue else None
+            lease_free = world.queue or bool(world.store)
+            leases = self._build("execution_lease", seam) if not lease_free else None
             effects = self._build("fenced_effect", seam) if world.effect else None
-            wants_calls = world.call or (self.lease_state_of and world.ident == "lease")
+            wants_calls = (
+                world.call or world.tokens or (self.lease_state_of and world.ident == "lease")
+            )
             calls = self._build("outbound_call", seam) if wants_calls else None
-            queue = None
-            if world.queue:
-                # The child queue is on the application's clock, and nothing in its world
-                # waits: its stores get the run's time, so one skew's search stands for all.
-                queue = self._build("child_queue", dataclasses.replace(seam, clock=self.clock))
-            stores.append(InstanceStores(name, skew, leases, effects, calls, queue))
+            # The child queue, the pauses and the cost ledger are on the application's
+            # clock: their stores get the run's time (a wake's claim is the only time in
+            # these worlds), so one skew's search stands for all.
+            on_run_time = dataclasses.replace(seam, clock=self.clock)
+            queue = self._build("child_queue", on_run_time) if world.queue else None
+            pauses = (
+                self._build("paused_execution", on_run_time)
+                if world.store == "paused_execution"
+                else None
+            )
+            costs = (
+                self._build("cost_ledger", on_run_time) if world.store == "cost_ledger" else None
+            )
+            stores.append(InstanceStores(name, skew, leases, effects, calls, queue, pauses, costs))
         found = Sim(
             world,
             stores,

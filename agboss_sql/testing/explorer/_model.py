@@ -9,11 +9,19 @@ from typing import Any
 from agboss_sql.contracts.rules import FenceRefusal
 from agboss_sql.contracts.stores import (
     ChildExecutionQueueRepository,
+    CostLedgerRepository,
     ExecutionLeaseRepository,
     FencedEffectRepository,
     OutboundCallRepository,
+    PausedExecutionRepository,
 )
-from agboss_sql.contracts.types import AttemptRef, ChildStatus, ExecutionLease, LeaseState
+from agboss_sql.contracts.types import (
+    AttemptRef,
+    ChildStatus,
+    ExecutionLease,
+    LeaseState,
+    PauseStatus,
+)
 from agboss_sql.testing.explorer._world import TRUST_MARGIN_MS, View
 
 
@@ -27,6 +35,8 @@ class InstanceStores:
     effects: FencedEffectRepository[Any] | None
     calls: OutboundCallRepository | None
     queue: ChildExecutionQueueRepository | None = None
+    pauses: PausedExecutionRepository | None = None
+    costs: CostLedgerRepository | None = None
 
 
 class TreeModel:
@@ -35,6 +45,7 @@ class TreeModel:
 
     __slots__ = (
         "closed",
+        "decided",
         "epoch",
         "expires_at",
         "finished",
@@ -59,6 +70,9 @@ class TreeModel:
         self.closed = False
         self.finished_by = ""
         self.granted: dict[int, str] = {}
+        self.decided: dict[int, tuple[LeaseState, str]] = {}
+        """Each token `lease_state_of` answered is over (superseded, released, finished),
+        with the answer and who asked: that epoch never moves again."""
 
     def refusal(
         self, epoch: int, holder: int, now: int, *, live: bool = True, yielded_ok: bool = False
@@ -103,18 +117,87 @@ class TreeModel:
 class ChildModel:
     """The contract's view of one queued child, built from the store's answers."""
 
-    __slots__ = ("attempt", "finished_attempt", "index", "remaining", "status")
+    __slots__ = (
+        "attempt",
+        "depth",
+        "finished_attempt",
+        "index",
+        "parent",
+        "queued",
+        "remaining",
+        "status",
+        "wait_attempt",
+        "wake_by",
+        "wake_until",
+        "woken_by",
+    )
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, parent: int = -1, depth: int = 1) -> None:
         self.index = index
+        self.parent = parent
+        """Its parent's index among the children, -1 for the root."""
+        self.depth = depth
+        self.queued = True
+        """It has been queued (the child-tree world queues child-1's children in its set-up)."""
         self.status = ChildStatus.QUEUED
         self.attempt = 0
         self.finished_attempt = 0
         self.remaining = -1
         """What its finish answered (the siblings left unfinished)."""
+        self.wait_attempt = 0
+        """The attempt whose `wait_for_children` made it wait (0: none)."""
+        self.wake_by = ""
+        """Who holds the claim of the wake its finish owes (when it answered none left)."""
+        self.wake_until = 0
+        self.woken_by = ""
+        """Who marked that wake done."""
 
-    def key(self) -> tuple[str, int, int, int]:
-        return (self.status.value, self.attempt, self.finished_attempt, self.remaining)
+    def key(self) -> tuple[object, ...]:
+        return (
+            self.status.value,
+            self.attempt,
+            self.finished_attempt,
+            self.remaining,
+            self.queued,
+            self.wait_attempt,
+            self.wake_by,
+            self.wake_until,
+            self.woken_by,
+        )
+
+
+class PauseModel:
+    """The contract's view of one tenant's pause, built from the store's answers."""
+
+    __slots__ = ("decision", "status", "taker", "tenant")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.status = PauseStatus.PENDING
+        self.decision = ""
+        """Who answered it (the decision names its instance)."""
+        self.taker = ""
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.status.value, self.decision, self.taker)
+
+
+class LedgerModel:
+    """The contract's view of one tenant's execution budget and entry."""
+
+    __slots__ = ("entry", "reserved", "tenant")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.reserved = 0
+        self.entry = False
+        """The tenant's entry is recorded."""
+
+    def spent(self, entry_micros: int) -> int:
+        return self.reserved + (entry_micros if self.entry else 0)
+
+    def key(self) -> tuple[int, bool]:
+        return (self.reserved, self.entry)
 
 
 class Inst:
@@ -136,6 +219,8 @@ class Inst:
         "stores",
         "tree",
         "view",
+        "wake_claims",
+        "wakes",
         "yielded",
     )
 
@@ -166,6 +251,10 @@ class Inst:
         self.reconciled: str | None = None
         """For the pending attempt in `view`: `"live"`, `"landed"` or `"not-landed"`."""
         self.done = False
+        self.wakes: set[int] = set()
+        """The children it saw owe their parent's wake (its finish, or `unwoken`)."""
+        self.wake_claims: set[int] = set()
+        """The children whose wake it claimed."""
 
     def acting(self) -> ExecutionLease | None:
         """The context it acts with in good faith: the lease it holds or yielded."""

@@ -14,8 +14,11 @@ from agboss_sql.contracts.types import LeaseState
 from agboss_sql.testing.explorer._world import (
     ACQUIRE,
     ATTEMPTS,
+    CANCEL,
     CLAIM,
     CLAIM_CHILD,
+    CLAIM_CHILDREN,
+    CLOSED_EPOCH_NEVER_MOVES,
     EFFECT,
     END,
     FINISH,
@@ -27,14 +30,21 @@ from agboss_sql.testing.explorer._world import (
     ONE_EFFECT_PER_KEY,
     ONE_LIVE_HOLDER,
     ONE_SEND_PER_BUSINESS_KEY,
+    PARENT_WOKEN_ONCE,
+    PAUSE_ANSWERED_ONCE,
     READ,
     RECONCILE,
     RECORD,
+    RECORD_COST,
     RELEASE,
     RENEW,
+    RESERVE,
+    RESOLVE,
     RESTART,
     RUNNING,
+    SPEND_WITHIN_BUDGET,
     STALE,
+    TAKE,
     TIME,
     WAIT_EXPIRY,
     Action,
@@ -346,13 +356,92 @@ RACES: tuple[Race, ...] = (
         (_is("finished, 1 left"), _is("finished, 0 left", ONE_EFFECT_PER_KEY)),
         (_is("finished, 1 left"), _is("finished, 0 left", ONE_EFFECT_PER_KEY)),
     ),
+    # --- lease_state_of's closing decisions ---
+    Race(
+        "lease_state_of at an expired epoch vs its holder's release",
+        "lease_closing",
+        _TAKEN_PAST_LEASE,
+        Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
+        Side("release", (_a(0, RELEASE),)),
+        (
+            _is(LeaseState.SUPERSEDED.value, CLOSED_EPOCH_NEVER_MOVES),
+            _is(REFUSED, CLOSED_EPOCH_NEVER_MOVES),
+        ),
+        (_is("released"), _is(LeaseState.RELEASED.value, CLOSED_EPOCH_NEVER_MOVES)),
+        needs_lease_state_of=True,
+    ),
+    Race(
+        "lease_state_of at an expired epoch vs its holder's finish",
+        "lease_closing",
+        _TAKEN_PAST_LEASE,
+        Side("lease_state_of", (_a(1, LEASE_STATE_OF, 1),)),
+        Side("finish", (_a(0, FINISH),)),
+        (
+            _is(LeaseState.SUPERSEDED.value, CLOSED_EPOCH_NEVER_MOVES),
+            _is(REFUSED, CLOSED_EPOCH_NEVER_MOVES),
+        ),
+        (_is("finished"), _is(LeaseState.FINISHED.value, CLOSED_EPOCH_NEVER_MOVES)),
+        needs_lease_state_of=True,
+    ),
+    # --- a tree two levels deep in the child queue ---
+    Race(
+        "the finishes of a waiting child's last two children",
+        "child_tree",
+        ((_a(1, CLAIM_CHILDREN, 2), _is("child-3 attempt 1, child-4 attempt 1")),),
+        Side("child-3's finish", (_a(0, FINISH_CHILD, 2 * ATTEMPTS + 1),)),
+        Side("child-4's finish", (_a(1, FINISH_CHILD, 3 * ATTEMPTS + 1),)),
+        (_is("finished, 1 left"), _is("finished, 0 left", PARENT_WOKEN_ONCE), _any()),
+        (_is("finished, 1 left"), _is("finished, 0 left", PARENT_WOKEN_ONCE), _any()),
+        after=(_a(0, CLAIM_CHILD),),
+    ),
+    # --- pauses ---
+    Race(
+        "two answers of one pause",
+        "pause",
+        (),
+        Side("instance-1's answer", (_a(0, RESOLVE, 0),)),
+        Side("instance-2's answer", (_a(1, RESOLVE, 0),)),
+        (_is("resolved"), _is("not pending", PAUSE_ANSWERED_ONCE)),
+        (_is("resolved"), _is("not pending", PAUSE_ANSWERED_ONCE)),
+    ),
+    Race(
+        "an answer vs a cancel",
+        "pause",
+        (),
+        Side("answer", (_a(0, RESOLVE, 1),)),
+        Side("cancel", (_a(1, CANCEL, 1),)),
+        (_is("resolved"), _is("False", PAUSE_ANSWERED_ONCE)),
+        (_is("True"), _is("not pending", PAUSE_ANSWERED_ONCE)),
+    ),
+    Race(
+        "two takes of one answer",
+        "pause",
+        ((_a(0, RESOLVE, 0), _is("resolved")),),
+        Side("instance-1's take", (_a(0, TAKE, 0),)),
+        Side("instance-2's take", (_a(1, TAKE, 0),)),
+        (_is("True"), _is("False", PAUSE_ANSWERED_ONCE)),
+        (_is("True"), _is("False", PAUSE_ANSWERED_ONCE)),
+    ),
+    # --- the cost ledger ---
+    Race(
+        "two reservations past the budget",
+        "cost_ledger",
+        ((_a(0, RECORD_COST, 0), _is("recorded")),),
+        Side("instance-1's reservation", (_a(0, RESERVE, 50),)),
+        Side("instance-2's reservation", (_a(1, RESERVE, 50),)),
+        (_is("granted"), _is(REFUSED, SPEND_WITHIN_BUDGET)),
+        (_is("granted"), _is(REFUSED, SPEND_WITHIN_BUDGET)),
+    ),
 )
 """Both orders of every two-outcome race: finish vs take past the lease, release vs take,
 lease_state_of vs take and vs finish (and vs a late renewal), a write vs its lease's
 hand-over, two claims of one attempt, an ending vs a newer claim, two executions recording
 one business key, a claim vs its hand-over, a child's finish vs a restart of its attempt,
 the finishes of a parent's last two children, a claim after a takeover vs the other tree's
-claim, the stopped claimer's mark vs the reconciler's claim."""
+claim, the stopped claimer's mark vs the reconciler's claim, lease_state_of at an expired
+epoch vs its holder's release and finish, the finishes of a waiting child's last two
+children, two answers of one pause, an answer vs a cancel, two takes of one answer, two
+reservations past the budget."""
 
 
 def races_of(world: str, *, lease_state_of: bool) -> list[Race]:

@@ -25,11 +25,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from agboss_sql.contracts.types import ExecutionLease, QueuedChild
+from agboss_sql.contracts.types import ExecutionLease, LeaseState, QueuedChild
 from agboss_sql.testing.explorer._call_moves import CallMoves
-from agboss_sql.testing.explorer._child_moves import ChildMoves
 from agboss_sql.testing.explorer._lease_moves import LeaseMoves
-from agboss_sql.testing.explorer._model import ChildModel, Inst, InstanceStores, TreeModel
+from agboss_sql.testing.explorer._model import (
+    ChildModel,
+    Inst,
+    InstanceStores,
+    LedgerModel,
+    PauseModel,
+    TreeModel,
+)
+from agboss_sql.testing.explorer._store_moves import StoreMoves
+from agboss_sql.testing.explorer._tree_moves import TreeMoves
 from agboss_sql.testing.explorer._world import (
     _COMPLETED,
     _FAILED,
@@ -39,21 +47,26 @@ from agboss_sql.testing.explorer._world import (
     ATTEMPTS,
     BUSINESS_KEY,
     BUSINESS_KEY_WORLD,
+    CANCEL,
     CHILD_QUEUE_WORLD,
     CHILDREN,
     CLAIM,
     CLAIM_CHILD,
     CLAIM_CHILDREN,
+    CLAIM_WAKE,
+    CLOSED_EPOCH_NEVER_MOVES,
     EFFECT,
     END,
     FENCED_EFFECT_WORLD,
     FINISH,
     FINISH_CHILD,
+    GET,
     HANDOVER_WORLD,
     INVARIANTS,
     LEASE_MS,
     LEASE_STATE_OF,
     LEASE_WORLD,
+    MARK_WOKEN,
     NO_STALE_WRITE,
     NO_TAKEOVER_OF_FINISHED_WORK,
     ONE_EFFECT_PER_KEY,
@@ -63,8 +76,12 @@ from agboss_sql.testing.explorer._world import (
     RECLAIM,
     RECONCILE,
     RECORD,
+    RECORD_COST,
     RELEASE,
     RENEW,
+    RESERVATIONS,
+    RESERVE,
+    RESOLVE,
     RESTART,
     RUNNING,
     SEND,
@@ -74,9 +91,14 @@ from agboss_sql.testing.explorer._world import (
     STALE_LEASE_MOVES,
     START_MS,
     STORE_ERROR,
+    TAKE,
     TAKEOVER_WORLD,
     TIME,
+    TOTAL,
+    TREE,
+    UNWOKEN,
     WAIT_1MS,
+    WAIT_CHILDREN,
     WAIT_EXPIRY,
     WAIT_HALF,
     WORLDS,
@@ -94,7 +116,18 @@ def _rel(time_ms: int | None, now: int) -> int | None:
     return time_ms - now if time_ms >= now else -1
 
 
-class Sim(LeaseMoves, CallMoves, ChildMoves):
+_MOVED = frozenset(
+    {"renew: renewed", "yield: yielded", "reclaim: granted", "release: done", "finish: done"}
+)
+"""The answers of a lease move the store accepted."""
+
+_OVER = frozenset({LeaseState.SUPERSEDED, LeaseState.RELEASED, LeaseState.FINISHED})
+
+SPAWN = "spawn"
+"""The child-tree world's set-up step: a child queues its own children."""
+
+
+class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
     """The instances and the model of one run, over the stores of one skew."""
 
     # --- a schedule -----------------------------------------------------------------
@@ -118,9 +151,18 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         self.effect_value = None
         self.rows = {}
         self.charges = []
-        self.children = [ChildModel(c) for c in range(CHILDREN if self.world.queue else 0)]
-        self.woken_by = ""
+        if self.world.deep:
+            self.children = [ChildModel(c, parent, depth) for c, (parent, depth) in enumerate(TREE)]
+            for child in self.children:
+                child.queued = child.parent < 0
+        else:
+            self.children = [ChildModel(c) for c in range(CHILDREN if self.world.queue else 0)]
+        self.woken_by = {}
         self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
+        store = self.world.store
+        tenants = (tenant, f"{tenant}-b")
+        self.pauses = [PauseModel(t) for t in tenants] if store == "paused_execution" else []
+        self.ledgers = [LedgerModel(t) for t in tenants] if store == "cost_ledger" else []
 
     async def setup(self) -> None:
         """What a schedule starts from: the world's set-up steps made and checked (`Broken`
@@ -144,11 +186,15 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
                     f"the world's set-up did not reach its start ({'; '.join(log)}): the "
                     "contract grants each of these steps",
                 )
+        if self.pauses:
+            await self._save_pauses()
         if not self.world.queue:
             return
         queue = self.insts[0].stores.queue
         assert queue is not None
         for child in self.children:
+            if not child.queued:
+                continue
             await queue.enqueue(
                 QueuedChild(
                     tenant_id=self.tenant,
@@ -159,6 +205,24 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
                     payload={"child": child.index + 1},
                 )
             )
+        if self.world.deep:
+            # child-1 is claimed, queues its own children and waits for them.
+            log = []
+            self.setup_log = log
+            for action in ((0, CLAIM_CHILD, 0), (0, SPAWN, 0), (0, WAIT_CHILDREN, 1)):
+                try:
+                    await self.run(action, True, log)
+                except Broken as broken:
+                    raise Broken(
+                        broken.invariant,
+                        f"in the world's set-up ({'; '.join(log)}): {broken.message}",
+                    ) from None
+            if self.children[0].status.value != "waiting":
+                raise Broken(
+                    STORE_ERROR,
+                    f"the world's set-up did not reach its start ({'; '.join(log)}): the "
+                    "contract grants each of these steps",
+                )
 
     # --- the state ------------------------------------------------------------------
 
@@ -201,13 +265,22 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         rows = tuple(sorted((s, a, short(o)) for s, a, o in self.rows.values()))
         charges = tuple((a, short(o)) for _, a, o, _ in self.charges)
         children = tuple(child.key() for child in self.children)
-        return (trees, insts, self.effect_by, rows, charges, children, bool(self.woken_by))
+        extra = (
+            tuple(sorted(self.woken_by)),
+            tuple(p.key() for p in self.pauses),
+            tuple(g.key() for g in self.ledgers),
+            tuple((tuple(sorted(i.wakes)), tuple(sorted(i.wake_claims))) for i in self.insts),
+            tuple(tuple(sorted(t.decided)) for t in self.trees),
+        )
+        return (trees, insts, self.effect_by, rows, charges, children, extra)
 
     def deadlines(self) -> list[int]:
         """The instants a lease ends: the contract's expiries and the ones instances
         were answered."""
         found = [t.expires_at for t in self.trees if t.open()]
         found.extend(i.expiry for i in self.insts if i.holding and i.expiry is not None)
+        if self.world.deep:
+            found.extend(self.wake_deadlines())
         return found
 
     # --- what may happen next -------------------------------------------------------
@@ -220,6 +293,12 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         out: list[Action] = []
         for inst in self.insts:
             i = inst.index
+            if world.store:
+                self._store_steps(inst, out)
+                continue
+            if world.deep:
+                self._tree_steps(inst, out)
+                continue
             if world.queue:
                 # The first instance claims one child at a time, the others in batches of
                 # up to every child (one claim move each: the search stays as large).
@@ -250,7 +329,11 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
                     out.append((i, RECLAIM, 0))
                 if RELEASE in ops:
                     out.append((i, RELEASE, 0))
-            if LEASE_STATE_OF in ops and self.has_state and inst.tree.epoch:
+            if LEASE_STATE_OF in ops and self.has_state and world.tokens:
+                # Every token granted, and the next one (never granted yet).
+                for token in range(1, inst.tree.epoch + 2):
+                    out.append((i, LEASE_STATE_OF, token))
+            elif LEASE_STATE_OF in ops and self.has_state and inst.tree.epoch:
                 out.append((i, LEASE_STATE_OF, 0))
             if world.call and not inst.done:
                 self._protocol(inst, now, out)
@@ -262,6 +345,42 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         if now in deadlines:
             out.append((TIME, WAIT_1MS, 0))
         return out
+
+    def _store_steps(self, inst: Inst, out: list[Action]) -> None:
+        """The steps of a world of pauses or of the cost ledger, on either tenant."""
+        i = inst.index
+        for t in range(2):
+            if self.pauses:
+                out.extend(((i, RESOLVE, t), (i, TAKE, t), (i, CANCEL, t), (i, GET, t)))
+            else:
+                out.extend((i, RESERVE, t * ATTEMPTS + amount) for amount in RESERVATIONS)
+                out.extend(((i, RECORD_COST, t), (i, TOTAL, t)))
+
+    def _tree_steps(self, inst: Inst, out: list[Action]) -> None:
+        """The child-tree world's steps of `inst`: claim, list the running children, restart,
+        finish and wait with any attempt it saw, and the wakes it saw owed or claimed."""
+        i = inst.index
+        out.append((i, CLAIM_CHILD, 0) if i == 0 else (i, CLAIM_CHILDREN, CHILDREN))
+        out.append((i, RUNNING, 0))
+        for child, attempt in sorted(inst.attempts):
+            param = child * ATTEMPTS + attempt
+            out.append((i, RESTART, param))
+            model = self.children[child]
+            # A runtime finishes a child with children only once none of them is left to
+            # wait for: at its own attempt, while one runs, it waits instead.
+            if not (
+                model.attempt == attempt
+                and model.status.value == "running"
+                and self._unfinished_of(child)
+            ):
+                out.append((i, FINISH_CHILD, param))
+            if any(c.parent == child for c in self.children):
+                out.append((i, WAIT_CHILDREN, param))
+        out.append((i, UNWOKEN, 0))
+        for child in sorted(inst.wakes):
+            out.append((i, CLAIM_WAKE, child))
+        for child in sorted(inst.wake_claims):
+            out.append((i, MARK_WOKEN, child))
 
     def _stale_moves(self, inst: Inst, out: list[Action]) -> None:
         """What `inst` may do out of turn, as a zombie, a buggy runtime or a replayed
@@ -346,11 +465,50 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
         self.outcome = op
         if index == TIME:
             self._time(op, log)
+        elif self.world.tokens:
+            await self._closing_step(self.insts[index], op, param, check, log)
         else:
             await self._step(self.insts[index], op, param, check, log)
         if check:
             seen = self.outcomes
             seen[self.outcome] = seen.get(self.outcome, 0) + 1
+
+    async def _closing_step(
+        self, inst: Inst, op: str, param: int, check: bool, log: list[str] | None
+    ) -> None:
+        """A step of the lease-closing world: checked against the epochs `lease_state_of`
+        answered over, which never move again."""
+        tree = inst.tree
+        if op == LEASE_STATE_OF:
+            expected = tree.state_at(param, self.now)
+            state = await self._lease_state_of(inst, tree, param, check, log)
+            decided = tree.decided.get(param)
+            if check and state is not expected:
+                raise Broken(
+                    CLOSED_EPOCH_NEVER_MOVES,
+                    f"{inst.name}'s lease_state_of {tree.name} at {param} answered "
+                    f"{state.value} where the contract answers {expected.value}"
+                    + (
+                        f", after {decided[1]} was answered {decided[0].value} there"
+                        if decided
+                        else ""
+                    )
+                    + ": an epoch answered over never moves again",
+                )
+            if state in _OVER and decided is None:
+                tree.decided[param] = (state, inst.name)
+            return
+        epoch = param if op.startswith(STALE) else (inst.lease.lease_epoch if inst.lease else 0)
+        await self._step(inst, op, param, check, log)
+        moved = self.outcome[len(STALE) :] if self.outcome.startswith(STALE) else self.outcome
+        decided = tree.decided.get(epoch)
+        if check and moved in _MOVED and decided is not None:
+            raise Broken(
+                CLOSED_EPOCH_NEVER_MOVES,
+                f"{inst.name}'s {moved.split(':')[0]} of epoch {epoch} of {tree.name} was "
+                f"accepted after {decided[1]} was answered {decided[0].value} there by "
+                "lease_state_of: a closed epoch never moves again",
+            )
 
     async def _step(
         self, inst: Inst, op: str, param: int, check: bool, log: list[str] | None
@@ -361,6 +519,30 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
             await self._claim_child(inst, check, log)
         elif op == CLAIM_CHILDREN:
             await self._claim_children(inst, param, check, log)
+        elif op == WAIT_CHILDREN:
+            await self._wait(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == SPAWN:
+            await self._spawn(inst, param, log)
+        elif op == UNWOKEN:
+            await self._unwoken(inst, check, log)
+        elif op == CLAIM_WAKE:
+            await self._claim_wake(inst, param, check, log)
+        elif op == MARK_WOKEN:
+            await self._mark_woken(inst, param, check, log)
+        elif op == RESOLVE:
+            await self._resolve(inst, param, check, log)
+        elif op == TAKE:
+            await self._take(inst, param, check, log)
+        elif op == CANCEL:
+            await self._cancel(inst, param, check, log)
+        elif op == GET:
+            await self._get_pause(inst, param, check, log)
+        elif op == RESERVE:
+            await self._reserve(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == RECORD_COST:
+            await self._record_cost(inst, param, check, log)
+        elif op == TOTAL:
+            await self._total(inst, param, check, log)
         elif op == RUNNING:
             await self._running(inst, log)
         elif op == RESTART:
@@ -442,6 +624,11 @@ class Sim(LeaseMoves, CallMoves, ChildMoves):
                 f"{i.name}'s answered lease"
                 for i in self.insts
                 if i.holding and i.expiry == target and not ends
+            ]
+            ends += [
+                f"the claim of the wake {self.child_id(c.index)} owes"
+                for c in self.children
+                if c.wake_by and not c.woken_by and c.wake_until == target and not ends
             ]
             why = f" (to the expiry of {', '.join(ends)})"
         elif op == WAIT_1MS:

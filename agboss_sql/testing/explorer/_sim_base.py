@@ -23,7 +23,14 @@ from agboss_sql.contracts.types import (
     StepRef,
 )
 from agboss_sql.testing._case import BusinessRows
-from agboss_sql.testing.explorer._model import ChildModel, Inst, InstanceStores, TreeModel
+from agboss_sql.testing.explorer._model import (
+    ChildModel,
+    Inst,
+    InstanceStores,
+    LedgerModel,
+    PauseModel,
+    TreeModel,
+)
 from agboss_sql.testing.explorer._world import (
     BUSINESS_KEY,
     EFFECT_NAME,
@@ -68,8 +75,11 @@ class SimBase:
         self.rows: dict[str, View] = {}
         self.charges: list[tuple[str, int, str, str]] = []
         self.children: list[ChildModel] = []
-        self.woken_by = ""
-        """Which finish answered that no sibling is left (the last child's wake)."""
+        self.woken_by: dict[int, str] = {}
+        """By parent (-1: the root): which finish answered that no sibling is left (the
+        last child's wake)."""
+        self.pauses: list[PauseModel] = []
+        self.ledgers: list[LedgerModel] = []
         self.setup_log: list[str] = []
         """The world's set-up steps, each with the store's answer, as last made."""
         self.suffix = ""

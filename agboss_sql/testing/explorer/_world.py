@@ -1,5 +1,5 @@
 """The explorer's worlds and their vocabulary: the invariants, the steps an instance may
-make, the timings, and the six worlds by id."""
+make, the timings, and the ten worlds by id."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ ONE_EFFECT_PER_KEY = "one-effect-per-key"
 ONE_SEND_PER_BUSINESS_KEY = "one-send-per-business-key"
 NO_TAKEOVER_OF_FINISHED_WORK = "no-takeover-of-finished-work"
 STORE_ERROR = "store-error"
+CLOSED_EPOCH_NEVER_MOVES = "closed-epoch-never-moves"
+PAUSE_ANSWERED_ONCE = "pause-answered-once"
+SPEND_WITHIN_BUDGET = "spend-within-budget"
+PARENT_WOKEN_ONCE = "parent-woken-once"
 
 INVARIANTS = (
     ONE_LIVE_HOLDER,
@@ -48,6 +52,10 @@ INVARIANTS = (
     ONE_SEND_PER_BUSINESS_KEY,
     NO_TAKEOVER_OF_FINISHED_WORK,
     STORE_ERROR,
+    CLOSED_EPOCH_NEVER_MOVES,
+    PAUSE_ANSWERED_ONCE,
+    SPEND_WITHIN_BUDGET,
+    PARENT_WOKEN_ONCE,
 )
 """What the explorer checks after every step."""
 
@@ -90,6 +98,22 @@ RUNNING = "running"
 RESTART = "restart"
 FINISH_CHILD = "finish-child"
 ATTEMPTS = 1000
+# The deep tree's steps (the parameter of a wait is `child * 1000 + attempt`; of a wake's
+# claim and mark, the child that owes the wake).
+WAIT_CHILDREN = "wait-for-children"
+UNWOKEN = "unwoken"
+CLAIM_WAKE = "claim-wake"
+MARK_WOKEN = "mark-woken"
+# The pauses' steps: the parameter is the tenant (0 or 1).
+RESOLVE = "resolve"
+TAKE = "take"
+CANCEL = "cancel"
+GET = "get"
+# The cost ledger's steps: the parameter of a reservation is its amount in micros, of a
+# record its tenant (0 or 1).
+RESERVE = "reserve"
+RECORD_COST = "record-cost"
+TOTAL = "total"
 # Time, as a scheduled step of its own.
 WAIT_EXPIRY = "wait-to-expiry"
 WAIT_1MS = "wait-1ms"
@@ -138,6 +162,19 @@ class World:
     """How many trees the instances work on: instance `i` works on tree `i % trees`."""
     queue: bool = False
     """The world drives the child queue (and no lease)."""
+    deep: bool = False
+    """The child-queue world's tree is two levels deep: a child waits for its own children."""
+    store: str = ""
+    """For a world of a store that is no fencing store (`paused_execution`, `cost_ledger`):
+    that store, and no lease."""
+    tokens: bool = False
+    """`lease_state_of` is asked at every token (each granted one and the next), not only the
+    latest, and an epoch it closed is watched (`closed-epoch-never-moves`)."""
+    invariant: str = ""
+    """The invariant the world adds to the ones every world checks, as printed in docs."""
+    shallower: int = 0
+    """How many levels less than the asked depth `register` searches this world (its
+    states grow faster per level than the others')."""
     needs: tuple[str, ...] = ("execution_lease",)
     """The store contracts the world needs."""
     fencing: tuple[str, ...] = ()
@@ -215,6 +252,70 @@ CHILD_QUEUE_WORLD = World(
     needs=("child_queue",),
 )
 
+LEASE_CLOSING_WORLD = World(
+    "lease_closing",
+    "lease-closing world",
+    (ACQUIRE, RENEW, YIELD, RECLAIM, RELEASE, FINISH, LEASE_STATE_OF),
+    needs=("execution_lease", "outbound_call"),
+    fencing=("outbound_call",),
+    tokens=True,
+    invariant=CLOSED_EPOCH_NEVER_MOVES,
+)
+"""`lease_state_of` asked by any instance at every token (older epochs, the latest, one
+never granted) between the holder's own moves and its moves out of turn: once it answered
+an epoch is over (superseded, released, finished), that epoch is never live again and no
+renew, yield, reclaim, release or finish at it is accepted; each answer is the contract's
+for the lease as the store's answers built it."""
+
+CHILD_TREE_WORLD = World(
+    "child_tree",
+    "child-tree world",
+    (),
+    queue=True,
+    deep=True,
+    needs=("child_queue",),
+    invariant=PARENT_WOKEN_ONCE,
+    shallower=3,
+)
+"""A tree two levels deep in the child queue: the root's children child-1 and child-2,
+and child-1's own children child-3 and child-4. Every schedule starts with child-1 claimed
+(attempt 1), its children queued and child-1 waiting for them. Instances claim (one at a
+time, or in batches), list the running children, restart (rescue) and finish with any
+attempt they saw, ask `wait_for_children` at any attempt of child-1 they saw, and wake
+the parent a finish owes its wake to (`unwoken`, `claim_wake`, `mark_woken`, with time
+passing the wake's claim). A parent is woken exactly once per wait, and only when the
+last child it waits for is done: child-1 is claimable again only after both its children
+finished, and then claimed by one claimer; exactly one finish of a parent's last child
+answers none left; a wake is marked done by one claimer."""
+
+PAUSE_WORLD = World(
+    "pause",
+    "pause world",
+    (),
+    store="paused_execution",
+    needs=("paused_execution",),
+    invariant=PAUSE_ANSWERED_ONCE,
+)
+"""One pause id pending in each of two tenants; instances resolve, take (as themselves),
+cancel and read either tenant's pause in any order. A pause is answered once: resolved
+only while pending, taken by one taker (its retry answers True again, anyone else False),
+cancelled only while pending, each answer the contract's, and nothing done to one
+tenant's pause moves the other's."""
+
+COST_LEDGER_WORLD = World(
+    "cost_ledger",
+    "cost-ledger world",
+    (),
+    store="cost_ledger",
+    needs=("cost_ledger",),
+    invariant=SPEND_WITHIN_BUDGET,
+)
+"""Reservations of 50 and 30 micros against a limit of 100 on one execution's budget in
+each of two tenants (the same execution id), and an entry of 30 micros recorded (and
+replayed) in each, by any instance in any order. A reservation is granted exactly when
+the budget's total (entries and reservations) stays within the limit, an entry counts
+once per tenant, and a total read is the contract's sum: spend never goes above budget."""
+
 WORLDS: dict[str, World] = {
     world.ident: world
     for world in (
@@ -224,13 +325,31 @@ WORLDS: dict[str, World] = {
         BUSINESS_KEY_WORLD,
         TAKEOVER_WORLD,
         CHILD_QUEUE_WORLD,
+        LEASE_CLOSING_WORLD,
+        CHILD_TREE_WORLD,
+        PAUSE_WORLD,
+        COST_LEDGER_WORLD,
     )
 }
-"""The six worlds by id: the lease; the step's fenced effect; an outbound call handed
+"""The ten worlds by id: the lease; the step's fenced effect; an outbound call handed
 over on one tree; an outbound call under one business key from two trees; takeovers of a
 tree whose claimed attempt is pending while the other tree under the business key
 reconciles it; a parent's two children in the child queue (claim, restart, finish races,
-the last child's wake)."""
+the last child's wake); `lease_state_of`'s closing decisions at every token between the
+holder's moves; a tree two levels deep in the child queue; pauses in two tenants; the
+cost ledger's reservations."""
 
 CHILDREN = 2
 """How many children the child-queue world queues under its parent."""
+
+TREE = ((-1, 1), (-1, 1), (0, 2), (0, 2))
+"""The child-tree world's children, by index: (parent's index, -1 for the root; depth)."""
+
+BUDGET_MICROS = 100
+"""The cost-ledger world's limit on each tenant's execution budget."""
+RESERVATIONS = (50, 30)
+"""The amounts the cost-ledger world reserves."""
+ENTRY_MICROS = 30
+"""The cost of the entry the cost-ledger world records."""
+WAKE_CLAIM_MS = LEASE_MS
+"""How long a wake's claim lasts in the child-tree world."""
