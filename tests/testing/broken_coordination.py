@@ -257,3 +257,35 @@ class LogOfEveryTenant(InMemoryExecutionLeaseEventRepository):
 
     async def list(self, tenant_id: str, execution_id: str) -> Any:
         return [e for e in self.memory.lease_events if e.execution_id == execution_id]
+
+
+class CancelChecksItsTenantCancelsEvery(InMemoryPausedExecutionRepository):
+    """Checks its tenant's pause is pending, then cancels the pending pause of that id in
+    every tenant (the tenant kept in the read, left out of the write)."""
+
+    async def cancel(self, tenant_id: str, pause_id: str) -> bool:
+        if not await super().cancel(tenant_id, pause_id):
+            return False
+        for tenant, pid in list(self.memory.pauses):
+            if pid == pause_id and tenant != tenant_id:
+                await super().cancel(tenant, pid)
+        return True
+
+
+class TransitionChecksItsTenantMovesEvery(InMemoryExecutionRecordRepository):
+    """Compares its tenant's status, then moves the run of that id in every tenant whose
+    status is the one expected."""
+
+    async def transition(
+        self,
+        tenant_id: str,
+        execution_id: str,
+        expected: ExecutionRecordStatus,
+        new: ExecutionRecordStatus,
+    ) -> bool:
+        if not await super().transition(tenant_id, execution_id, expected, new):
+            return False
+        for tenant, eid in list(self.memory.records):
+            if eid == execution_id and tenant != tenant_id:
+                await super().transition(tenant, eid, expected, new)
+        return True

@@ -117,6 +117,8 @@ ONLY_THE_FAMILY = [
     (broken.CancelOfAnyTenant, "rows", "tenant-isolation"),
     (broken.CancelledRunsRequeue, "rows", "record-states"),
     (broken.CompleteOfAnyTenant, "rows", "tenant-isolation"),
+    (broken.CancelChecksItsTenantCancelsEvery, "rows", "tenant-isolation"),
+    (broken.TransitionChecksItsTenantMovesEvery, "rows", "tenant-isolation"),
     (broken.ConflictOnlyWhileOpen, "rows", "mesh-states"),
     (broken.ClaimsAWokenWake, "rows", "wake-claim"),
     (broken.WakesWaitingEntryOfAnyTenant, "tenants", "tenant-isolation"),

@@ -16,7 +16,11 @@ ids of its own:
   equal, by instance 1, then by instance 2. The op answers what it answers when the row is
   absent, `tenant-1`'s row reads what the op leaves an absent row as, and `tenant-2`'s row
   reads back exactly as before (its full snapshot, not its label): an op under one tenant
-  never changes, cancels, completes, wakes or counts anything of another.
+  never changes, cancels, completes, wakes or counts anything of another;
+- both tenants (the same stores and states): both rows brought to the state, the op under
+  `tenant-1` answers and leaves `tenant-1`'s row as in the first variant, and
+  `tenant-2`'s row reads back exactly as before (a store that reads the row by its tenant
+  but writes it by its id alone moves both).
 
 An answer is normalised by the op (a bool, a count, a label, or the name of the contract
 error it raised); `None` in `Op.answers` leaves the answer unchecked (a purge counts every
@@ -168,6 +172,35 @@ async def _other_tenant(table: Table, op: Op, state: RowState, cell: Cell, insta
     )
 
 
+async def _both_tenants(table: Table, op: Op, state: RowState, cell: Cell, instance: int) -> None:
+    assert table.snapshot is not None
+    theirs = cell.under(OTHER_TENANT)
+    what = (
+        f"{op.name} under {TENANT} by instance {instance + 1} on {table.what} {state.name}, "
+        f"with {OTHER_TENANT}'s of the same ids {state.name} too"
+    )
+    await state.reach(theirs)
+    await state.reach(cell)
+    before = await table.snapshot(theirs)
+    answer = await op.run(cell, instance)
+    wanted = op.answers[state.name]
+    if wanted is not UNCHECKED:
+        expect(answer == wanted, "tenant-isolation", f"{what} answered {answer!r}, not {wanted!r}")
+    after = await table.snapshot(theirs)
+    expect(
+        after == before,
+        "tenant-isolation",
+        f"{what} changed {OTHER_TENANT}'s row: {before!r} -> {after!r}",
+    )
+    mine = await table.label(cell)
+    expected = _expected_after(op, state)
+    expect(
+        mine == expected,
+        "tenant-isolation",
+        f"after {what}, {TENANT}'s row reads {mine!r}, not {expected!r}",
+    )
+
+
 def _cell_case(table: Table, op: Op, state: RowState) -> Callable[[CaseContext], Awaitable[None]]:
     async def run(ctx: CaseContext) -> None:
         w = World(ctx)
@@ -179,6 +212,8 @@ def _cell_case(table: Table, op: Op, state: RowState) -> Callable[[CaseContext],
         for instance in (0, 1):
             cell = Cell(ctx, table.contract, TENANT, w.name(table.contract))
             await _other_tenant(table, op, state, cell, instance)
+            cell = Cell(ctx, table.contract, TENANT, w.name(table.contract))
+            await _both_tenants(table, op, state, cell, instance)
 
     return run
 
