@@ -320,6 +320,16 @@ async def _wait(cell: Cell, i: int) -> Any:
     return None if got is None else (got.waiting, got.remaining)
 
 
+async def _restart(cell: Cell, i: int) -> Any:
+    got = await cell.store(i).restart(cell.id, await _attempt(cell))
+    return None if got is None else "restarted"
+
+
+async def _finish(cell: Cell, i: int) -> Any:
+    done = await cell.store(i).finish(cell.id, {"late": True}, attempt=await _attempt(cell))
+    return (done.finished, done.remaining)
+
+
 async def _claim_wake(cell: Cell, i: int) -> Any:
     return await cell.store(i).claim_wake(cell.id, CLAIMER, CLAIM_MS)
 
@@ -391,6 +401,26 @@ WAKE_TABLE = Table(
             _enqueue_many,
             _all("0 queued", absent="1 queued"),
             {ABSENT: "queued"},
+        ),
+        Op(
+            "restart at its current attempt",
+            _restart,
+            _all(None, running="restarted"),
+        ),
+        Op(
+            "finish at its current attempt",
+            _finish,
+            _all(
+                (True, 0),
+                absent=(False, 0),
+                queued=(False, 1),
+                running=(True, 0),
+                **{
+                    "waiting for its own children": (False, 1),
+                    "finished with a sibling unfinished": (True, 1),
+                },
+            ),
+            {"running": OWES},
         ),
         Op(
             "wait_for_children at its current attempt",
