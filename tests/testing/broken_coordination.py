@@ -289,3 +289,26 @@ class TransitionChecksItsTenantMovesEvery(InMemoryExecutionRecordRepository):
             if eid == execution_id and tenant != tenant_id:
                 await super().transition(tenant, eid, expected, new)
         return True
+
+
+class FinishesAWaitingChild(InMemoryChildExecutionQueueRepository):
+    """Finishes a child waiting for its own children as if it ran (`status in (running,
+    waiting)` for `running`)."""
+
+    async def finish(
+        self, child_execution_id: str, outcome: Any, *, attempt: int | None = None
+    ) -> Any:
+        row = self.memory.children.get(child_execution_id)
+        if row is not None and row.status is ChildStatus.WAITING:
+            row.status = ChildStatus.RUNNING
+        return await super().finish(child_execution_id, outcome, attempt=attempt)
+
+
+class RestartsAWaitingChild(InMemoryChildExecutionQueueRepository):
+    """Restarts a child waiting for its own children (a rescue of a waiting child)."""
+
+    async def restart(self, child_execution_id: str, attempt: int) -> Any:
+        row = self.memory.children.get(child_execution_id)
+        if row is not None and row.status is ChildStatus.WAITING:
+            row.status = ChildStatus.RUNNING
+        return await super().restart(child_execution_id, attempt)

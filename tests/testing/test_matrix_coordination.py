@@ -120,7 +120,7 @@ ONLY_THE_FAMILY = [
     (broken.CancelChecksItsTenantCancelsEvery, "rows", "tenant-isolation"),
     (broken.TransitionChecksItsTenantMovesEvery, "rows", "tenant-isolation"),
     (broken.ConflictOnlyWhileOpen, "rows", "mesh-states"),
-    (broken.ClaimsAWokenWake, "rows", "wake-claim"),
+    (broken.ClaimsAWokenWake, "rows", "child-states"),
     (broken.WakesWaitingEntryOfAnyTenant, "tenants", "tenant-isolation"),
     (broken.ApplicationReserveAgainstEveryTenant, "tenants", "tenant-isolation"),
 ]
@@ -138,6 +138,8 @@ ALSO_THE_FAMILY = [
     (broken.RefusesAWindowFilledExactly, "rows", "window-states"),
     (broken.PauseLastWins, "rows", "pause-never-shortens"),
     (broken.LogOfEveryTenant, "rows", "tenant-isolation"),
+    (broken.FinishesAWaitingChild, "rows", "child-states"),
+    (broken.RestartsAWaitingChild, "rows", "child-states"),
 ]
 """Broken stores the matrix catches beside hand-picked cases: (store, family, rule)."""
 

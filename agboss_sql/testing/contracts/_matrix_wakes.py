@@ -387,7 +387,7 @@ def _all(value: Any, **but: Any) -> dict[str, Any]:
 WAKE_TABLE = Table(
     contract=CHILD_QUEUE,
     what="a child",
-    rule="wake-claim",
+    rule="child-states",
     states=_CHILD_STATES,
     ops=(
         Op(
