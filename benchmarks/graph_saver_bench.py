@@ -39,6 +39,7 @@ import os
 import shutil
 import sqlite3
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -418,24 +419,55 @@ def print_row(row: dict[str, Any]) -> None:
     print(" ".join(cells), flush=True)
 
 
+FRAMING = ("BEGIN", "BEGIN IMMEDIATE", "COMMIT")
+
+
 def statements_per_invoke(url: URL) -> str:
-    """What our saver sends for one sync `invoke` of the 4-node graph on a new thread (an
-    input step and 4 node steps: 5 super-steps, each a put, and a put_writes per task): the
-    statements the connection's listener sees, BEGIN/COMMIT counted apart, by operation."""
+    """What our saver sends for one sync `invoke` of the 4-node graph on a new thread, counted,
+    not assumed: the saver's calls (a `put` per super-step, the input's included; a
+    `put_writes` per task; the `get_tuple` that starts the run), and the texts the
+    connection's listener sees during each kind of call (BEGIN/COMMIT sent alone and scripts
+    counted apart). A super-step is its `put` and the `put_writes` of its tasks; on a server
+    each text is one round trip."""
     url = fresh(url, 0, Contestant(OURS, url))
-    sent: list[str] = []
+    calls: dict[str, int] = dict.fromkeys(("put", "put_writes", "get_tuple"), 0)
+    texts: dict[str, list[str]] = {name: [] for name in calls}
+    current = threading.local()
     with SqlCheckpointSaver.from_conn_string(url) as saver:
-        saver.connection.add_statement_listener(lambda sql, _: sent.append(sql))
+        saver.connection.add_statement_listener(
+            lambda sql, _: texts[getattr(current, "call", "get_tuple")].append(sql)
+        )
+        for name in calls:
+            method = getattr(saver, name)
+
+            def counted(*args: Any, _name: str = name, _method: Any = method, **kw: Any) -> Any:
+                current.call = _name
+                calls[_name] += 1
+                try:
+                    return _method(*args, **kw)
+                finally:
+                    current.call = None
+
+            setattr(saver, name, counted)
         graph = small_graph().compile(checkpointer=saver)
         graph.invoke(small_input(), config(str(uuid.uuid4())))
-    framing = sum(
-        1 for sql in sent if sql.strip().upper() in ("BEGIN", "BEGIN IMMEDIATE", "COMMIT")
-    )
-    scripts = sum(1 for sql in sent if sql.startswith("BEGIN;"))
+
+    def described(name: str) -> str:
+        sent = texts[name]
+        framing = sum(1 for sql in sent if sql.strip().upper() in FRAMING)
+        scripts = sum(1 for sql in sent if sql.startswith("BEGIN;"))
+        each = len(sent) / max(calls[name], 1)
+        return (
+            f"{calls[name]} {name}: {len(sent)} texts ({each:.1f} each; "
+            f"{framing} BEGIN/COMMIT alone, {scripts} scripts)"
+        )
+
+    steps = max(calls["put"], 1)
+    writes = len(texts["put"]) + len(texts["put_writes"])
     return (
-        f"{url.get_backend_name()}: one invoke (5 super-steps: 5 put, 4 put_writes, 1 get_tuple) "
-        f"sent {len(sent)} texts: {framing} BEGIN/COMMIT alone, {scripts} scripts "
-        "(BEGIN, statements, COMMIT in one text), the rest single statements"
+        f"{url.get_backend_name()}: one invoke: "
+        + "; ".join(described(name) for name in ("put", "put_writes", "get_tuple"))
+        + f"; per super-step (a put and its tasks' put_writes) {writes / steps:.1f} texts"
     )
 
 
