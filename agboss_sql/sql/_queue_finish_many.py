@@ -20,8 +20,8 @@ woken, i.e. whose count reached 0):
 | | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
 |---|---|---|---|
 | lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
-| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | p + k | 2p + k |
-| waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | w | w |
+| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | 2 (`UPDATE … FROM json_each(…)`: the counts, then the children) | 2p + k |
+| waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | 1 when w > 0 | w |
 
 A batch of 10 children (of one parent or of ten) is 2 statements and one commit on
 PostgreSQL, where 10 `finish` calls are 30 statements and 10 commits; the parents' counts
@@ -30,6 +30,7 @@ stay locked for the commit only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +86,11 @@ class FinishManyStatements:
     def __init__(self, b: SqlBuilder) -> None:
         self.ops = b.ops
         self.arrays = b.ops.NAME == "postgresql"
+        self.documents = b.ops.NAME == "sqlite"
         self._locks: dict[int, Any] = {}
         now = sa.bindparam("now", type_=sa.BigInteger)
+        if self.documents:
+            self._build_documents(now)
         if not self.arrays:
             return
         text_array = postgresql.ARRAY(sa.Text())
@@ -181,6 +185,49 @@ class FinishManyStatements:
             .table_valued("t", "p")
             .render_derived()
         )
+        self.wake_waiting_parents = (
+            sa.update(C)
+            .where(
+                C.c.tenant_id == woken.c.t,
+                C.c.child_execution_id == woken.c.p,
+                C.c.status == sa.bindparam("waiting"),
+            )
+            .values(status=sa.bindparam("queued"))
+        )
+
+    def _build_documents(self, now: Any) -> None:
+        """SQLite: the counts, the children and the wakes of a batch each as one `UPDATE …
+        FROM` a JSON document of its rows (`json_each`), not one statement per row."""
+
+        def rows(name: str, *fields: str) -> Any:
+            each = sa.func.json_each(sa.bindparam(name, type_=sa.Text())).table_valued("value")
+            return sa.select(
+                *(
+                    sa.func.json_extract(each.c.value, f"$[{i}]").label(field)
+                    for i, field in enumerate(fields)
+                )
+            ).subquery(name)
+
+        taken = rows("counts", "t", "p", "n")
+        self.take_counts = (
+            sa.update(P)
+            .where(P.c.tenant_id == taken.c.t, P.c.parent_execution_id == taken.c.p)
+            .values(unfinished=P.c.unfinished - taken.c.n)
+            .returning(P.c.tenant_id, P.c.parent_execution_id, P.c.unfinished)
+        )
+        ended = rows("ended", "r", "o", "a", "n")
+        self.finish_children = (
+            sa.update(C)
+            .where(C.c.id == ended.c.r)
+            .values(
+                status=sa.bindparam("finished"),
+                outcome=ended.c.o,
+                finished_at=now,
+                finished_attempt=ended.c.a,
+                finish_remaining=ended.c.n,
+            )
+        )
+        woken = rows("emptied", "t", "p")
         self.wake_waiting_parents = (
             sa.update(C)
             .where(
@@ -372,6 +419,13 @@ class FinishManyMethods:
         the counts before the batch. A parent with finishes must have a count."""
         order = sorted(taken)
         before: dict[tuple[str, str], int] = {}
+        if sql.documents:
+            changed = [[t, p, taken[(t, p)]] for t, p in order if taken[(t, p)]]
+            if changed:
+                result = yield Exec(sql.take_counts, {"counts": json.dumps(changed)})
+                for tenant_id, parent_id, left in result.rows:
+                    before[(tenant_id, parent_id)] = int(left) + taken[(tenant_id, parent_id)]
+            order = [p for p in order if p not in before]
         for parent in order:
             of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
             n = taken[parent]
@@ -389,13 +443,15 @@ class FinishManyMethods:
                     raise _missing(parent)
                 yield Exec(parents.take_n, {**of, "n": n})
                 before[parent] = int(row[0])
-        for parent in order:
-            before.setdefault(parent, 0)
         return before
 
     def _store_finishes(
         self, sql: FinishManyStatements, stored: list[tuple[int, str, int, int]], now: int
     ) -> Step[None]:
+        if sql.documents:
+            params = {"ended": json.dumps(stored), "finished": FINISHED, "now": now}
+            yield Exec(sql.finish_children, params)
+            return
         for row_id, outcome, attempt, remaining in stored:
             yield Exec(
                 self._sql.finish_locked,
@@ -421,6 +477,9 @@ class FinishManyMethods:
                 "queued": QUEUED,
                 "waiting": WAITING,
             }
+            woke = (yield Exec(sql.wake_waiting_parents, params)).rowcount
+        elif sql.documents:
+            params = {"emptied": json.dumps(emptied), "queued": QUEUED, "waiting": WAITING}
             woke = (yield Exec(sql.wake_waiting_parents, params)).rowcount
         else:
             for tenant_id, parent_id in emptied:
