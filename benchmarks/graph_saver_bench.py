@@ -26,6 +26,10 @@ starts from empty tables (a new file on SQLite), and the contestants take turns 
 that alternates between repetitions. Ratio = their time / ours (above 1: ours is faster);
 the table gives the median over the repetitions and the range. `uptime`'s load is printed
 first: figures taken on a loaded machine say so.
+
+`--costs N` first makes the saver calls of one sync invoke again N times apart from the graph,
+for each saver: CPU per kind of call and, on SQLite, the log frames (pages) each commit
+writes; and times the graph with a saver that stores nothing (what no saver can go under).
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import itertools
 import operator
 import os
 import shutil
 import sqlite3
 import statistics
+import struct
 import threading
 import time
 import uuid
@@ -48,6 +54,7 @@ from typing import Annotated, Any, TypedDict
 
 import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from sqlalchemy.engine import URL, make_url
@@ -471,6 +478,102 @@ def statements_per_invoke(url: URL) -> str:
     )
 
 
+# --- costs: what one invoke's saver calls cost, apart from the graph -----------------------
+
+
+class NullSaver(BaseCheckpointSaver[str]):
+    """Stores nothing: what a compiled graph costs with a checkpointer, the saver aside."""
+
+    def get_tuple(self, config: Any) -> None:
+        return None
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        return {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        return None
+
+
+def _wal_frames(database: str) -> int | None:
+    """The frames in a SQLite database's write-ahead log: `mxFrame` of the WAL-index header
+    (bytes 16-20 of the `-shm` file, native byte order; sqlite.org/walformat.html)."""
+    try:
+        with open(database + "-shm", "rb") as shm:
+            header = shm.read(20)
+    except FileNotFoundError:
+        return None
+    return struct.unpack("=I", header[16:20])[0] if len(header) == 20 else None
+
+
+def call_costs(c: Contestant, invokes: int) -> str:
+    """The saver calls of one sync `invoke` of the 4-node graph, recorded, then made again
+    on `invokes` new threads in one thread with no graph around them: CPU per call of each
+    kind (this thread's), and on SQLite the log frames each writes (a frame is a page written
+    by a commit; the ones a log checkpoint resets are left out)."""
+    recorded: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    cpu: dict[str, float] = {}
+    frames: dict[str, list[int]] = {}
+    counts: dict[str, int] = {}
+    database = c.url.database if c.url.get_backend_name() == "sqlite" else None
+    with c.sync_saver() as saver:
+        originals = {name: getattr(saver, name) for name in ("get_tuple", "put", "put_writes")}
+        for name, method in originals.items():
+
+            def record(*args: Any, _name: str = name, _method: Any = method, **kw: Any) -> Any:
+                recorded.append((_name, copy.deepcopy(args), copy.deepcopy(kw)))
+                return _method(*args, **kw)
+
+            setattr(saver, name, record)
+        small_graph().compile(checkpointer=saver).invoke(small_input(), config("recorded"))
+        for name, method in originals.items():
+            setattr(saver, name, method)
+        for _ in range(invokes):
+            thread = str(uuid.uuid4())
+            for name, args, kw in recorded:
+                given = {
+                    **args[0],
+                    "configurable": {**args[0]["configurable"], "thread_id": thread},
+                }
+                before = _wal_frames(database) if database else None
+                started = time.thread_time()
+                originals[name](given, *args[1:], **kw)
+                cpu[name] = cpu.get(name, 0.0) + time.thread_time() - started
+                counts[name] = counts.get(name, 0) + 1
+                after = _wal_frames(database) if database else None
+                if before is not None and after is not None and after >= before:
+                    frames.setdefault(name, []).append(after - before)
+    cells = []
+    for name in ("get_tuple", "put", "put_writes"):
+        cell = f"{name} {cpu[name] * 1e6 / counts[name]:.0f} us"
+        if frames.get(name):
+            cell += f", {statistics.mean(frames[name]):.1f} frames"
+        cells.append(cell)
+    per_invoke = sum(cpu.values()) * 1000 / invokes
+    return f"{c.label}: CPU per call: {'; '.join(cells)}; per invoke {per_invoke:.3f} ms"
+
+
+def graph_floor(invokes: int) -> str:
+    """The 4-node graph's own time per sync invoke with a checkpointer that stores nothing."""
+    graph = small_graph().compile(checkpointer=NullSaver())
+    started, cpu = time.perf_counter(), time.process_time()
+    for _ in range(invokes):
+        graph.invoke(small_input(), config(str(uuid.uuid4())))
+    wall = (time.perf_counter() - started) * 1000 / invokes
+    return f"the graph alone (a saver storing nothing): {wall:.3f} ms/invoke, CPU {(time.process_time() - cpu) * 1000 / invokes:.3f} ms"
+
+
+def costs(urls: list[URL], invokes: int) -> None:
+    print("# costs: " + graph_floor(invokes))
+    for url in urls:
+        contestants = [Contestant(OURS, url)]
+        for name, module in official_names(url):
+            if installed(module):
+                contestants.append(Contestant(name, url, normal=url.get_backend_name() == "sqlite"))
+        for c in contestants:
+            c.url = fresh(url, 0, c)
+            print(f"# costs: {url.get_backend_name()} {call_costs(c, invokes)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", action="append", required=True, help="a database URL; repeat")
@@ -482,6 +585,14 @@ def main() -> None:
         help="workload size: 0.5 (the default) runs 300 threads, 60 turns, histories of 210; "
         "1.0 twice that; 0.1 a smoke run",
     )
+    parser.add_argument(
+        "--costs",
+        type=int,
+        default=0,
+        metavar="INVOKES",
+        help="first, the saver calls of one invoke made again INVOKES times apart from the "
+        "graph (CPU per call, SQLite log frames), and the graph's own time (0: skip)",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"# load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
@@ -490,6 +601,8 @@ def main() -> None:
     urls = [make_url(u) for u in args.url]
     for url in urls:
         print("# " + statements_per_invoke(url))
+    if args.costs:
+        costs(urls, args.costs)
     measure(urls, args.repetitions, args.scale)
     print(f"# {time.perf_counter() - started:.0f} s")
 

@@ -1,6 +1,7 @@
 """`benchmarks/graph_saver_bench.py` runs end to end on a SQLite file at a smoke size: every
 path measured for our saver and the official one at both durabilities, the statements of
-one invoke counted by kind of call, and a ratio per contestant."""
+one invoke counted by kind of call, the costs per call of each saver apart from the graph, and a
+ratio per contestant."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
             "0.02",
             "--repetitions",
             "1",
+            "--costs",
+            "3",
         ],
         capture_output=True,
         text=True,
@@ -43,3 +46,7 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
     # the four nodes); the get_tuple that starts the run.
     assert "6 put: " in counted and "5 put_writes: " in counted, counted
     assert "1 get_tuple: " in counted and "per super-step" in counted, counted
+    costs = [line for line in done.stdout.splitlines() if line.startswith("# costs: ")]
+    assert len(costs) == 3 and "storing nothing" in costs[0], done.stdout
+    for line in costs[1:]:
+        assert "put_writes" in line and "frames" in line, line
