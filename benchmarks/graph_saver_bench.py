@@ -508,12 +508,14 @@ def _wal_frames(database: str) -> int | None:
 def call_costs(c: Contestant, invokes: int) -> str:
     """The saver calls of one sync `invoke` of the 4-node graph, recorded, then made again
     on `invokes` new threads in one thread with no graph around them: CPU per call of each
-    kind (this thread's), and on SQLite the log frames each writes (a frame is a page written
-    by a commit; the ones a log checkpoint resets are left out)."""
+    kind (this thread's) and the wall time of an invoke's calls, and on SQLite the log
+    frames each writes (a frame is a page written by a commit; the ones a log checkpoint
+    resets are left out)."""
     recorded: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
     cpu: dict[str, float] = {}
     frames: dict[str, list[int]] = {}
     counts: dict[str, int] = {}
+    wall = 0.0
     database = c.url.database if c.url.get_backend_name() == "sqlite" else None
     with c.sync_saver() as saver:
         originals = {name: getattr(saver, name) for name in ("get_tuple", "put", "put_writes")}
@@ -535,9 +537,10 @@ def call_costs(c: Contestant, invokes: int) -> str:
                     "configurable": {**args[0]["configurable"], "thread_id": thread},
                 }
                 before = _wal_frames(database) if database else None
-                started = time.thread_time()
+                started, waited = time.thread_time(), time.perf_counter()
                 originals[name](given, *args[1:], **kw)
                 cpu[name] = cpu.get(name, 0.0) + time.thread_time() - started
+                wall += time.perf_counter() - waited
                 counts[name] = counts.get(name, 0) + 1
                 after = _wal_frames(database) if database else None
                 if before is not None and after is not None and after >= before:
@@ -549,7 +552,10 @@ def call_costs(c: Contestant, invokes: int) -> str:
             cell += f", {statistics.mean(frames[name]):.1f} frames"
         cells.append(cell)
     per_invoke = sum(cpu.values()) * 1000 / invokes
-    return f"{c.label}: CPU per call: {'; '.join(cells)}; per invoke {per_invoke:.3f} ms"
+    return (
+        f"{c.label}: CPU per call: {'; '.join(cells)}; per invoke {per_invoke:.3f} ms of CPU, "
+        f"{wall * 1000 / invokes:.3f} ms of wall time"
+    )
 
 
 def graph_floor(invokes: int) -> str:
@@ -559,7 +565,8 @@ def graph_floor(invokes: int) -> str:
     for _ in range(invokes):
         graph.invoke(small_input(), config(str(uuid.uuid4())))
     wall = (time.perf_counter() - started) * 1000 / invokes
-    return f"the graph alone (a saver storing nothing): {wall:.3f} ms/invoke, CPU {(time.process_time() - cpu) * 1000 / invokes:.3f} ms"
+    spent = (time.process_time() - cpu) * 1000 / invokes
+    return f"the graph alone (a saver storing nothing): {wall:.3f} ms/invoke, CPU {spent:.3f} ms"
 
 
 def costs(urls: list[URL], invokes: int) -> None:
