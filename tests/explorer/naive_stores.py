@@ -10,11 +10,13 @@ effects on the caller's clock, a queue finish without the attempt compare, ends 
 attempt that trust a finished lease; for the worlds of the other stores: a `lease_state_of`
 that reads the lease's flags before it compares the token, a queue that wakes a waiting
 parent at any of its children's finish, a pause's take that answers True to anyone's retry,
-reservations that leave the recorded entries out of the budget.
+reservations that leave the recorded entries out of the budget, reservations checked,
+then added in a second step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -389,6 +391,30 @@ class ReservationsIgnoreEntries(InMemoryCostLedgerRepository):
         return True
 
 
+class ReservationsCheckThenAdd(InMemoryCostLedgerRepository):
+    """Reservations that read the total, then add in a second step (a round trip between,
+    as two statements outside one transaction would): reservations made at once all see
+    the total before any of them is added."""
+
+    async def try_reserve(
+        self,
+        scope: BudgetScope,
+        key: str,
+        amount_micros: int,
+        limit_micros: int,
+        *,
+        tenant_id: str | None = None,
+    ) -> bool:
+        spent = (await self.total(scope, key, tenant_id=tenant_id)).cost_micros
+        if spent + amount_micros > limit_micros:
+            return False
+        await asyncio.sleep(0)  # the round trip between the read and the write
+        _, tenant = checked_budget_key(scope, key, tenant_id)
+        slot = (BudgetScope(scope), tenant, key)
+        self.memory.reservations[slot] = self.memory.reservations.get(slot, 0) + amount_micros
+        return True
+
+
 @dataclass
 class MemorySet:
     """An in-memory store set on one backend, as `explore` takes it."""
@@ -483,6 +509,7 @@ __all__ = [
     "RenewIgnoresYield",
     "QueueFinishWithoutCompare",
     "RenewWhateverTheTime",
+    "ReservationsCheckThenAdd",
     "ReservationsIgnoreEntries",
     "TakeRetriesForAnyone",
     "WakesAWaitingParentEarly",

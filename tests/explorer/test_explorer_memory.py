@@ -197,6 +197,8 @@ REACHED: dict[str, tuple[str, ...]] = {
         "reserve: refused",
         "record-cost: recorded",
         "record-cost: replayed",
+        "reserve-together: 1 granted",
+        "reserve-together: 2 granted",
         "total: read",
     ),
 }

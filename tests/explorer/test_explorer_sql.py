@@ -81,10 +81,10 @@ DEEP_BUDGET: dict[str, tuple[int, int]] = {"embedded": (8, 1000), "server": (7, 
 """(depth, walks) with `AGBOSS_EXPLORER_DEEP=1`: tens of minutes per database."""
 
 OTHER_BUDGET: dict[str, dict[str, tuple[int, int]]] = {
-    "lease_closing": {"embedded": (5, 50), "server": (3, 10)},
-    "child_tree": {"embedded": (4, 30), "server": (2, 5)},
-    "pause": {"embedded": (6, 50), "server": (2, 10)},
-    "cost_ledger": {"embedded": (4, 50), "server": (2, 10)},
+    "lease_closing": {"embedded": (4, 30), "server": (3, 5)},
+    "child_tree": {"embedded": (3, 20), "server": (2, 5)},
+    "pause": {"embedded": (5, 30), "server": (2, 5)},
+    "cost_ledger": {"embedded": (3, 30), "server": (2, 5)},
 }
 """(depth, walks) of the worlds of the other stores in the default run: under 20 s for
 the four together on each database on a loaded two-core machine (measured; figures in

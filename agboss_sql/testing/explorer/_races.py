@@ -39,6 +39,7 @@ from agboss_sql.testing.explorer._world import (
     RELEASE,
     RENEW,
     RESERVE,
+    RESERVE_TOGETHER,
     RESOLVE,
     RESTART,
     RUNNING,
@@ -431,6 +432,15 @@ RACES: tuple[Race, ...] = (
         Side("instance-2's reservation", (_a(1, RESERVE, 50),)),
         (_is("granted"), _is(REFUSED, SPEND_WITHIN_BUDGET)),
         (_is("granted"), _is(REFUSED, SPEND_WITHIN_BUDGET)),
+    ),
+    Race(
+        "reservations at once vs a reservation",
+        "cost_ledger",
+        ((_a(0, RECORD_COST, 0), _is("recorded")),),
+        Side("reservations at once", (_a(0, RESERVE_TOGETHER, 50),)),
+        Side("instance-2's reservation", (_a(1, RESERVE, 30),)),
+        (_is("1 granted", SPEND_WITHIN_BUDGET), _is(REFUSED, SPEND_WITHIN_BUDGET)),
+        (_is("granted"), _is("0 granted", SPEND_WITHIN_BUDGET)),
     ),
 )
 """Both orders of every two-outcome race: finish vs take past the lease, release vs take,

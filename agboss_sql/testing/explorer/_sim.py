@@ -81,6 +81,7 @@ from agboss_sql.testing.explorer._world import (
     RENEW,
     RESERVATIONS,
     RESERVE,
+    RESERVE_TOGETHER,
     RESOLVE,
     RESTART,
     RUNNING,
@@ -355,6 +356,9 @@ class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
             else:
                 out.extend((i, RESERVE, t * ATTEMPTS + amount) for amount in RESERVATIONS)
                 out.extend(((i, RECORD_COST, t), (i, TOTAL, t)))
+                if i == 0:
+                    # Made by every instance at once; scheduled as the first one's step.
+                    out.append((i, RESERVE_TOGETHER, t * ATTEMPTS + RESERVATIONS[0]))
 
     def _tree_steps(self, inst: Inst, out: list[Action]) -> None:
         """The child-tree world's steps of `inst`: claim, list the running children, restart,
@@ -539,6 +543,8 @@ class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
             await self._get_pause(inst, param, check, log)
         elif op == RESERVE:
             await self._reserve(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == RESERVE_TOGETHER:
+            await self._reserve_together(*divmod(param, ATTEMPTS), check, log)
         elif op == RECORD_COST:
             await self._record_cost(inst, param, check, log)
         elif op == TOTAL:

@@ -4,6 +4,8 @@ checked against the contract's model built from the store's answers."""
 
 from __future__ import annotations
 
+import asyncio
+
 from agboss_sql.contracts.errors import NotPausedError
 from agboss_sql.contracts.stores import CostLedgerRepository, PausedExecutionRepository
 from agboss_sql.contracts.types import (
@@ -206,6 +208,52 @@ class StoreMoves(SimBase):
             )
         if granted:
             model.reserved += amount
+
+    async def _reserve_together(
+        self, t: int, amount: int, check: bool, log: list[str] | None
+    ) -> None:
+        """Every instance reserves `amount` at once (each on its own store and connection,
+        all sent before any answer): exactly as many are granted as fit, whatever order the
+        store serialises them in."""
+        model = self.ledgers[t]
+        spent = model.spent(ENTRY_MICROS)
+        answers = await asyncio.gather(
+            *(
+                self._costs(inst).try_reserve(
+                    BudgetScope.EXECUTION,
+                    EXECUTION,
+                    amount,
+                    BUDGET_MICROS,
+                    tenant_id=model.tenant,
+                )
+                for inst in self.insts
+            ),
+            return_exceptions=True,
+        )
+        for inst, answer in zip(self.insts, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise self._error(
+                    inst, f"reservation of {amount} at once with the others", answer
+                ) from answer
+        granted = sum(1 for answer in answers if answer is True)
+        n = len(self.insts)
+        self._said(
+            log,
+            f"{n} instances reserve {amount} of {EXECUTION} in {model.tenant} at once, "
+            f"limit {BUDGET_MICROS}",
+            f"{granted} granted",
+        )
+        self.outcome = f"reserve-together: {granted} granted"
+        fits = max((k for k in range(n + 1) if spent + amount * k <= BUDGET_MICROS), default=0)
+        if check and granted != fits:
+            raise Broken(
+                SPEND_WITHIN_BUDGET,
+                f"{n} reservations of {amount} of {EXECUTION} in {model.tenant} made at once "
+                f"(spent {spent}) were granted {granted} times where {fits} fit within "
+                f"{BUDGET_MICROS} micros: a reservation is added atomically, never past the "
+                "limit",
+            )
+        model.reserved += amount * granted
 
     async def _record_cost(self, inst: Inst, t: int, check: bool, log: list[str] | None) -> None:
         model = self.ledgers[t]

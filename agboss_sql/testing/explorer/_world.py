@@ -112,6 +112,8 @@ GET = "get"
 # The cost ledger's steps: the parameter of a reservation is its amount in micros, of a
 # record its tenant (0 or 1).
 RESERVE = "reserve"
+RESERVE_TOGETHER = "reserve-together"
+"""Every instance reserves at once (sent together): the parameter as a reservation's."""
 RECORD_COST = "record-cost"
 TOTAL = "total"
 # Time, as a scheduled step of its own.
@@ -312,7 +314,8 @@ COST_LEDGER_WORLD = World(
 )
 """Reservations of 50 and 30 micros against a limit of 100 on one execution's budget in
 each of two tenants (the same execution id), and an entry of 30 micros recorded (and
-replayed) in each, by any instance in any order. A reservation is granted exactly when
+replayed) in each, by any instance in any order; and every instance reserving 50 at once
+(sent together, each on its own store: the store serialises them). A reservation is granted exactly when
 the budget's total (entries and reservations) stays within the limit, an entry counts
 once per tenant, and a total read is the contract's sum: spend never goes above budget."""
 
