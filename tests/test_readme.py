@@ -137,7 +137,18 @@ def test_the_quick_start_runs_with_its_install_in_a_copy_of_the_checkout(
         REPOSITORY,
         checkout,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".tox", ".agboss", "__pycache__", "*.egg-info", "build", "dist"
+            ".git",
+            ".venv",
+            ".tox",
+            ".agboss",
+            "__pycache__",
+            "*.egg-info",
+            "build",
+            "dist",
+            # Local servers' directories (sockets cannot be copied): .gitignore's.
+            ".galera",
+            ".replica",
+            ".pgbouncer",
         ),
     )
     env = {k: v for k, v in env_without_database_url().items() if k != "PYTHONPATH"}

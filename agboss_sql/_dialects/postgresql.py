@@ -421,7 +421,15 @@ def is_disconnect(exc: BaseException) -> bool:
         # raises it as an InternalError (class 25), not as an OperationalError.
         return True
     if not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return False
+        # psycopg's C wait, handling a connection the server closed, may raise an error of
+        # its own (a bare NotImplementedError, seen when a primary died mid-statement)
+        # with the lost connection's error as its context.
+        context = exc.__context__
+        return (
+            not isinstance(exc, psycopg.Error)
+            and isinstance(context, psycopg.OperationalError)
+            and is_disconnect(context)
+        )
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate is None:
         return True

@@ -207,23 +207,28 @@ class FailoverRun:
 
 
 def _lost_grants(url: str, events: list[dict[str, Any]]) -> list[str]:
-    """The grants the pods reported that the database no longer has: acknowledged commits
-    a promoted standby never received."""
+    """The grants the pods reported that the database does not have (the same epoch of the
+    same tree or child to the same pod): acknowledged commits a promoted standby never
+    received."""
     from agboss_sql.lab.faults.audit import GRANTS as LOGGED
     from agboss_sql.lab.faults.audit import read_sql_history
 
     history = read_sql_history(url)
     logged = {
-        (str(e["execution_id"]), int(e["lease_epoch"]))
+        (str(e["execution_id"]), int(e["lease_epoch"]), str(e["instance_id"]))
         for e in history.lease_events
         if e["kind"] in LOGGED
     }
     reported = {
-        (str(e["tree"] if e["kind"] == "tree-run" else e["child"]), int(e["epoch"]))
+        (
+            str(e["tree"] if e["kind"] == "tree-run" else e["child"]),
+            int(e["epoch"]),
+            str(e.get("pod")),
+        )
         for e in events
         if e.get("kind") in GRANTS and e.get("epoch") is not None
     }
-    return [f"{what}@{epoch}" for what, epoch in sorted(reported - logged)]
+    return [f"{what}@{epoch} to {pod}" for what, epoch, pod in sorted(reported - logged)]
 
 
 def run_failover(
