@@ -463,9 +463,15 @@ class NodeResult:
 
 
 def run_node_scenario(
-    nodes: GaleraNodes, name: str, *, settings: FaultSettings | None = None
+    nodes: GaleraNodes,
+    name: str,
+    *,
+    settings: FaultSettings | None = None,
+    failover: bool = True,
 ) -> NodeResult:
-    """Run the node scenario `name` once (the cluster restored first and after)."""
+    """Run the node scenario `name` once (the cluster restored first and after). Without
+    `failover` each pod is given its node alone (no alternates): the `failover` check must
+    then fail, which shows it can."""
     facts = NodeFacts()
     scenario = node_scenarios(nodes, facts)[name]
     nodes.restore()
@@ -474,7 +480,11 @@ def run_node_scenario(
             nodes.urls[0],
             scenario,
             settings=settings or FaultSettings(),
-            url_for_pod=lambda index, _url: nodes.url_with_failover(_NODE_OF_POD.get(index, 1)),
+            url_for_pod=lambda index, _url: (
+                nodes.url_with_failover(_NODE_OF_POD.get(index, 1))
+                if failover
+                else nodes.urls[_NODE_OF_POD.get(index, 1) - 1]
+            ),
         )
     finally:
         nodes.restore()
@@ -517,6 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("urls", nargs="+", help="the three nodes' URLs (ready.sh prints them)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each scenario")
     parser.add_argument("--scenario", action="append", choices=NODE_SCENARIOS, help="default: all")
+    parser.add_argument(
+        "--no-failover",
+        action="store_true",
+        help="give each pod its node alone, without alternates (the failover check fails)",
+    )
     args = parser.parse_args(argv)
     urls = [u for item in args.urls for u in item.split() if u]
     if args.rounds < 1:
@@ -525,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[NodeResult] = []
     for round_ in range(args.rounds):
         for name in args.scenario or NODE_SCENARIOS:
-            found = run_node_scenario(nodes, name)
+            found = run_node_scenario(nodes, name, failover=not args.no_failover)
             results.append(found)
             verdict = "passed" if found.passed else "FAILED"
             print(
