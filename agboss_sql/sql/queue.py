@@ -319,10 +319,7 @@ class SqlChildExecutionQueueRepository(
     left."""
 
     statements = QueueStatements
-
-    # Given here, beside `finish`: a worker batches the finishes of a store whose
-    # `finish_many` is at least as specific as its `finish` (`runtime._child_finishes`).
-    finish_many = FinishManyMethods.finish_many
+    finish_many = FinishManyMethods.finish_many  # beside `finish`: see runtime._child_finishes
 
     async def enqueue(self, child: QueuedChild) -> None:
         """Queue the child (status queued, attempt 0, queued at the application clock's
