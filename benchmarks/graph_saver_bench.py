@@ -438,11 +438,11 @@ def statements_per_invoke(url: URL) -> str:
     each text is one round trip."""
     url = fresh(url, 0, Contestant(OURS, url))
     calls: dict[str, int] = dict.fromkeys(("put", "put_writes", "get_tuple"), 0)
-    texts: dict[str, list[str]] = {name: [] for name in calls}
+    texts: dict[str, list[str]] = {name: [] for name in (*calls, "outside a call")}
     current = threading.local()
     with SqlCheckpointSaver.from_conn_string(url) as saver:
         saver.connection.add_statement_listener(
-            lambda sql, _: texts[getattr(current, "call", "get_tuple")].append(sql)
+            lambda sql, _: texts[getattr(current, "call", None) or "outside a call"].append(sql)
         )
         for name in calls:
             method = getattr(saver, name)
@@ -475,6 +475,7 @@ def statements_per_invoke(url: URL) -> str:
         f"{url.get_backend_name()}: one invoke: "
         + "; ".join(described(name) for name in ("put", "put_writes", "get_tuple"))
         + f"; per super-step (a put and its tasks' put_writes) {writes / steps:.1f} texts"
+        + (f"; {len(texts['outside a call'])} outside a call" if texts["outside a call"] else "")
     )
 
 
