@@ -16,8 +16,9 @@ options`) are set inside every transaction instead, with `SET LOCAL`:
   bound that survives pooling);
 - prepared statements are off (`prepare_threshold=None`): a statement prepared on one server
   session is unknown to the next (PgBouncer before 1.21 passes them through blindly);
-- no `LISTEN` (a listening session is not kept between transactions): the capabilities say
-  `notifications=False`, and the child queue's idle claimers poll;
+- no `LISTEN` (a listening session is not kept between transactions: `postgresql.can_listen`),
+  so the child queue's idle claimers poll; `pg_notify` is still sent, and the server
+  delivers it to sessions that listen directly;
 - migrations hold a transaction-scoped advisory lock (`pg_advisory_xact_lock`) for their one
   transaction, not a session lock a pooler would lend to another client.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import select
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,8 +35,6 @@ CAPABILITIES = Capabilities(
     shared_with=True,
     notifications=True,
 )
-POOLED_CAPABILITIES = dataclasses.replace(CAPABILITIES, notifications=False)
-"""Behind a transaction pooler (`_pg_pooling`)."""
 BEGIN = "BEGIN"
 ASYNC_DRIVER = "psycopg"
 DRIVER_SENDS_BEGIN = True  # psycopg outside autocommit, before a transaction's first statement
@@ -222,8 +219,13 @@ def _where(url: URL) -> str:
 
 
 def capabilities_of(raw: Any) -> Capabilities:
-    """Behind a transaction pooler no session outlives a transaction: no `LISTEN`."""
-    return CAPABILITIES if getattr(raw, "agboss_begin", None) is None else POOLED_CAPABILITIES
+    return CAPABILITIES
+
+
+def can_listen(raw: Any) -> bool:
+    """Whether `raw`'s session stays its own to `LISTEN` on: not behind a transaction pooler
+    (whose transactions still notify, through the server, the sessions that listen)."""
+    return getattr(raw, "agboss_begin", None) is None
 
 
 async def wait_notification(raw: Any, timeout_s: float) -> bool:

@@ -55,7 +55,8 @@ class NotifiedWakeups(QueueWakeups):
         try:
             async with asyncio.timeout(self._timeouts.connect_ms / 1000 * 2):
                 raw = await self._driver.connect(self._url, self._timeouts)
-                if not self._driver.capabilities_of(raw).notifications:
+                can_listen = getattr(self._driver, "can_listen", None)
+                if can_listen is not None and not can_listen(raw):
                     # Behind a transaction pooler no session stays to listen: poll only.
                     self._closed = True
                     self._driver.abort(raw)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest_asyncio
 from runtime_support import TENANT, World, settle
-from support.capabilities import require
+from support.capabilities import require, sessions_kept
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -175,6 +175,7 @@ async def test_an_idle_worker_told_of_a_child_queued_elsewhere_claims_it_before_
     database's notification, not its poll, can wake it that soon."""
     mine, theirs = two
     require(mine.capabilities.notifications, "notifications (LISTEN/NOTIFY)")
+    require(sessions_kept(mine), "session kept to LISTEN on (a pooler lends its sessions)")
     clock = SystemClock()
     queue = WatchedQueue(mine, clock, ApplicationContext("worker-1"))
     enqueuer = SqlChildExecutionQueueRepository(theirs, clock, ApplicationContext("api"))

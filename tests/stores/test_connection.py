@@ -26,6 +26,7 @@ from support.capabilities import (
     require,
     row_locks,
     scripts,
+    sessions_kept,
 )
 from support.drivers import deadlock_error, is_deadlock, raw_connection_class
 from support.sql import (
@@ -587,6 +588,7 @@ async def test_errors_are_classified_on_this_database(db: SqlConnection) -> None
 
 async def test_a_statement_timeout_is_not_a_disconnect(db: SqlConnection) -> None:
     _server_only(db)
+    require(sessions_kept(db), "session kept between transactions (a pooler lends its sessions)")
     raw = await db.ops.connect(db.url, db.timeouts)
     try:
         setup, slow = statement_past_its_bound(db)
@@ -603,6 +605,7 @@ async def test_a_statement_timeout_is_not_a_disconnect(db: SqlConnection) -> Non
 
 async def test_a_killed_session_is_classified_a_disconnect(db: SqlConnection) -> None:
     _server_only(db)
+    require(sessions_kept(db), "session kept between transactions (a pooler lends its sessions)")
     raw = await db.ops.connect(db.url, db.timeouts)
     try:
         session = (await db.drive(raw, _one(session_id_sql(db)), False)).scalar()
@@ -800,6 +803,7 @@ async def test_a_transaction_killed_before_commit_is_run_again(
 async def test_close_closes_every_connection_and_later_calls_fail(
     db: SqlConnection, sql_url: str
 ) -> None:
+    require(sessions_kept(db), "session closed with its client (a pooler keeps its sessions)")
     connection = SqlConnection(sql_url, pool_size=3)
     if embedded(db):
         await connection.ping()

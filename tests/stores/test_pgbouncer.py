@@ -243,7 +243,6 @@ async def test_no_listening_behind_the_pooler(bounded: SqlConnection) -> None:
     from agboss_sql.sql._queue_wakeups import NotifiedWakeups
 
     await bounded.ping()
-    assert not bounded.capabilities.notifications
     wakeups = NotifiedWakeups(bounded)
     try:
         assert await wakeups.wait(10) is False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from agboss_sql._dialects import dialect_for
+from agboss_sql._dialects._pg_pooling import pooling_of
 from agboss_sql._dialects.base import Dialect
 from agboss_sql.sql.connection import SqlConnection, normalize_url
 from support.server_watch import server_of
@@ -140,3 +141,12 @@ def repeatable_read_raises_serialization_failures(connection: SqlConnection) -> 
     """Whether a write under REPEATABLE READ that conflicts with a concurrent commit fails
     with a serialization failure (PostgreSQL) instead of waiting on a row lock."""
     return connection.dialect_name == "postgresql"
+
+
+def sessions_kept(connection: SqlConnection) -> bool:
+    """Whether a client connection keeps one server session from one transaction to the next:
+    not behind a transaction pooler (`?agboss_pooling=transaction`, PgBouncer's `pool_mode =
+    transaction`), which lends its server sessions to whichever client runs a transaction
+    and keeps them open when a client closes. A test of a session's own state (a session
+    setting, its server id, killing it, seeing it close) needs it."""
+    return pooling_of(connection.url) is None
