@@ -49,6 +49,19 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"agboss database: {_hide_password(url)}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_statement_sets() -> None:
+    if os.environ.get("AGBOSS_MUTATION_RUN") == "1":
+        # mutmut runs each mutant in a process forked after its clean run: the statement
+        # sets built there (shared per dialect, `statements._SHARED`) would be reused, and a
+        # statement builder's mutant would never be built. Each session builds them anew.
+        from agboss_sql.sql import statements
+
+        for _, compiled, prepared in statements._SHARED.values():
+            compiled.clear()
+            prepared.clear()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if DATABASE_FIXTURE in getattr(item, "fixturenames", ()):

@@ -71,16 +71,28 @@ the store functions of its module (one more store call per test is all it takes)
 
 
 def _builders(by_function: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:
-    """`BUILDER_TESTS`, and every other SQL module's statement class (`...Statements`,
-    built once per connection as well) with its own module's tests."""
+    """`BUILDER_TESTS`, and in every other SQL module its statement classes (`...Statements`)
+    and its module-level functions (the helpers that build a statement's terms, `_move`,
+    `_the_pause`, ...; a row's decoder gains tests it did not need), each with its own
+    module's tests: statement sets are built once per process and dialect, so the stats run
+    records their builders under the first test only."""
     builders = dict(BUILDER_TESTS)
     for name in by_function:
-        module, _, mangled = name.partition(".xǁ")
-        cls = mangled.partition("ǁ")[0]
-        if module.startswith("agboss_sql.sql.") and cls.endswith("Statements"):
+        if not name.startswith("agboss_sql.sql."):
+            continue
+        if "xǁ" in name:
+            module, _, mangled = name.partition(".xǁ")
+            cls = mangled.partition("ǁ")[0]
+            if not cls.endswith("Statements"):
+                continue
             prefix = f"{module}.xǁ{cls}ǁ"
-            if not any(prefix.startswith(b) for b in builders):
-                builders[prefix] = (f"{module}.",)
+        else:
+            module, _, function = name.partition(".x_")
+            if not function:
+                continue
+            prefix = name
+        if not any(prefix.startswith(b) for b in builders):
+            builders[prefix] = (f"{module}.",)
     return builders
 
 

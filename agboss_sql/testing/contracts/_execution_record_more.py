@@ -2,7 +2,8 @@
 
 Added where mutation testing of the stores (docs/mutation.md) found a change no case saw:
 a `transition` that also wrote the run's outcome (to `None`) passed every case, because no
-case read a run's outcome after a transition.
+case read a run's outcome after a transition; a `find_by_status` that answered nothing for
+a limit of one passed too (the cases asked for 0, 2 and 10).
 """
 
 from __future__ import annotations
@@ -60,8 +61,40 @@ async def moves_the_status_and_time_only(ctx: CaseContext) -> None:
                 )
 
 
+async def finds_by_status_with_a_limit_of_one(ctx: CaseContext) -> None:
+    """`find_by_status(status, 1)` answers the one record of the status updated first, on
+    either instance; with one record left in the status, that one."""
+    start = ctx.clock.now()
+    for i, offset in enumerate([20, 10]):
+        record = ExecutionRecord(
+            tenant_id=TENANT,
+            execution_id=f"exec-{i}",
+            root_execution_id=f"exec-{i}",
+            parent_execution_id=None,
+            thread_id=None,
+            workflow="support",
+            owner=None,
+            status=RUNNING,
+            created_at=start,
+            updated_at=start + offset,
+        )
+        await _records(ctx, i % 2).save(record)
+    for instance in (0, 1):
+        one = [r.execution_id for r in await _records(ctx, instance).find_by_status(RUNNING, 1)]
+        if one != ["exec-1"]:
+            raise AssertionError(
+                f"[find-by-status] find_by_status(running, 1) on instance {instance + 1} "
+                f"gave {one}, expected ['exec-1'] (the oldest update)"
+            )
+    await _records(ctx, 0).transition(TENANT, "exec-1", RUNNING, PAUSED)
+    left = [r.execution_id for r in await _records(ctx, 1).find_by_status(RUNNING, 1)]
+    if left != ["exec-0"]:
+        raise AssertionError(f"[find-by-status] limit 1 after exec-1 moved gave {left}")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     ("a transition moves the status and time only", moves_the_status_and_time_only),
+    ("find_by_status with a limit of one answers the oldest", finds_by_status_with_a_limit_of_one),
 ]
 
 

@@ -15,6 +15,7 @@ from agboss_sql.contracts.errors import DuplicatePauseError, NotPausedError
 from agboss_sql.contracts.stores import PausedExecutionRepository
 from agboss_sql.contracts.types import JsonValue, PausedExecution, PauseStatus
 from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._paused_execution_more import more_cases
 
 CONTRACT = "paused_execution"
 TENANT = "tenant-1"
@@ -396,7 +397,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The pauses' cases (none is a fencing case: pauses are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + more_cases()
 
 
 __all__ = ["CONTRACT", "cases"]
