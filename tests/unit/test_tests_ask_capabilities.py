@@ -20,6 +20,14 @@ NAMING = {"dialect_name", "drivername", "NAME", "get_backend_name"}
 
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "cli/test_check_replication.py",
+        'if backend != "postgresql":',
+    ): "check's replication line and --require-sync read PostgreSQL's streaming replication",
+    (
+        "stores/test_read_only_server.py",
+        'if sa.make_url(database_url).get_backend_name() != "postgresql":',
+    ): "the database is made read-only by PostgreSQL's default_transaction_read_only",
+    (
         "stores/test_sql_claim_conflicts.py",
         'self.sql = _POSTGRESQL if sql.dialect_name == "postgresql" else _MYSQL',
     ): "the fault trigger's DDL is each server's own language, picked in this one place",
