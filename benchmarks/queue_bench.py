@@ -213,7 +213,13 @@ async def run(
             )
             for w in workers:
                 for shape in SHAPES:
-                    add(f"ours, {shape}", w, await drain_ours(url, connection, shape, children, w))
+                    drained = await drain_ours(url, connection, shape, children, w)
+                    add(f"ours, {shape}", w, drained)
+                    if shape == SHAPES[0]:
+                        # The fill before each fan-out drain is an enqueue too: as many of
+                        # ours as of the peers' (one per worker count), interleaved.
+                        enqueues = series("enqueue ours", 0).rates
+                        enqueues.append(round(drained.enqueue_per_s, 1))
                     if single:
                         one_by_one = await drain_ours(
                             url, connection, shape, children, w, batch_finish=False
@@ -276,7 +282,8 @@ def ratios(measured: dict[tuple[str, int], Series], workers: list[int]) -> list[
     for peer in ("pgqueuer", "procrastinate"):
         theirs = get((f"enqueue {peer}", 0))
         if enqueue is not None and theirs is not None:
-            # Our enqueues ran once a round, the peers' once per worker count: compare medians.
+            # Ours ran 1 + one per worker count a round, the peers' one per worker count:
+            # compare medians.
             top = Series("", 0, [enqueue.median])
             ratio(f"enqueue ours / {peer}", 0, top, Series("", 0, [theirs.median]))
     return out

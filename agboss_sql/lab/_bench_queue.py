@@ -45,6 +45,8 @@ class Drained:
     none_left: int = 0
     """How many finishes answered that none of their parent's children was left (each owes
     its parent's wake): one per parent."""
+    enqueue_per_s: float = 0.0
+    """The rate of the `enqueue_many` that filled the queue before the drain."""
 
 
 def children_of(shape: str, count: int, prefix: str = "c") -> list[QueuedChild]:
@@ -87,7 +89,7 @@ async def drain_ours(
     """Fill the queue in `shape`, drain it with `workers` of our queue stores (each on its
     own one-connection pool; each claimed batch finished with one `finish_many`, or with
     `batch_finish=False` one `finish` per child): jobs per second, statements per job."""
-    await fill(connection, shape, count)
+    enqueued = await fill(connection, shape, count)
     connections = [SqlConnection(url, pool_size=1) for _ in range(workers)]
     sent: list[str] = []
     for c in connections:
@@ -121,7 +123,7 @@ async def drain_ours(
         for c in connections:
             await c.close()
     _check(done, count, "c")
-    return Drained(count / elapsed, len(sent) / count, cpu / count * 1e6, len(none_left))
+    return Drained(count / elapsed, len(sent) / count, cpu / count * 1e6, len(none_left), enqueued)
 
 
 def _check(done: list[str], count: int, prefix: str) -> None:
