@@ -33,6 +33,9 @@ def test_both_shapes_are_drained_every_round_and_the_queue_is_left_empty(
         for shape in ("one parent", "parent per child")
         for workers in (1, 3)
     } | {("enqueue ours", 0)}
+    enqueues = jobs.pop(("enqueue ours", 0))["jobs_per_s"]
+    # Each round: one enqueue, then the fill before each fan-out drain (one per worker count).
+    assert len(enqueues) == 2 * (1 + 2) and min(enqueues) > 0
     assert all(len(m["jobs_per_s"]) == 2 and min(m["jobs_per_s"]) > 0 for m in jobs.values())
     # A drain claims in batches of 10: fewer statements per job than a claim each.
     ours = jobs[("ours, parent per child", 1)]
