@@ -9,6 +9,7 @@ what every server of that dialect can do.
 from __future__ import annotations
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from agboss_sql._dialects import dialect_for
 from agboss_sql._dialects._pg_pooling import pooling_of
@@ -150,3 +151,10 @@ def sessions_kept(connection: SqlConnection) -> bool:
     and keeps them open when a client closes. A test of a session's own state (a session
     setting, its server id, killing it, seeing it close) needs it."""
     return pooling_of(connection.url) is None
+
+
+def pooled_url(url: str) -> bool:
+    """Whether the database at `url` is reached through a transaction pooler
+    (`?agboss_pooling=transaction`), not directly: what a command that connects to the
+    server on its own (a ready script's URL) does not know."""
+    return pooling_of(make_url(url)) is not None
