@@ -25,6 +25,7 @@ from agboss_sql.contracts import (
     SystemClock,
     VirtualClock,
 )
+from agboss_sql.contracts.errors import CommitOutcomeUnknownError
 from agboss_sql.contracts.stores import QueueWakeups
 from agboss_sql.memory import InMemoryChildExecutionQueueRepository
 from agboss_sql.runtime import ChildWorker
@@ -254,4 +255,49 @@ async def test_runs_that_end_together_finish_in_one_batch_and_wake_the_parent_on
     assert set(statuses.values()) == {ChildStatus.FINISHED}
     assert wakes == [], "c-3 is unfinished: nobody saw none left"
     assert worker._finishes.batches == len(queue.batches)
+    await worker.stop()
+
+
+class LosesTheFirstReply(CountedFinishes):
+    """Applies the first batch of finishes, then loses its reply (the outcome unknown)."""
+
+    async def finish_many(self, finishes: Sequence[ChildFinish]) -> Sequence[FinishResult]:
+        answers = await super().finish_many(finishes)
+        if len(self.batches) == 1:
+            raise CommitOutcomeUnknownError("the reply of the commit was lost")
+        return answers
+
+
+async def test_a_batch_whose_reply_was_lost_is_sent_again_and_answered_as_the_first() -> None:
+    """The batch applied but its reply lost: the worker sends it again (idempotent per
+    attempt), each retried entry answers as its committed finish did, so the parent is
+    woken once, by the finisher its batch told none was left."""
+    world = World()
+    inst = world.instance("instance-1")
+    queue = LosesTheFirstReply(world.backend, world.clock, inst.queue.application)
+    queue.batches = []
+    await queue.enqueue_many([_child(f"c-{i}") for i in range(4)])
+    ends = asyncio.Event()
+    started: list[str] = []
+    wakes: list[str] = []
+
+    async def run_child(child: ClaimedChild, _lease: ExecutionLease) -> JsonValue:
+        started.append(child.child_execution_id)
+        if len(started) == 4:
+            ends.set()
+        await ends.wait()
+        return None
+
+    async def wake_parent(_tenant: str, parent: str) -> None:
+        wakes.append(parent)
+
+    worker = ChildWorker(
+        queue, inst.leases, inst.events, world.clock, run_child=run_child, wake_parent=wake_parent
+    )
+    runs = await worker.start_many(4)
+    await asyncio.gather(*(task for _, task in runs if task is not None))
+    assert len(queue.batches) == 2 and queue.batches[0] == queue.batches[1], queue.batches
+    statuses = {c.child_execution_id: c.status for c in await queue.children(TENANT, "parent")}
+    assert set(statuses.values()) == {ChildStatus.FINISHED}
+    assert wakes == ["parent"]
     await worker.stop()
