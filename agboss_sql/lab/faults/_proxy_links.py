@@ -23,6 +23,7 @@ After = Literal["reset", "hang"]
 _CHUNK = 65_536
 _REPLY_WAIT_S = 10.0  # how long a delivered COMMIT's reply is waited for before the cut
 _QUEUE_CHUNKS = 256  # chunks in flight per direction (latency): back-pressure beyond
+_PG_STARTUP_MAX = 10_000  # PostgreSQL's longest startup message (MAX_STARTUP_PACKET_LENGTH)
 
 
 class LinkOwner(Interface):
@@ -193,9 +194,15 @@ class _Link:
                 self.writer.write(b"N")
                 await self.writer.drain()
                 continue
-            self.early = first
+            # The whole startup message, sent on at once as a client sends it: PgBouncer
+            # refuses one that comes in two reads ("partial pkt in startup phase").
+            try:
+                rest = await self.reader.readexactly(max(0, min(length, _PG_STARTUP_MAX) - 8))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return False
+            self.early = first + rest
             if self.framer is not None:
-                self.framer.feed(first)
+                self.framer.feed(self.early)
             return True
         return False
 
