@@ -412,6 +412,26 @@ class PoolRunner:
         bound_statements(engine)
         return engine
 
+    async def _bounded_checkout(self, engine: AsyncEngine, deadline: StatementDeadline) -> Any:
+        """`connect_and_begin` within `pool_ms`, `connect_ms` and a statement's bound: a new
+        connection's set-up by SQLAlchemy (its first-connect and on-connect questions, sent
+        after the bounded creator returned) has no client deadline of its own, and a server
+        frozen at that instant held it until it woke. Past the bound the checkout is
+        cancelled (the half-made connection is closed by the pool) and `StoreTimeoutError`
+        raised: nothing of the caller's was sent."""
+        timeouts = self.timeouts
+        bound_s = (timeouts.pool_ms + timeouts.connect_ms) / 1000 + self._statement_s
+        try:
+            async with asyncio.timeout(bound_s):
+                return await greenlet_spawn(connect_and_begin, engine.sync_engine, deadline)
+        except TimeoutError:
+            raise StoreTimeoutError(
+                "connect",
+                timeouts.connect_ms,
+                f"no connection to {self._safe_url()} set up within {bound_s:.1f} s "
+                "(Timeouts.pool_ms + connect_ms + the statement bound); nothing was sent",
+            ) from None
+
     def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
         """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
         bound_ms = self.timeouts.connect_ms
@@ -458,7 +478,7 @@ class PoolRunner:
                 sync.info[ENGINE_DEADLINE] = deadline
                 sync.begin()
             else:
-                sync = await greenlet_spawn(connect_and_begin, the_engine.sync_engine, deadline)
+                sync = await self._bounded_checkout(the_engine, deadline)
                 connection = AsyncConnection(the_engine, sync)
             # The info dict lives with the driver connection, across checkouts: the
             # deadline is this transaction's only while it runs.
