@@ -20,7 +20,7 @@ woken, i.e. whose count reached 0):
 | | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
 |---|---|---|---|
 | lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
-| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | 2 (`UPDATE … FROM json_each(…)`: the counts, then the children) | 2p + k |
+| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | 2 (`UPDATE … FROM json_each(…)`: the counts, then the children) | 2p + ⌈k/32⌉ (the children by `CASE` on their row ids) |
 | waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | 1 when w > 0 | w |
 
 A batch of 10 children (of one parent or of ten) is 2 statements and one commit on
@@ -59,6 +59,9 @@ FINISHED = ChildStatus.FINISHED.value
 _MAX_IDS = 128
 """The most child ids one locking read names (SQLite, MySQL/MariaDB)."""
 
+_MAX_ROWS = 32
+"""The most children one `CASE` update finishes (MySQL/MariaDB)."""
+
 _LOCKED = (
     C.c.id,
     C.c.child_execution_id,
@@ -88,6 +91,7 @@ class FinishManyStatements:
         self.arrays = b.ops.NAME == "postgresql"
         self.documents = b.ops.NAME == "sqlite"
         self._locks: dict[int, Any] = {}
+        self._finishes: dict[int, Any] = {}
         now = sa.bindparam("now", type_=sa.BigInteger)
         if self.documents:
             self._build_documents(now)
@@ -237,6 +241,33 @@ class FinishManyStatements:
             )
             .values(status=sa.bindparam("queued"))
         )
+
+    def finish_rows(self, size: int) -> Any:
+        """The update of `size` locked children to finished (MySQL/MariaDB), each with its
+        own outcome, attempt and count by `CASE` on its row id: one statement, not one per
+        child (padded: the last row repeated, which its `CASE` arm answers alike)."""
+        found = self._finishes.get(size)
+        if found is None:
+            ids = [sa.bindparam(f"r{i}", type_=sa.BigInteger) for i in range(size)]
+
+            def by_row(name: str, kind: Any) -> Any:
+                arms = [
+                    (C.c.id == ids[i], sa.bindparam(f"{name}{i}", type_=kind)) for i in range(size)
+                ]
+                return sa.case(*arms)
+
+            found = self._finishes[size] = (
+                sa.update(C)
+                .where(C.c.id.in_(ids))
+                .values(
+                    status=sa.bindparam("finished"),
+                    outcome=by_row("o", sa.Text()),
+                    finished_at=sa.bindparam("now", type_=sa.BigInteger),
+                    finished_attempt=by_row("a", sa.Integer()),
+                    finish_remaining=by_row("n", sa.Integer()),
+                )
+            )
+        return found
 
     def lock_ids(self, size: int) -> Any:
         """The locking read of the rows of `size` children (padded `IN` list), by row id."""
@@ -449,21 +480,18 @@ class FinishManyMethods:
         self, sql: FinishManyStatements, stored: list[tuple[int, str, int, int]], now: int
     ) -> Step[None]:
         if sql.documents:
-            params = {"ended": json.dumps(stored), "finished": FINISHED, "now": now}
-            yield Exec(sql.finish_children, params)
+            ended = {"ended": json.dumps(stored), "finished": FINISHED, "now": now}
+            yield Exec(sql.finish_children, ended)
             return
-        for row_id, outcome, attempt, remaining in stored:
-            yield Exec(
-                self._sql.finish_locked,
-                {
-                    "id": row_id,
-                    "outcome": outcome,
-                    "finished": FINISHED,
-                    "now": now,
-                    "attempt": attempt,
-                    "remaining": remaining,
-                },
-            )
+        for at in range(0, len(stored), _MAX_ROWS):
+            part = stored[at : at + _MAX_ROWS]
+            size = _padded(len(part))
+            params: dict[str, Any] = {"finished": FINISHED, "now": now}
+            for i in range(size):
+                row_id, outcome, attempt, remaining = part[min(i, len(part) - 1)]
+                params.update({f"r{i}": row_id, f"o{i}": outcome, f"a{i}": attempt})
+                params[f"n{i}"] = remaining
+            yield Exec(sql.finish_rows(size), params)
 
     def _wake_waiting(
         self, sql: FinishManyStatements, emptied: list[tuple[str, str]]
