@@ -20,6 +20,7 @@ from agboss_sql.contracts.stores import (
 )
 from agboss_sql.contracts.types import JsonValue
 from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._execution_tree_more import more_cases
 
 CONTRACT = "execution_tree"
 TENANT = "tenant-1"
@@ -321,7 +322,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The tree keys' cases (none is a fencing case: tree keys are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + more_cases()
 
 
 __all__ = ["CONTRACT", "cases"]

@@ -17,6 +17,7 @@ from agboss_sql.contracts.stores import MeshRequestRepository
 from agboss_sql.contracts.types import MeshRequest
 from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._limits import limit_cases
+from agboss_sql.testing.contracts._mesh_request_more import more_cases
 
 CONTRACT = "mesh_request"
 TENANT = "tenant-1"
@@ -297,7 +298,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The mesh requests' cases (none is a fencing case: mesh requests are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES] + limit_cases(CONTRACT)
+    return [Case(CONTRACT, name, run) for name, run in CASES] + more_cases() + limit_cases(CONTRACT)
 
 
 __all__ = ["CONTRACT", "cases"]
