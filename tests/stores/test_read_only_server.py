@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support.capabilities import pooled_url
 
 from agboss_sql.contracts import (
     ApplicationContext,
@@ -56,6 +57,11 @@ def read_only(database_url: str) -> Iterator[tuple[str, ExecutionLease]]:
     on it before it became so."""
     if sa.make_url(database_url).get_backend_name() != "postgresql":
         pytest.skip("default_transaction_read_only is PostgreSQL's")
+    if pooled_url(database_url):
+        pytest.skip(
+            "default_transaction_read_only reaches new server sessions only: a pooler reuses "
+            "the ones it opened before"
+        )
     base = sa.make_url(database_url)
     name = f"{base.database}_ro_{os.getpid()}"[:63]
     url = base.set(database=name).render_as_string(hide_password=False)
