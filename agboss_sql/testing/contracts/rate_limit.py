@@ -17,6 +17,7 @@ from agboss_sql.contracts.stores import RateLimitRepository
 from agboss_sql.contracts.types import WindowResult
 from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._fencing import on_database_time
+from agboss_sql.testing.contracts._rate_limit_more import more_cases
 
 CONTRACT = "rate_limit"
 TTL = 10_000
@@ -400,7 +401,7 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 
 def cases() -> list[Case]:
     """The rate limits' cases (none is a fencing case: rate limits are not fenced)."""
-    return [Case(CONTRACT, name, run) for name, run in CASES]
+    return [Case(CONTRACT, name, run) for name, run in CASES] + more_cases()
 
 
 __all__ = ["CONTRACT", "cases"]
