@@ -105,7 +105,7 @@ def _widen_builder_tests() -> None:
         users = {
             test
             for name, tests in by_function.items()
-            if name.startswith(modules) and not any(name.startswith(b) for b in builders)
+            if name.startswith(modules)
             for test in tests
         }
         for name in by_function:
