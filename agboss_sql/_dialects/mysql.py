@@ -13,12 +13,9 @@ migrations there take a lock row instead of `GET_LOCK` (dialects/galera/QUIRKS.m
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import select
-import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +28,14 @@ from agboss_sql._dialects._mysql_checkpoints import json_key_equals as json_key_
 from agboss_sql._dialects._mysql_checkpoints import json_key_params as json_key_params
 from agboss_sql._dialects._mysql_checkpoints import replace_duplicates as replace_duplicates
 from agboss_sql._dialects._mysql_checkpoints import skip_duplicates as skip_duplicates
+from agboss_sql._dialects._mysql_failover import _PREFERRED as _PREFERRED
+from agboss_sql._dialects._mysql_failover import FAILOVER_PARAM as FAILOVER_PARAM
+from agboss_sql._dialects._mysql_failover import NODE_STATE_QUERY as NODE_STATE_QUERY
+from agboss_sql._dialects._mysql_failover import first_serving
+from agboss_sql._dialects._mysql_failover import nodes_of as nodes_of
+from agboss_sql._dialects._mysql_failover import without_failover as without_failover
+from agboss_sql._dialects._mysql_galera_lock import MIGRATION_LOCK_TABLE as MIGRATION_LOCK_TABLE
+from agboss_sql._dialects._mysql_galera_lock import galera_lock
 from agboss_sql._dialects.base import Capabilities, Suffixed, wrapped_driver_error
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import ServerSettingError
@@ -243,45 +248,6 @@ def checked_settings(rows: Any) -> bool:
     return str(settings.get("wsrep_on", "")).upper() == "ON"
 
 
-FAILOVER_PARAM = "failover"
-"""The URL query parameter naming a Galera node's alternates, tried in order when it is gone:
-`mysql://root@node1:3306/db?failover=node2:3306,node3:3306`."""
-
-_PREFERRED: dict[tuple[tuple[str, int], ...], int] = {}
-"""Per node list, the index of the node the last new connection reached: the next one
-tries it first (a gone node costs its bound once, not at every new connection)."""
-
-_SYNCED = "4"  # wsrep_local_state: Synced (a donor or a joiner is 1, 2 or 3)
-
-
-def nodes_of(url: URL) -> list[tuple[str, int]]:
-    """The `(host, port)` of the URL's node, then of each `failover` alternate, in order;
-    a malformed alternate is `ValueError` naming it."""
-    nodes = [(url.host or "localhost", url.port or 3306)]
-    raw = url.query.get(FAILOVER_PARAM)
-    values = [raw] if isinstance(raw, str) else list(raw or ())
-    for value in values:
-        for item in str(value).split(","):
-            item = item.strip()
-            if not item:
-                continue
-            host, _, port = item.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(
-                    f"failover node {item!r} is not host:port (in {FAILOVER_PARAM}={value!r})"
-                )
-            if (host, int(port)) not in nodes:
-                nodes.append((host, int(port)))
-    return nodes
-
-
-def without_failover(url: URL) -> URL:
-    """The URL of its first node alone (what a synchronous driver connects to)."""
-    if FAILOVER_PARAM not in url.query:
-        return url
-    return url.difference_update_query([FAILOVER_PARAM])
-
-
 async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> Any:
     """A new connection; on a MariaDB Galera node (`wsrep_on`, asked once per connection)
     its session is set for the cluster (`GALERA_SESSION`). A server whose
@@ -298,77 +264,11 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
     nodes = nodes_of(url)
     if len(nodes) == 1:
         return await _connect_node(url, nodes[0], timeouts, autocommit, timeouts.connect_ms)
-    key = tuple(nodes)
-    first = _PREFERRED.get(key, 0)
-    share_ms = max(200, timeouts.connect_ms // len(nodes))
-    fallback: tuple[int, Any] | None = None
-    failure: BaseException | None = None
-    for step in range(len(nodes)):
-        index = (first + step) % len(nodes)
-        try:
-            async with asyncio.timeout(share_ms / 1000):
-                raw = await _connect_node(url, nodes[index], timeouts, autocommit, share_ms)
-                state = await _node_state(raw) if raw._agboss_galera else ("ON", _SYNCED)
-        except ServerSettingError:
-            if fallback is not None:
-                fallback[1].close()
-            raise
-        except (Exception, TimeoutError) as exc:
-            failure = exc
-            continue
-        if state == ("ON", _SYNCED):
-            if fallback is not None:
-                fallback[1].close()
-            _PREFERRED[key] = index
-            return raw
-        if state[0] == "ON" and fallback is None:
-            fallback = (index, raw)
-        else:
-            raw.close()
-            failure = _not_ready(nodes[index], state)
-    if fallback is not None:
-        _PREFERRED[key] = fallback[0]
-        return fallback[1]
-    from pymysql.err import OperationalError
 
-    raise OperationalError(
-        2003,
-        f"no node of {', '.join(f'{h}:{p}' for h, p in nodes)} served a connection within its "
-        f"{share_ms} ms share of connect_ms (last: {type(failure).__name__}: {failure})",
-    ) from failure
+    async def open_node(node: tuple[str, int], bound_ms: int) -> Any:
+        return await _connect_node(url, node, timeouts, autocommit, bound_ms)
 
-
-def _not_ready(node: tuple[str, int], state: tuple[str, str]) -> Exception:
-    from pymysql.err import OperationalError
-
-    error: Exception = OperationalError(
-        1047,
-        f"node {node[0]}:{node[1]} is not ready (wsrep_ready {state[0]}, "
-        f"wsrep_local_state {state[1]})",
-    )
-    return error
-
-
-async def _node_state(raw: Any) -> tuple[str, str]:
-    """A Galera node's `(wsrep_ready, wsrep_local_state)`; the connection is closed when
-    asking fails."""
-    try:
-        cursor = await raw.cursor()
-        try:
-            await cursor.execute(NODE_STATE_QUERY)
-            rows = {str(k).lower(): str(v) for k, v in await cursor.fetchall()}
-        finally:
-            await cursor.close()
-        if raw.get_transaction_status():
-            await raw.commit()
-    except BaseException:
-        raw.close()
-        raise
-    return rows.get("wsrep_ready", "").upper(), rows.get("wsrep_local_state", "")
-
-
-NODE_STATE_QUERY = "SHOW STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_local_state')"
-"""What a connection with `failover` alternates asks a Galera node before using it."""
+    return await first_serving(nodes, timeouts.connect_ms, open_node)
 
 
 async def _connect_node(
@@ -608,10 +508,13 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
     commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S`.
 
     The lock is `GET_LOCK` on one server; on a Galera cluster, where `GET_LOCK` is local to
-    a node, it is a row of `MIGRATION_LOCK_TABLE` (see `_galera_lock`), and the session is
+    a node, it is a row of `MIGRATION_LOCK_TABLE` (see `galera_lock`), and the session is
     set for the cluster (`GALERA_SESSION`) for the rest of the connection's life."""
     if _galera_session(connection):
-        with _galera_lock(connection), connection.begin():
+        with (
+            galera_lock(connection, MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S, _conflict),
+            connection.begin(),
+        ):
             yield
         return
     with connection.begin():
@@ -633,10 +536,9 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
                 connection.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
 
 
-MIGRATION_LOCK_TABLE = "agboss_migration_lock"
-"""The table of the migration lock row on a Galera cluster (outside the project's metadata:
-it must exist before the first migration, and migrations never touch it)."""
-MIGRATION_LOCK_POLL_S = 0.2
+def _conflict(exc: BaseException) -> bool:
+    """Another taker of the lock row won certification, or its insert came first."""
+    return is_retryable(exc) or is_unique_violation(exc)
 
 
 def _galera_session(connection: sa.Connection) -> bool:
@@ -649,63 +551,6 @@ def _galera_session(connection: sa.Connection) -> bool:
             return False
         connection.exec_driver_sql(GALERA_SESSION)
     return True
-
-
-@contextlib.contextmanager
-def _galera_lock(connection: sa.Connection) -> Iterator[None]:
-    """Hold the migration lock row: a row every taker writes, so of takers on different
-    nodes one commits and the others fail certification (or find the row taken) and wait.
-    A holder that died without releasing it holds it until its expiry,
-    `MIGRATION_LOCK_TIMEOUT_S` after it was taken."""
-    holder = uuid.uuid4().hex
-    with connection.begin():
-        # DDL runs in total order on every node: concurrent creators all succeed.
-        connection.exec_driver_sql(
-            f"CREATE TABLE IF NOT EXISTS {MIGRATION_LOCK_TABLE} ("
-            "name VARCHAR(64) NOT NULL PRIMARY KEY, holder VARCHAR(64) NOT NULL, "
-            "expires_at BIGINT NOT NULL) ENGINE=InnoDB"
-        )
-    now_ms = "FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000)"
-    # Assignments run left to right: the holder is decided first, the expiry follows it.
-    take = sa.text(
-        f"INSERT INTO {MIGRATION_LOCK_TABLE} (name, holder, expires_at) "
-        f"VALUES (:name, :holder, {now_ms} + :ttl) ON DUPLICATE KEY UPDATE "
-        f"holder = IF(expires_at <= {now_ms}, VALUES(holder), holder), "
-        "expires_at = IF(holder = VALUES(holder), VALUES(expires_at), expires_at)"
-    )
-    read = sa.text(f"SELECT holder FROM {MIGRATION_LOCK_TABLE} WHERE name = :name")
-    params = {"name": MIGRATION_LOCK_NAME, "holder": holder, "ttl": MIGRATION_LOCK_TIMEOUT_S * 1000}
-    deadline = time.monotonic() + MIGRATION_LOCK_TIMEOUT_S
-    while True:
-        try:
-            with connection.begin():
-                connection.execute(take, params)
-            with connection.begin():
-                if connection.execute(read, params).scalar() == holder:
-                    break
-        except sa.exc.DBAPIError as exc:
-            # Another taker's write won certification, or its insert came first.
-            if not (is_retryable(exc) or is_unique_violation(exc)):
-                raise
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"the migration lock row ({MIGRATION_LOCK_TABLE}) was not free within "
-                f"{MIGRATION_LOCK_TIMEOUT_S} s: another agboss-sql migration is still "
-                "running; retry when it has finished"
-            )
-        time.sleep(MIGRATION_LOCK_POLL_S)
-    try:
-        yield
-    finally:
-        if not connection.invalidated:
-            with connection.begin():
-                connection.execute(
-                    sa.text(
-                        f"DELETE FROM {MIGRATION_LOCK_TABLE} "
-                        "WHERE name = :name AND holder = :holder"
-                    ),
-                    params,
-                )
 
 
 def analyze_sql(table: str) -> str:

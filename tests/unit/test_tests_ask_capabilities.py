@@ -20,6 +20,10 @@ NAMING = {"dialect_name", "drivername", "NAME", "get_backend_name"}
 
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "stores/test_mysql_failover.py",
+        'if url.get_backend_name() not in ("mysql", "mariadb"):',
+    ): "a URL's failover alternates are read by the MySQL/MariaDB dialect alone",
+    (
         "cli/test_check_replication.py",
         'if backend != "postgresql":',
     ): "check's replication line and --require-sync read PostgreSQL's streaming replication",

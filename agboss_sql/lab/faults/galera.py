@@ -37,11 +37,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from agboss_sql.lab._nodes import node_url
 from agboss_sql.lab.faults.holds import AFTER_COMMIT, AFTER_WORK, BEFORE_FENCE, BEFORE_WORK
 from agboss_sql.lab.faults.run import FaultSettings, ScenarioRun
 from agboss_sql.lab.faults.scenarios import Hold, Scenario
 from agboss_sql.lab.faults.suite import ScenarioResult, format_report, run_scenario
-from agboss_sql.lab.workload import node_url
 
 QUORUM_BOUND_S = 45.0
 """How long the survivors may take to form a primary component of 2: the node's loss is

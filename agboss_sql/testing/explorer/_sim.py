@@ -25,9 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agboss_sql.contracts.types import ExecutionLease, LeaseState, QueuedChild
-from agboss_sql.testing.explorer._call_moves import CallMoves
-from agboss_sql.testing.explorer._lease_moves import LeaseMoves
+from agboss_sql.contracts.types import QueuedChild
 from agboss_sql.testing.explorer._model import (
     ChildModel,
     Inst,
@@ -36,10 +34,10 @@ from agboss_sql.testing.explorer._model import (
     PauseModel,
     TreeModel,
 )
+from agboss_sql.testing.explorer._stale_moves import StaleMoves
 from agboss_sql.testing.explorer._store_moves import StoreMoves
 from agboss_sql.testing.explorer._tree_moves import TreeMoves
 from agboss_sql.testing.explorer._world import (
-    _COMPLETED,
     _FAILED,
     _PENDING,
     ABSENT,
@@ -54,7 +52,6 @@ from agboss_sql.testing.explorer._world import (
     CLAIM_CHILD,
     CLAIM_CHILDREN,
     CLAIM_WAKE,
-    CLOSED_EPOCH_NEVER_MOVES,
     EFFECT,
     END,
     FENCED_EFFECT_WORLD,
@@ -89,7 +86,6 @@ from agboss_sql.testing.explorer._world import (
     SEND_REFUSED,
     SKEWS,
     STALE,
-    STALE_LEASE_MOVES,
     START_MS,
     STORE_ERROR,
     TAKE,
@@ -117,18 +113,11 @@ def _rel(time_ms: int | None, now: int) -> int | None:
     return time_ms - now if time_ms >= now else -1
 
 
-_MOVED = frozenset(
-    {"renew: renewed", "yield: yielded", "reclaim: granted", "release: done", "finish: done"}
-)
-"""The answers of a lease move the store accepted."""
-
-_OVER = frozenset({LeaseState.SUPERSEDED, LeaseState.RELEASED, LeaseState.FINISHED})
-
 SPAWN = "spawn"
 """The child-tree world's set-up step: a child queues its own children."""
 
 
-class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
+class Sim(StaleMoves, TreeMoves, StoreMoves):
     """The instances and the model of one run, over the stores of one skew."""
 
     # --- a schedule -----------------------------------------------------------------
@@ -386,36 +375,6 @@ class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
         for child in sorted(inst.wake_claims):
             out.append((i, MARK_WOKEN, child))
 
-    def _stale_moves(self, inst: Inst, out: list[Action]) -> None:
-        """What `inst` may do out of turn, as a zombie, a buggy runtime or a replayed
-        message would: with every context it ever held, every lease move of the world, the
-        fenced effect, and the call's record, claim and end, but those it makes in good
-        faith (with the lease it holds, every move but reclaim; with the lease it yielded,
-        reclaim and release)."""
-        i = inst.index
-        world = self.world
-        view = inst.view
-        acting = inst.acting()
-        for epoch, lease in inst.contexts.items():
-            moves: list[str] = [m for m in STALE_LEASE_MOVES if m in world.lease_ops]
-            if world.effect:
-                moves.append(EFFECT)
-            if world.call:
-                moves.append(RECORD)
-                if isinstance(view, tuple) and view[0] != _COMPLETED:
-                    moves.append(CLAIM)
-                    if view[0] == _PENDING and view[1] > 0:
-                        moves.append(END)
-            if lease is acting:
-                if inst.holding:
-                    good = {RENEW, YIELD, RELEASE, FINISH, RECORD, CLAIM, END}
-                    if not inst.effect_done:
-                        good.add(EFFECT)
-                else:
-                    good = {RECLAIM, RELEASE}
-                moves = [m for m in moves if m not in good]
-            out.extend((i, STALE + move, epoch) for move in moves)
-
     def _protocol(self, inst: Inst, now: int, out: list[Action]) -> None:
         """The outbound-call protocol's next steps for `inst`: read the intent, record it,
         reconcile another owner's pending attempt, claim the next attempt, send, end it."""
@@ -476,43 +435,6 @@ class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
         if check:
             seen = self.outcomes
             seen[self.outcome] = seen.get(self.outcome, 0) + 1
-
-    async def _closing_step(
-        self, inst: Inst, op: str, param: int, check: bool, log: list[str] | None
-    ) -> None:
-        """A step of the lease-closing world: checked against the epochs `lease_state_of`
-        answered over, which never move again."""
-        tree = inst.tree
-        if op == LEASE_STATE_OF:
-            expected = tree.state_at(param, self.now)
-            state = await self._lease_state_of(inst, tree, param, check, log)
-            decided = tree.decided.get(param)
-            if check and state is not expected:
-                raise Broken(
-                    CLOSED_EPOCH_NEVER_MOVES,
-                    f"{inst.name}'s lease_state_of {tree.name} at {param} answered "
-                    f"{state.value} where the contract answers {expected.value}"
-                    + (
-                        f", after {decided[1]} was answered {decided[0].value} there"
-                        if decided
-                        else ""
-                    )
-                    + ": an epoch answered over never moves again",
-                )
-            if state in _OVER and decided is None:
-                tree.decided[param] = (state, inst.name)
-            return
-        epoch = param if op.startswith(STALE) else (inst.lease.lease_epoch if inst.lease else 0)
-        await self._step(inst, op, param, check, log)
-        moved = self.outcome[len(STALE) :] if self.outcome.startswith(STALE) else self.outcome
-        decided = tree.decided.get(epoch)
-        if check and moved in _MOVED and decided is not None:
-            raise Broken(
-                CLOSED_EPOCH_NEVER_MOVES,
-                f"{inst.name}'s {moved.split(':')[0]} of epoch {epoch} of {tree.name} was "
-                f"accepted after {decided[1]} was answered {decided[0].value} there by "
-                "lease_state_of: a closed epoch never moves again",
-            )
 
     async def _step(
         self, inst: Inst, op: str, param: int, check: bool, log: list[str] | None
@@ -584,37 +506,6 @@ class Sim(LeaseMoves, CallMoves, TreeMoves, StoreMoves):
             await self._end(inst, check, log)
         else:
             raise ValueError(f"unknown operation {op!r}")
-
-    async def _stale_step(
-        self,
-        inst: Inst,
-        op: str,
-        lease: ExecutionLease,
-        check: bool,
-        log: list[str] | None,
-    ) -> None:
-        """`op` made with `lease`, a context `inst` should no longer trust. The store's
-        answer is checked against the model as for any move; a refusal changes nothing of
-        what the instance believes (it acted as a zombie would, and goes on)."""
-        if op == RENEW:
-            await self._renew(inst, check, log, lease)
-        elif op == YIELD:
-            await self._yield(inst, check, log, lease)
-        elif op == RECLAIM:
-            await self._reclaim(inst, check, log, lease)
-        elif op in (RELEASE, FINISH):
-            await self._let_go(inst, op == FINISH, check, log, lease)
-        elif op == EFFECT:
-            await self._effect(inst, check, log, lease)
-        elif op == RECORD:
-            await self._record(inst, check, log, lease)
-        elif op == CLAIM:
-            await self._claim(inst, check, log, lease)
-        elif op == END:
-            await self._end(inst, check, log, lease)
-        else:
-            raise ValueError(f"unknown stale operation {op!r}")
-        self.outcome = f"stale {self.outcome}"
 
     # --- time -----------------------------------------------------------------------
 
