@@ -35,22 +35,12 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from agboss_sql._timeouts import Timeouts
-from agboss_sql.contracts.errors import StoreUnavailableError
+from agboss_sql.contracts.errors import BoundsDroppedError as BoundsDroppedError
 
 POOLING_OPTION = "agboss_pooling"
 """The URL query option naming the pooling mode in front of the server."""
 TRANSACTION = "transaction"
 """The one pooling mode: a server session is the client's for one transaction."""
-
-
-class BoundsDroppedError(StoreUnavailableError):
-    """The server session did not get the bounds sent as startup options: something between
-    the client and the server (a pooler, e.g. PgBouncer with `ignore_startup_parameters =
-    options`) dropped them. No connection is handed out: add `?agboss_pooling=transaction`
-    to the URL (the bounds are then set in every transaction), or connect to the server
-    directly."""
-
-    code = "store.bounds-dropped"
 
 
 def pooling_of(url: URL) -> str | None:

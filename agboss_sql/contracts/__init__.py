@@ -16,6 +16,7 @@ from agboss_sql.contracts.clocks import (
 from agboss_sql.contracts.errors import (
     AgbossError,
     AssemblyError,
+    BoundsDroppedError,
     CommitOutcomeUnknownError,
     CorruptStoredRowError,
     DuplicateChildError,
@@ -211,6 +212,7 @@ __all__ = [
     "Store",
     "StoreClock",
     "StoreReadOnlyError",
+    "BoundsDroppedError",
     "StoreTimeoutError",
     "StoreUnavailableError",
     "StoredKeyFacts",

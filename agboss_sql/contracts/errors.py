@@ -227,6 +227,16 @@ class StoreReadOnlyError(StoreUnavailableError):
     code = "store.read-only"
 
 
+class BoundsDroppedError(StoreUnavailableError):
+    """The server session did not get the bounds sent as startup options: something between
+    the client and the server (a pooler, e.g. PgBouncer with `ignore_startup_parameters =
+    options`) dropped them. No connection is handed out: add `?agboss_pooling=transaction`
+    to the URL (the bounds are then set in every transaction), or connect to the server
+    directly."""
+
+    code = "store.bounds-dropped"
+
+
 class CommitOutcomeUnknownError(StoreUnavailableError):
     """The write was sent and its answer never came: it may or may not have committed.
 
