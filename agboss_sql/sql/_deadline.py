@@ -115,6 +115,26 @@ def end_deadline(info: dict[Any, Any], deadline: StatementDeadline) -> None:
     deadline.disarm()
 
 
+def _deadline_of(connection: Any) -> StatementDeadline | None:
+    """The deadline armed on `connection`'s driver connection, if any.
+
+    SQLAlchemy asks a new engine's first connection its questions (server version, SQL
+    mode, ...) on an ad-hoc connection that has no info dict: reading its `info` raises a
+    bare `NotImplementedError`. No deadline of ours is ever set there (`connect_and_begin`
+    sets it after the checkout), and the engine's `handle_error` listeners run there too:
+    a listener that raised would replace the statement's own error, or the cancellation of
+    the checkout's bound, with that `NotImplementedError` (seen on a Galera node stalled
+    by the loss of another)."""
+    if connection is None:
+        return None
+    try:
+        info = connection.info
+    except NotImplementedError:
+        return None
+    deadline: StatementDeadline | None = info.get(ENGINE_DEADLINE)
+    return deadline
+
+
 def bound_statements(engine: AsyncEngine) -> None:
     """Arm the running transaction's `StatementDeadline` as each statement on the engine's
     connections is sent, and disarm it when the statement answered or failed. A statement
@@ -124,14 +144,12 @@ def bound_statements(engine: AsyncEngine) -> None:
 
     @sa.event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _arm(connection: Any, *_args: Any) -> None:
-        deadline = connection.info.get(ENGINE_DEADLINE)
+        deadline = _deadline_of(connection)
         if deadline is not None:
             deadline.arm()
 
     def _disarm(connection: Any, *_args: Any) -> None:
-        if connection is None:
-            return
-        deadline = connection.info.get(ENGINE_DEADLINE)
+        deadline = _deadline_of(connection)
         if deadline is not None:
             deadline.disarm()
 

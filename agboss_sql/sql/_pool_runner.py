@@ -421,16 +421,21 @@ class PoolRunner:
         raised: nothing of the caller's was sent."""
         timeouts = self.timeouts
         bound_s = (timeouts.pool_ms + timeouts.connect_ms) / 1000 + self._statement_s
+        bound = asyncio.timeout(bound_s)
         try:
-            async with asyncio.timeout(bound_s):
+            async with bound:
                 return await greenlet_spawn(connect_and_begin, engine.sync_engine, deadline)
-        except TimeoutError:
+        except Exception as exc:
+            # Past the bound, whatever came out is the cancellation's doing: SQLAlchemy's
+            # set-up may raise another error in its place (its handlers, its clean-up).
+            if not isinstance(exc, TimeoutError) and not bound.expired():
+                raise
             raise StoreTimeoutError(
                 "connect",
                 timeouts.connect_ms,
                 f"no connection to {self._safe_url()} set up within {bound_s:.1f} s "
                 "(Timeouts.pool_ms + connect_ms + the statement bound); nothing was sent",
-            ) from None
+            ) from (None if isinstance(exc, TimeoutError) else exc)
 
     def _bounded_creator(self, create: Callable[[], Any]) -> Callable[[], Any]:
         """`create` (a new driver connection for the engine) bounded by `connect_ms`."""
