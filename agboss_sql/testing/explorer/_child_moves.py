@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from agboss_sql.contracts.stores import ChildExecutionQueueRepository
-from agboss_sql.contracts.types import ChildStatus
+from agboss_sql.contracts.types import ChildFinish, ChildStatus, FinishResult, QueuedChild
 from agboss_sql.testing.explorer._model import Inst
 from agboss_sql.testing.explorer._sim_base import SimBase
 from agboss_sql.testing.explorer._world import (
     NO_STALE_WRITE,
     ONE_EFFECT_PER_KEY,
     ONE_LIVE_HOLDER,
+    OTHER_TENANT_CHILD,
     PARENT_WOKEN_ONCE,
+    STORE_ERROR,
     Broken,
 )
 
@@ -34,6 +36,13 @@ class ChildMoves(SimBase):
         is given to one claimer."""
         index = self.child_index(found.child_execution_id)
         if index is None:
+            if check and found.child_execution_id == self.other_child_id():
+                raise Broken(
+                    ONE_LIVE_HOLDER,
+                    f"{inst.name}'s {how} took {found.child_execution_id} at attempt "
+                    f"{found.attempt}, the other tenant's child running since the set-up: a "
+                    "claim takes queued children only",
+                )
             if check:
                 raise Broken(
                     ONE_LIVE_HOLDER,
@@ -271,6 +280,184 @@ class ChildMoves(SimBase):
             if parent >= 0 and self.children[parent].status is ChildStatus.WAITING:
                 # The finish of the last child it waits for makes the parent claimable.
                 self.children[parent].status = ChildStatus.QUEUED
+
+    # --- the batch finish -----------------------------------------------------------
+
+    def other_child_id(self) -> str:
+        """The other tenant's child of the child-queue world."""
+        return f"{OTHER_TENANT_CHILD}{self.suffix}"
+
+    async def _other_tenant_child(self, queue: ChildExecutionQueueRepository) -> None:
+        """The child-queue world's other tenant: its child, under a parent of the same id
+        as this tenant's children's, queued and claimed by instance-1 at attempt 1."""
+        other = self.other_child_id()
+        await queue.enqueue(
+            QueuedChild(
+                tenant_id=f"{self.tenant}-b",
+                root_execution_id=f"root{self.suffix}",
+                parent_execution_id=f"parent{self.suffix}",
+                child_execution_id=other,
+                depth=1,
+                payload={"child": "b"},
+            )
+        )
+        found = await queue.claim(self.insts[0].name)
+        if found is None or found.child_execution_id != other or found.attempt != 1:
+            raise Broken(
+                STORE_ERROR,
+                f"the world's set-up claimed {found!r} where the other tenant's {other}, "
+                "the only child queued, is claimed at attempt 1",
+            )
+
+    def batch_of(self, inst: Inst, first: int, attempt: int) -> list[tuple[int, int]]:
+        """The entries of `inst`'s batch finish led by `first` at `attempt`: then every
+        other child it saw at the latest attempt it saw, and in the child-queue world the
+        other tenant's child (index -1) at its attempt 1. A child that waits on children
+        still running is finished by no runtime at its own attempt: left out."""
+        latest: dict[int, int] = {}
+        for child, seen in inst.attempts:
+            latest[child] = max(seen, latest.get(child, 0))
+        entries = [(first, attempt)]
+        for child in sorted(latest):
+            if child != first and not self._waits_on_children(child, latest[child]):
+                entries.append((child, latest[child]))
+        if not self.world.deep:
+            entries.insert(1, (-1, 1))
+        return entries
+
+    def _waits_on_children(self, child: int, attempt: int) -> bool:
+        model = self.children[child]
+        return (
+            model.attempt == attempt
+            and model.status is ChildStatus.RUNNING
+            and any(
+                c.parent == child and c.queued and c.status is not ChildStatus.FINISHED
+                for c in self.children
+            )
+        )
+
+    async def _finish_children(
+        self, inst: Inst, first: int, attempt: int, check: bool, log: list[str] | None
+    ) -> None:
+        """A batch finish: each entry answers what `finish` one after another in the order
+        given would (a live attempt finished with its parent's count at its turn, a
+        superseded one refused with that count and changing nothing, a retry answered as
+        its finish was), exactly one finish of a parent's last child answers none left,
+        and the other tenant's child is counted under its own tenant's parent."""
+        entries = self.batch_of(inst, first, attempt)
+        names = [self.other_child_id() if c < 0 else self.child_id(c) for c, _ in entries]
+        text = ", ".join(f"{n} at attempt {a}" for n, (_, a) in zip(names, entries, strict=True))
+        batch = [
+            ChildFinish(name, a, {"by": inst.name})
+            for name, (_, a) in zip(names, entries, strict=True)
+        ]
+        try:
+            results = list(await self._queue(inst).finish_many(batch))
+        except Exception as exc:
+            raise self._error(inst, f"finish {text} in one batch", exc) from exc
+        answers = [
+            f"finished, {r.remaining} left" if r.finished else f"refused, {r.remaining} left"
+            for r in results
+        ]
+        self._said(log, f"{inst.name} finish {text} in one batch", "; ".join(answers))
+        if check and len(results) != len(entries):
+            raise Broken(
+                ONE_EFFECT_PER_KEY,
+                f"{inst.name}'s batch finish of {len(entries)} entries answered "
+                f"{len(results)}: one answer per entry",
+            )
+        kinds: set[str] = set()
+        for (child, at), name, result in zip(entries, names, results, strict=False):
+            kinds.add(self._batch_entry(inst, child, at, name, result, check))
+        order = ("finished", "none left", "replayed", "refused")
+        self.outcome = "finish-children: " + ", ".join(k for k in order if k in kinds)
+
+    def _batch_entry(
+        self, inst: Inst, index: int, attempt: int, name: str, got: FinishResult, check: bool
+    ) -> str:
+        """One entry of a batch finish checked against the model at its turn, the model
+        moved on; what kind of answer it was."""
+        wake = PARENT_WOKEN_ONCE if self.world.deep else ONE_EFFECT_PER_KEY
+        said = f"{inst.name}'s batch finish of {name} at attempt {attempt}"
+        answered = f"answered {'finished' if got.finished else 'refused'}, {got.remaining} left"
+        if index < 0:
+            # The other tenant's parent has this child alone: none left once it finished.
+            kind = "replayed" if self.other_finished else "finished"
+            self.other_finished = True
+            if check and (not got.finished or got.remaining != 0):
+                raise Broken(
+                    wake,
+                    f"{said} {answered} where the contract answers finished, 0 left: it is "
+                    "its own tenant's parent's only child, counted apart from the parent of "
+                    "the same id in this tenant",
+                )
+            return kind
+        child = self.children[index]
+        left = self._unfinished_of_parent(child.parent)
+        if child.status is ChildStatus.FINISHED and child.finished_attempt == attempt:
+            if check and (not got.finished or got.remaining != child.remaining):
+                raise Broken(
+                    ONE_EFFECT_PER_KEY,
+                    f"{said} {answered} where its finish answered {child.remaining} left: a "
+                    "retried finish answers what it answered",
+                )
+            return "replayed"
+        live = child.status is ChildStatus.RUNNING and child.attempt == attempt
+        if not live:
+            if check and got.finished:
+                raise Broken(
+                    NO_STALE_WRITE,
+                    f"{said} was accepted while it was {child.status.value} at attempt "
+                    f"{child.attempt}: a batch finish compares each entry's attempt",
+                )
+            if check and got.remaining != left:
+                raise Broken(
+                    wake,
+                    f"{said} {answered} where {left} of the parent's children are "
+                    "unfinished: a superseded entry changes nothing and answers the "
+                    "parent's count at its turn",
+                )
+            return "refused"
+        if check and (not got.finished or got.remaining != left - 1):
+            raise Broken(
+                wake,
+                f"{said} {answered} where the contract answers finished, {left - 1} left "
+                f"({name} running at attempt {attempt}, {left} of the parent's children "
+                "unfinished at its turn): each entry is finished as one finish after another",
+            )
+        self._finished(inst, index, attempt, int(got.remaining), said, check)
+        return "none left" if got.remaining == 0 else "finished"
+
+    def _unfinished_of_parent(self, parent: int) -> int:
+        return sum(
+            1
+            for c in self.children
+            if c.parent == parent and c.queued and c.status is not ChildStatus.FINISHED
+        )
+
+    def _finished(
+        self, inst: Inst, index: int, attempt: int, remaining: int, said: str, check: bool
+    ) -> None:
+        """The model's child finished at `attempt`, answered `remaining` left: the finish
+        that answers none left owes the parent its wake, once."""
+        child = self.children[index]
+        child.status = ChildStatus.FINISHED
+        child.finished_attempt = attempt
+        child.remaining = remaining
+        if remaining:
+            return
+        parent = child.parent
+        woken = self.woken_by.get(parent)
+        if check and woken:
+            raise Broken(
+                PARENT_WOKEN_ONCE if self.world.deep else ONE_EFFECT_PER_KEY,
+                f"{said} answered none left after {woken} had: the parent is woken twice",
+            )
+        self.woken_by[parent] = said
+        inst.wakes.add(index)
+        if parent >= 0 and self.children[parent].status is ChildStatus.WAITING:
+            # The finish of the last child it waits for makes the parent claimable.
+            self.children[parent].status = ChildStatus.QUEUED
 
     # --- checks of the child-tree world --------------------------------------------
 

@@ -57,6 +57,7 @@ from agboss_sql.testing.explorer._world import (
     FENCED_EFFECT_WORLD,
     FINISH,
     FINISH_CHILD,
+    FINISH_CHILDREN,
     GET,
     HANDOVER_WORLD,
     INVARIANTS,
@@ -148,6 +149,7 @@ class Sim(StaleMoves, TreeMoves, StoreMoves):
         else:
             self.children = [ChildModel(c) for c in range(CHILDREN if self.world.queue else 0)]
         self.woken_by = {}
+        self.other_finished = False
         self.suffix = "" if tenant == "tenant-1" else f"-{tenant}"
         store = self.world.store
         tenants = (tenant, f"{tenant}-b")
@@ -182,6 +184,8 @@ class Sim(StaleMoves, TreeMoves, StoreMoves):
             return
         queue = self.insts[0].stores.queue
         assert queue is not None
+        if self.world.batch_finish and not self.world.deep:
+            await self._other_tenant_child(queue)
         for child in self.children:
             if not child.queued:
                 continue
@@ -297,9 +301,10 @@ class Sim(StaleMoves, TreeMoves, StoreMoves):
                 else:
                     out.append((i, CLAIM_CHILDREN, CHILDREN))
                 out.append((i, RUNNING, 0))
+                finish = FINISH_CHILDREN if world.batch_finish and i else FINISH_CHILD
                 for child, attempt in sorted(inst.attempts):
                     out.append((i, RESTART, child * ATTEMPTS + attempt))
-                    out.append((i, FINISH_CHILD, child * ATTEMPTS + attempt))
+                    out.append((i, finish, child * ATTEMPTS + attempt))
                 continue
             if ACQUIRE in ops and inst.trust_left(now) == 0:
                 out.append((i, ACQUIRE, 0))
@@ -355,18 +360,14 @@ class Sim(StaleMoves, TreeMoves, StoreMoves):
         i = inst.index
         out.append((i, CLAIM_CHILD, 0) if i == 0 else (i, CLAIM_CHILDREN, CHILDREN))
         out.append((i, RUNNING, 0))
+        finish = FINISH_CHILDREN if self.world.batch_finish and i else FINISH_CHILD
         for child, attempt in sorted(inst.attempts):
             param = child * ATTEMPTS + attempt
             out.append((i, RESTART, param))
-            model = self.children[child]
             # A runtime finishes a child with children only once none of them is left to
             # wait for: at its own attempt, while one runs, it waits instead.
-            if not (
-                model.attempt == attempt
-                and model.status.value == "running"
-                and self._unfinished_of(child)
-            ):
-                out.append((i, FINISH_CHILD, param))
+            if not self._waits_on_children(child, attempt):
+                out.append((i, finish, param))
             if any(c.parent == child for c in self.children):
                 out.append((i, WAIT_CHILDREN, param))
         out.append((i, UNWOKEN, 0))
@@ -477,6 +478,8 @@ class Sim(StaleMoves, TreeMoves, StoreMoves):
             await self._restart(inst, *divmod(param, ATTEMPTS), check, log)
         elif op == FINISH_CHILD:
             await self._finish_child(inst, *divmod(param, ATTEMPTS), check, log)
+        elif op == FINISH_CHILDREN:
+            await self._finish_children(inst, *divmod(param, ATTEMPTS), check, log)
         elif op == ACQUIRE:
             await self._acquire(inst, check, log)
         elif op == RENEW:
@@ -549,6 +552,7 @@ __all__ = [
     "CLAIM_CHILD",
     "CLAIM_CHILDREN",
     "FINISH_CHILD",
+    "FINISH_CHILDREN",
     "RESTART",
     "RUNNING",
     "CLAIM",

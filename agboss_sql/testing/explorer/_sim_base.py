@@ -76,6 +76,9 @@ class SimBase:
         self.charges: list[tuple[str, int, str, str]] = []
         self.children: list[ChildModel] = []
         self.woken_by: dict[int, str] = {}
+        self.other_finished = False
+        """The child-queue world's child of the other tenant was finished (by a batch). Not
+        part of the state: its entry is answered alike either way (finished, none left)."""
         """By parent (-1: the root): which finish answered that no sibling is left (the
         last child's wake)."""
         self.pauses: list[PauseModel] = []

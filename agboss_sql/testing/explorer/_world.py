@@ -97,6 +97,10 @@ CLAIM_CHILDREN = "claim-children"
 RUNNING = "running"
 RESTART = "restart"
 FINISH_CHILD = "finish-child"
+FINISH_CHILDREN = "finish-children"
+"""A batch finish (`finish_many`) made by the instances after the first: the parameter
+(`child * 1000 + attempt`) is its first entry; then every other child the instance saw, at
+the latest attempt it saw, and in the child-queue world the other tenant's child."""
 ATTEMPTS = 1000
 # The deep tree's steps (the parameter of a wait is `child * 1000 + attempt`; of a wake's
 # claim and mark, the child that owes the wake).
@@ -166,6 +170,9 @@ class World:
     """The world drives the child queue (and no lease)."""
     deep: bool = False
     """The child-queue world's tree is two levels deep: a child waits for its own children."""
+    batch_finish: bool = False
+    """The instances after the first finish children in batches (`finish_many`), the first
+    one at a time."""
     store: str = ""
     """For a world of a store that is no fencing store (`paused_execution`, `cost_ledger`):
     that store, and no lease."""
@@ -251,8 +258,17 @@ CHILD_QUEUE_WORLD = World(
     "child-queue world",
     (),
     queue=True,
+    batch_finish=True,
     needs=("child_queue",),
 )
+"""A parent's two children in the child queue, and another tenant's child under a parent of
+the same id, claimed by instance-1 in the set-up. The first instance claims and finishes
+one child at a time, the others in batches; any instance lists the running children and
+restarts (rescues) or finishes with any attempt it saw. A batch finish mixes live,
+superseded, already finished and the other tenant's entries, and may be sent again: each
+entry answers what one finish after another would, a superseded one changes nothing, no
+child is finished twice, exactly one finish of the parent's last child answers none left,
+and each tenant's parent is counted apart."""
 
 LEASE_CLOSING_WORLD = World(
     "lease_closing",
@@ -275,20 +291,21 @@ CHILD_TREE_WORLD = World(
     (),
     queue=True,
     deep=True,
+    batch_finish=True,
     needs=("child_queue",),
     invariant=PARENT_WOKEN_ONCE,
     shallower=3,
 )
 """A tree two levels deep in the child queue: the root's children child-1 and child-2,
 and child-1's own children child-3 and child-4. Every schedule starts with child-1 claimed
-(attempt 1), its children queued and child-1 waiting for them. Instances claim (one at a
-time, or in batches), list the running children, restart (rescue) and finish with any
-attempt they saw, ask `wait_for_children` at any attempt of child-1 they saw, and wake
-the parent a finish owes its wake to (`unwoken`, `claim_wake`, `mark_woken`, with time
-passing the wake's claim). A parent is woken exactly once per wait, and only when the
-last child it waits for is done: child-1 is claimable again only after both its children
-finished, and then claimed by one claimer; exactly one finish of a parent's last child
-answers none left; a wake is marked done by one claimer."""
+(attempt 1), its children queued and child-1 waiting for them. Instances claim and finish
+(the first one at a time, the others in batches), list the running children, restart
+(rescue) with any attempt they saw, ask `wait_for_children` at any attempt of child-1 they
+saw, and wake the parent a finish owes its wake to (`unwoken`, `claim_wake`, `mark_woken`,
+with time passing the wake's claim). A parent is woken exactly once per wait, and only
+when the last child it waits for is done: child-1 is claimable again only after both its
+children finished, and then claimed by one claimer; exactly one finish of a parent's last
+child (alone or in a batch) answers none left; a wake is marked done by one claimer."""
 
 PAUSE_WORLD = World(
     "pause",
@@ -344,6 +361,11 @@ cost ledger's reservations."""
 
 CHILDREN = 2
 """How many children the child-queue world queues under its parent."""
+
+OTHER_TENANT_CHILD = "child-b"
+"""The child-queue world's child of the other tenant (`<tenant>-b`), under a parent of the
+same id as the world's own children's: claimed at attempt 1 in the set-up, finished by the
+first batch finish that names it."""
 
 TREE = ((-1, 1), (-1, 1), (0, 2), (0, 2))
 """The child-tree world's children, by index: (parent's index, -1 for the root; depth)."""
