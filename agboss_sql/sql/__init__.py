@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from agboss_sql.sql._effect_connection import EffectTransactionEndedError
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.costs import SqlCostLedgerRepository
 from agboss_sql.sql.effects import SqlFencedEffectRepository
@@ -70,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EffectTransactionEndedError",
     "SqlCheckpointSaver",
     "SqlChildExecutionQueueRepository",
     "SqlConnection",

@@ -291,12 +291,13 @@ class InlineRunner:
         """`drive_on` of a one-statement step; on the work connection without the step (the
         hot path of a fenced effect's own statements)."""
         if isinstance(connection, InlineWorkConnection):
+            raw = connection.raw  # refused by a fenced effect's ended handle: nothing sent
             cache = self.cache
             compiled = cache.compiled(statement)
             sent = cache.params(compiled, params)
             if cache.listeners:
                 cache.notify(compiled.sql, sent)
-            rows, count = await self.execute(connection.raw, compiled.sql, sent)
+            rows, count = await self.execute(raw, compiled.sql, sent)
             return Result(rows, count)
         return await self.drive_on(connection, single(statement, params)())
 

@@ -64,16 +64,16 @@ class InlineWorkConnection(AsyncConnection):
         return self._proxied.exec_driver_sql(statement, parameters, execution_options)
 
     async def commit(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+        raise sa.exc.InvalidRequestError(STORE_OWNS_IT)
 
     async def rollback(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+        raise sa.exc.InvalidRequestError(STORE_OWNS_IT)
 
     async def close(self) -> NoReturn:
-        raise sa.exc.InvalidRequestError(_STORE_OWNS_IT)
+        raise sa.exc.InvalidRequestError(STORE_OWNS_IT)
 
 
-_STORE_OWNS_IT = (
+STORE_OWNS_IT = (
     "this transaction ends with the store's operation (COMMIT when it succeeds, ROLLBACK "
     "when it raises): raise to roll it back"
 )
@@ -91,4 +91,4 @@ async def aiosqlite_execute(
         await cursor.close()
 
 
-__all__ = ["InlineWorkConnection", "WorkConnection", "aiosqlite_execute"]
+__all__ = ["STORE_OWNS_IT", "InlineWorkConnection", "WorkConnection", "aiosqlite_execute"]

@@ -21,6 +21,13 @@ statements run on the same connection (`SqlConnection.execute_on`), in this orde
 3. an existing row replays through `replayed_from_of`; else the work, then the
    result stored into the claimed row, then the commit.
 
+The work gets its own handle on that transaction (`_effect_connection`): an
+`AsyncConnection` over the same SQLAlchemy `Connection` that ends when the work returns
+(or raises, or is cancelled). A task or closure that kept it and calls it later gets
+`EffectTransactionEndedError` and nothing is sent: the store's connection, which the
+next transaction reuses, never sees a write from outside an effect. Ending the
+transaction from the work (`commit`, `rollback`, `close`) is refused while it runs.
+
 Any refusal or exception rolls all of it back (the mark and the work's rows
 included); transient conflicts (deadlocks, serialization failures, busy) run
 the whole transaction again.
@@ -67,6 +74,7 @@ from agboss_sql.contracts.types import (
 )
 from agboss_sql.sql._backoff import back_off
 from agboss_sql.sql._base import FencedStore, dumps, identity_hash, loads
+from agboss_sql.sql._effect_connection import effect_connection
 from agboss_sql.sql._fence import fence_on, fence_params
 from agboss_sql.sql._inline_work import InlineWorkConnection
 from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlBuilder, SqlConnection
@@ -155,7 +163,10 @@ class SqlFencedEffectRepository(
         the key's stored result (another fingerprint under a business key is
         `IdempotencyKeyConflictError`); else run `work(tx)` on the open transaction and
         store its JSON result. The answer's value is the stored JSON's value. Any refusal
-        or exception rolls everything back, the work's rows included."""
+        or exception rolls everything back, the work's rows included. `tx` is the work's
+        only while it runs: a call through it after the work returned raises
+        `EffectTransactionEndedError` and sends nothing; `commit`, `rollback` and
+        `close` from the work raise SQLAlchemy's `InvalidRequestError`."""
         checked_fenced_key(key)
         identity = fenced_key_identity_of(key)
         facts = {
@@ -182,11 +193,15 @@ class SqlFencedEffectRepository(
             if stored is not None:
                 return _replay_of(key, stored)
             idle = _IdleBound.on(tx, connection)
+            handle = effect_connection(tx)
             try:
-                value = await work(tx)
+                value = await work(handle)
                 if idle is not None:
                     idle.check()
             finally:
+                # Whatever the work keeps of its handle is refused from here on, every
+                # exit path included (a raise, a cancellation): see `_effect_connection`.
+                handle.end()
                 if idle is not None:
                     idle.close()
             # A value that is not JSON fails here, inside the transaction: all rolls back.

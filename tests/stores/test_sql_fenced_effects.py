@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +57,7 @@ from agboss_sql.contracts import (
 )
 from agboss_sql.lab.business import committed_business_rows, insert_business_row
 from agboss_sql.sql._base import identity_hash
+from agboss_sql.sql._effect_connection import EffectTransactionEndedError
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.effects import SqlFencedEffectRepository
 from agboss_sql.sql.leases import SqlExecutionLeaseRepository
@@ -433,6 +435,151 @@ async def test_the_inline_work_connection_answers_as_an_async_connection_and_kee
     assert await cluster.rows() == []
     assert await cluster.results() == []
     assert await cluster.mark() == 0
+
+
+def _uses_of(tx: AsyncConnection) -> dict[str, Callable[[], Any]]:
+    """Every way to reach the database through an `AsyncConnection` (a call each)."""
+    one = sa.select(sa.literal(1))
+    return {
+        "execute": lambda: tx.execute(one),
+        "scalar": lambda: tx.scalar(one),
+        "scalars": lambda: tx.scalars(one),
+        "stream": lambda: tx.stream(one),
+        "stream_scalars": lambda: tx.stream_scalars(one),
+        "exec_driver_sql": lambda: tx.exec_driver_sql("SELECT 1"),
+        "run_sync": lambda: tx.run_sync(lambda sync: sync.execute(one)),
+        "begin": lambda: tx.begin().start(),
+        "begin_nested": lambda: tx.begin_nested().start(),
+        "commit": tx.commit,
+        "rollback": tx.rollback,
+        "close": tx.close,
+        "get_raw_connection": tx.get_raw_connection,
+        "invalidate": tx.invalidate,
+        "execution_options": lambda: tx.execution_options(isolation_level="SERIALIZABLE"),
+        "in_transaction": tx.in_transaction,
+        "sync_connection": lambda: tx.sync_connection,
+        "start": tx.start,
+    }
+
+
+async def _refused_after_the_effect(cluster: Cluster, tx: AsyncConnection) -> None:
+    """Every use of `tx` (a handle a fenced effect's work kept) raises
+    `EffectTransactionEndedError` (a SQLAlchemy `ResourceClosedError`) and sends nothing."""
+    trips = RoundTrips(cluster.sql)
+    uses = _uses_of(tx)
+    with trips.counting() as sent:
+        for what, use in uses.items():
+            try:
+                outcome = use()
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except EffectTransactionEndedError as exc:
+                refused = exc
+            else:
+                pytest.fail(f"{what} through the kept transaction was not refused")
+            assert isinstance(refused, sa.exc.ResourceClosedError), what
+            assert str(refused).startswith("[fenced-effect.transaction-ended] "), what
+        # The store's own runners refuse it too (a step sent on a kept handle).
+        with pytest.raises(EffectTransactionEndedError):
+            await cluster.sql.execute_on(tx, sa.select(sa.literal(1)), {})
+        if cluster.sql.capabilities.inline:
+            with pytest.raises(EffectTransactionEndedError):
+                tx.raw  # type: ignore[attr-defined]  # noqa: B018
+    assert sent == []
+    assert tx.closed
+
+
+async def test_a_kept_transaction_refuses_every_use_after_the_effect_and_sends_nothing(
+    cluster: Cluster,
+) -> None:
+    """The handle the work got ends when the work returns, after a commit, a raise, a
+    result that is not JSON and a cancellation alike: every call through it is refused
+    before it reaches the connection, and the next effects (on the connection the handle
+    was over) commit as usual."""
+    lease = await cluster.acquire()
+    kept: list[AsyncConnection] = []
+    waiting = asyncio.Event()
+
+    async def keeping(tx: AsyncConnection) -> Any:
+        kept.append(tx)
+        await insert_business_row(tx, f"row-{len(kept)}")
+        assert tx.in_transaction() and not tx.closed
+        if len(kept) == 2:
+            raise RuntimeError("the payment API said no")
+        if len(kept) == 3:
+            return {1, 2}
+        if len(kept) == 4:
+            waiting.set()
+            await asyncio.Event().wait()
+        return "paid"
+
+    effects = cluster.effects(1)
+    assert await effects.save_result_if_absent(key_of(lease), keeping) == FencedEffectResult(
+        "paid", False, None
+    )
+    await _refused_after_the_effect(cluster, kept[-1])
+    with pytest.raises(RuntimeError):
+        await effects.save_result_if_absent(key_of(lease, step_key="step-2"), keeping)
+    await _refused_after_the_effect(cluster, kept[-1])
+    with pytest.raises(TypeError):
+        await effects.save_result_if_absent(key_of(lease, step_key="step-3"), keeping)
+    await _refused_after_the_effect(cluster, kept[-1])
+    task = asyncio.create_task(
+        effects.save_result_if_absent(key_of(lease, step_key="step-4"), keeping)
+    )
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _refused_after_the_effect(cluster, kept[-1])
+    for step in ("step-2", "step-3", "step-4", "step-5"):
+        result = await effects.save_result_if_absent(
+            key_of(lease, step_key=step), Charge(row=f"next-{step}")
+        )
+        assert result == FencedEffectResult({"receipt": "r-1"}, False, None)
+    assert await cluster.rows() == [
+        "row-1",
+        "next-step-2",
+        "next-step-3",
+        "next-step-4",
+        "next-step-5",
+    ]
+    assert len(kept) == 4 and len(set(map(id, kept))) == 4
+
+
+async def test_the_work_cannot_end_the_effects_transaction_on_any_database(
+    cluster: Cluster,
+) -> None:
+    """`commit`, `rollback` and `close` from the work are refused (SQLAlchemy's
+    `InvalidRequestError`) on every database, so the work's rows never commit apart from
+    the fence and the result; the transaction goes on after the refusal."""
+    lease = await cluster.acquire()
+
+    async def ending(tx: AsyncConnection) -> str:
+        await insert_business_row(tx, "kept")
+        for end in (tx.commit, tx.rollback, tx.close):
+            with pytest.raises(sa.exc.InvalidRequestError) as refused:
+                await end()
+            assert not isinstance(refused.value, EffectTransactionEndedError)
+        assert tx.in_transaction()
+        await insert_business_row(tx, "after")
+        return "paid"
+
+    result = await cluster.effects(1).save_result_if_absent(key_of(lease), ending)
+    assert result == FencedEffectResult("paid", False, None)
+    assert await cluster.rows() == ["kept", "after"]
+
+    async def ending_then_raising(tx: AsyncConnection) -> str:
+        await insert_business_row(tx, "rolled-back")
+        with pytest.raises(sa.exc.InvalidRequestError):
+            await tx.commit()
+        raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        await cluster.effects(1).save_result_if_absent(
+            key_of(lease, step_key="step-2"), ending_then_raising
+        )
+    assert await cluster.rows() == ["kept", "after"]
 
 
 # the key's rules, before any statement

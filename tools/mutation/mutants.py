@@ -170,6 +170,10 @@ NOT_MUTATED: dict[str, str] = {
     "agboss_sql.sql._runner": "the connection's runner interface",
     "agboss_sql.sql._inline_runner": "the connection's SQLite runner",
     "agboss_sql.sql._inline_work": "the connection's SQLite work transaction",
+    "agboss_sql.sql._effect_connection": (
+        "the handle a fenced effect's work gets, which ends with the work: its refusals are "
+        "each tested on every database (tests/stores/test_sql_fenced_effects.py)"
+    ),
     "agboss_sql.sql._pool_runner": "the connection's server runner",
     "agboss_sql.sql.inspect": "the operator's read-only views (`agboss-sql inspect`), no store",
     "agboss_sql.sql._inspect_rows": "the operator's read-only views, no store",
