@@ -4,7 +4,9 @@ result that is not JSON leaves nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from typing import Any
 
 from agboss_sql.contracts.errors import (
     ExecutionFencedError,
@@ -331,3 +333,96 @@ async def result_json_refuses_leaves_nothing(ctx: CaseContext) -> None:
     )
     result = await _write(w, key, "json", [1, 2])
     await _expect_ran(w, result, [1, 2], "the write after a failed result")
+
+
+async def _late_write_refused(w: World, late: Any, label: str, what: str) -> None:
+    """`late` (a write through a transaction the effect handed its work, attempted after the
+    effect returned) is refused, and nothing of it is committed."""
+    try:
+        await late
+    except Exception:
+        pass
+    else:
+        fail(
+            "all-or-nothing",
+            f"{what}: the work's transaction took a write after the effect returned",
+        )
+    rows = await w.rows()
+    expect(
+        label not in rows,
+        "all-or-nothing",
+        f"{what}: a write through the kept transaction committed outside any effect ({rows})",
+    )
+
+
+async def kept_transaction_ends_with_the_effect(ctx: CaseContext) -> None:
+    """Work that keeps the transaction it was handed (a task it started, a closure) cannot
+    write through it once the effect returned, whether the effect committed, its work
+    raised or its result was refused: the late write fails and nothing of it is stored, and
+    the next effects on the store (on the connection the kept one was) run as usual."""
+    w = World(ctx)
+    lease = await w.take(w.name(), 0)
+    kept: list[Any] = []
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def keeping(tx: Any) -> Any:
+        kept.append(tx)
+        await w.insert(tx, "charge")
+
+        async def later() -> None:
+            started.set()
+            await release.wait()
+            await w.insert(tx, "late-task")
+
+        kept.append(asyncio.ensure_future(later()))
+        await started.wait()
+        return VALUE
+
+    result = await w.effects(0).save_result_if_absent(key_of(lease), keeping)
+    await _expect_ran(w, result, VALUE, "the write whose work kept its transaction")
+    tx, task = kept
+    release.set()
+    await _late_write_refused(w, task, "late-task", "a task the work started, after a commit")
+    await _late_write_refused(w, w.insert(tx, "late"), "late", "a kept transaction after a commit")
+
+    async def raising(tx: Any) -> Any:
+        kept.append(tx)
+        await w.insert(tx, "raised")
+        raise WorkFailed("the payment API said no")
+
+    try:
+        await w.effects(0).save_result_if_absent(key_of(lease, step_key="step-2"), raising)
+    except WorkFailed:
+        pass
+    else:
+        fail("all-or-nothing", "work that raised was answered")
+    await _late_write_refused(
+        w, w.insert(kept[-1], "late-raised"), "late-raised", "a kept transaction after a rollback"
+    )
+
+    async def not_json(tx: Any) -> Any:
+        kept.append(tx)
+        await w.insert(tx, "not-json")
+        return {1, 2}
+
+    try:
+        await w.effects(0).save_result_if_absent(key_of(lease, step_key="step-3"), not_json)
+    except Exception:
+        pass
+    else:
+        fail("all-or-nothing", "a set as the result was accepted")
+    await _late_write_refused(
+        w,
+        w.insert(kept[-1], "late-refused"),
+        "late-refused",
+        "a kept transaction after its result was refused",
+    )
+    for step in ("step-2", "step-3", "step-4"):
+        again = await _write(w, key_of(lease, step_key=step), f"next-{step}", {"step": step})
+        await _expect_ran(w, again, {"step": step}, f"the next effect ({step}) on the store")
+    expect(
+        await w.rows() == ["charge", "next-step-2", "next-step-3", "next-step-4"],
+        "all-or-nothing",
+        f"business rows {await w.rows()}",
+    )

@@ -39,6 +39,7 @@ from agboss_sql.testing.contracts._fenced_effect_writes import (
     first_write_runs_once,
     invalid_business_keys_refused_first,
     invalid_names_refused_first,
+    kept_transaction_ends_with_the_effect,
     raising_work_leaves_nothing,
     replay_returns_stored_result,
     result_json_refuses_leaves_nothing,
@@ -103,6 +104,11 @@ def cases() -> list[Case]:
         (
             "a result JSON cannot hold leaves no result and no business row",
             result_json_refuses_leaves_nothing,
+            False,
+        ),
+        (
+            "a transaction the work kept takes no write after the effect returned",
+            kept_transaction_ends_with_the_effect,
             False,
         ),
         (
