@@ -13,6 +13,7 @@ migrations there take a lock row instead of `GET_LOCK` (dialects/galera/QUIRKS.m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import select
@@ -31,7 +32,7 @@ from agboss_sql._dialects._mysql_checkpoints import skip_duplicates as skip_dupl
 from agboss_sql._dialects._mysql_failover import _PREFERRED as _PREFERRED
 from agboss_sql._dialects._mysql_failover import FAILOVER_PARAM as FAILOVER_PARAM
 from agboss_sql._dialects._mysql_failover import NODE_STATE_QUERY as NODE_STATE_QUERY
-from agboss_sql._dialects._mysql_failover import first_serving
+from agboss_sql._dialects._mysql_failover import first_serving, node_state
 from agboss_sql._dialects._mysql_failover import nodes_of as nodes_of
 from agboss_sql._dialects._mysql_failover import without_failover as without_failover
 from agboss_sql._dialects._mysql_galera_lock import MIGRATION_LOCK_TABLE as MIGRATION_LOCK_TABLE
@@ -265,10 +266,12 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
     if len(nodes) == 1:
         return await _connect_node(url, nodes[0], timeouts, autocommit, timeouts.connect_ms)
 
-    async def open_node(node: tuple[str, int], bound_ms: int) -> Any:
-        return await _connect_node(url, node, timeouts, autocommit, bound_ms)
+    async def open_node(node: tuple[str, int], bound_ms: int) -> tuple[Any, tuple[str, str]]:
+        async with asyncio.timeout(bound_ms / 1000):
+            raw = await _connect_node(url, node, timeouts, autocommit, bound_ms)
+            return raw, await node_state(raw)
 
-    return await first_serving(nodes, timeouts.connect_ms, open_node)
+    return await first_serving(nodes, timeouts.connect_ms, open_node, abort)
 
 
 async def _connect_node(

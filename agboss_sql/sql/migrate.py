@@ -32,6 +32,8 @@ from alembic.script.revision import RevisionError
 from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
+from agboss_sql._dialects._mysql_failover import nodes_of
+from agboss_sql._dialects._pg_hosts import several_hosts
 from agboss_sql._dialects.mysql_collation import Collation, collation_of
 from agboss_sql.contracts.errors import (
     SchemaNotReadyError,
@@ -40,6 +42,7 @@ from agboss_sql.contracts.errors import (
 )
 from agboss_sql.sql.connection import SqlConnection, normalize_url
 from agboss_sql.sql.schema import metadata
+from agboss_sql.sql.timeouts import Timeouts
 
 VERSION_TABLE = "agboss_alembic_version"
 """The table that holds this project's revision (never Alembic's default `alembic_version`)."""
@@ -78,13 +81,14 @@ def resolve_url(url: str | URL | None = None) -> str:
 def sync_url(url: str | URL) -> URL:
     """The URL with the synchronous driver migrations run on (psycopg, PyMySQL or the
     stdlib sqlite3), whatever driver a plain or async `url` names; a MySQL URL's `failover`
-    alternates are dropped (the first node serves)."""
+    alternates are dropped (an engine of this URL alone connects to its first node; `connect`
+    fails over)."""
     parsed = normalize_url(url)
     ops = dialect_for(parsed.get_backend_name())
     if ops.NAME == "mysql":
         from agboss_sql._dialects.mysql import without_failover
 
-        # A synchronous driver takes no alternates: it connects to the first node.
+        # PyMySQL takes no alternates: `connect` reads them from the URL given it.
         parsed = without_failover(parsed)
     return parsed.set(drivername=f"{ops.NAME}+{ops.SYNC_DRIVER}")
 
@@ -264,7 +268,7 @@ def collation(url: str | URL | None = None) -> Collation | None:
     target = sync_url(resolve_url(url))
     if dialect_for(target.get_backend_name()).NAME != "mysql":
         return None
-    with connect(target) as connection:
+    with connect(url) as connection:
         return collation_of(connection, [*metadata.tables, VERSION_TABLE])
 
 
@@ -416,17 +420,47 @@ def migration_lock(connection: sa.Connection) -> Iterator[None]:
 @contextmanager
 def connect(url: str | URL | None = None) -> Iterator[sa.Connection]:
     """A synchronous connection for migrations to `url` (resolved as `resolve_url`
-    does; a SQLite file's directory is created), closed with its engine after."""
-    target = sync_url(resolve_url(url))
+    does; a SQLite file's directory is created), closed with its engine after.
+
+    A URL naming several servers fails over as the stores' connections do: PostgreSQL's
+    `?host=h1:p1&host=h2:p2&target_session_attrs=read-write` reaches the first server that
+    accepts writes (libpq), each tried within `Timeouts.connect_ms`; a MySQL URL's `failover`
+    alternates, the first node that answers and is Synced, each within its share of it."""
+    resolved = resolve_url(url)
+    target = sync_url(resolved)
     embedded = dialect_for(target.get_backend_name()).CAPABILITIES.inline
     if embedded and target.database not in (None, "", ":memory:"):
         Path(target.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(target, poolclass=sa.NullPool)
+    engine = _failing_over(sa.create_engine(target, poolclass=sa.NullPool), normalize_url(resolved))
     try:
         with engine.connect() as connection:
             yield connection
     finally:
         engine.dispose()
+
+
+def _failing_over(engine: sa.Engine, url: URL) -> sa.Engine:
+    """`engine` (of `sync_url(url)`), its connections failed over when `url` names several
+    servers, within the default `Timeouts.connect_ms` (a migration has no `Timeouts`)."""
+    connect_ms = Timeouts().connect_ms
+    name = dialect_for(url.get_backend_name()).NAME
+    if name == "postgresql" and several_hosts(url) and "connect_timeout" not in url.query:
+        from agboss_sql._dialects.postgresql import session_options
+
+        timeout = session_options(Timeouts(connect_ms=connect_ms))["connect_timeout"]
+
+        @sa.event.listens_for(engine, "do_connect")
+        def _bounded(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+            cparams["connect_timeout"] = timeout  # libpq's, per host
+
+    elif name == "mysql" and len(nodes := nodes_of(url)) > 1:
+        from agboss_sql._dialects._mysql_sync import connect_params
+
+        @sa.event.listens_for(engine, "do_connect")
+        def _first_serving(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+            return connect_params(nodes, connect_ms, cparams)
+
+    return engine
 
 
 def _current_on(connection: sa.Connection) -> str | None:

@@ -24,6 +24,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         'if url.get_backend_name() not in ("mysql", "mariadb"):',
     ): "a URL's failover alternates are read by the MySQL/MariaDB dialect alone",
     (
+        "stores/test_sync_failover.py",
+        'if server.get_backend_name() == "postgresql":',
+    ): "a URL names its servers each database's way (libpq's ?host= list, MySQL's failover)",
+    (
         "cli/test_check_replication.py",
         'if backend != "postgresql":',
     ): "check's replication line and --require-sync read PostgreSQL's streaming replication",

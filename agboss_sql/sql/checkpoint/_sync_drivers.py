@@ -6,6 +6,11 @@ bounds as the async driver of its database (`Timeouts`: PostgreSQL's `statement_
 connect; SQLite's wait for the write lock up to `lock_ms`), and gives up on a server
 statement `GRACE_S` past `statement_ms` as the async path does (`DeadlinePassed`): PyMySQL
 by its socket's read timeout, psycopg by `Watchdog`, which shuts the socket down.
+
+A URL naming several servers is failed over as the async driver fails it over: PostgreSQL's
+`?host=h1:p1&host=h2:p2&target_session_attrs=read-write` by libpq (the first that accepts
+writes), a MySQL URL's `failover` alternates by `_mysql_sync` (the first node that answers
+and is Synced, each within its share of `connect_ms`).
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import URL
 
+from agboss_sql._dialects import _mysql_sync as mysql_sync
 from agboss_sql._dialects import _pg_pooling as pg_pooling
 from agboss_sql._dialects import inline_dialect
 from agboss_sql._dialects import mysql as mysql_dialect
 from agboss_sql._dialects import postgresql as pg_dialect
+from agboss_sql._dialects._mysql_failover import NO_NODE
 from agboss_sql._timeouts import Timeouts
-from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.contracts.errors import (
+    ServerSettingError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from agboss_sql.sql._deadline import DeadlinePassed, statement_bound_s
 
 Rows = tuple[list[Any] | None, int]
@@ -284,17 +295,15 @@ class MysqlDriver:
         self.writer: threading.Lock | None = None
 
     def connect(self) -> Any:
-        import pymysql
         from pymysql.constants import CLIENT
 
-        url = self.url
+        options = mysql_dialect.session_options(self.timeouts)
+        del options["connect_timeout"]  # each node's share of it (`_mysql_sync`)
         try:
-            raw = pymysql.connect(
-                host=url.host or "localhost",
-                port=url.port or 3306,
-                user=url.username or "root",
-                password=url.password or "",
-                database=url.database,
+            # The first node of the URL's `failover` list that serves, as the async driver.
+            return mysql_sync.connect(
+                self.url,
+                self.timeouts.connect_ms,
                 autocommit=True,
                 charset="utf8mb4",
                 # Bytes sent as `_binary'…'`, as aiomysql sends them: a value's bytes are
@@ -303,10 +312,12 @@ class MysqlDriver:
                 client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
                 read_timeout=self.bound_s,
                 write_timeout=self.bound_s,
-                **mysql_dialect.session_options(self.timeouts),
+                **options,
             )
+        except ServerSettingError:
+            raise
         except Exception as exc:
-            if "timed out" in str(exc):
+            if "timed out" in str(exc) and NO_NODE not in str(exc):
                 raise StoreTimeoutError(
                     "connect",
                     self.timeouts.connect_ms,
@@ -314,16 +325,6 @@ class MysqlDriver:
                     "(Timeouts.connect_ms); nothing was sent",
                 ) from exc
             raise _unavailable(self.url, exc) from exc
-        try:
-            with raw.cursor() as cursor:
-                # The async driver's check: a Galera node's session, the server's packet size.
-                cursor.execute(mysql_dialect.SETTINGS_QUERY)
-                if mysql_dialect.checked_settings(cursor.fetchall()):
-                    cursor.execute(mysql_dialect.GALERA_SESSION)
-        except BaseException:
-            raw.close()
-            raise
-        return raw
 
     def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
         cursor = raw.cursor()
