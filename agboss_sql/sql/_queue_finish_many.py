@@ -20,8 +20,8 @@ woken, i.e. whose count reached 0):
 | | PostgreSQL (arrays, `unnest`) | SQLite | MySQL/MariaDB |
 |---|---|---|---|
 | lock the children | 1 | ⌈k/128⌉ | ⌈k/128⌉ |
-| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | 2 (`UPDATE … FROM json_each(…)`: the counts, then the children) | 2p + ⌈k/32⌉ (the children by `CASE` on their row ids) |
-| waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | 1 when w > 0 | w |
+| the counts, and the children finished | 1 (`WITH` the counts' sorted locking read and their update, the children's update; +1 read when an entry's parent has no finish here) | 2 (`UPDATE … FROM json_each(…)`: the counts, then the children) | 3 (the counts' locking read, their update and the children's update, each joined to a `JSON_TABLE` of the batch) |
+| waiting parents made claimable | 1 when w > 0 (+1 notify when one woke) | 1 when w > 0 | 1 when w > 0 |
 
 A batch of 10 children (of one parent or of ten) is 2 statements and one commit on
 PostgreSQL, where 10 `finish` calls are 30 statements and 10 commits; the parents' counts
@@ -59,8 +59,17 @@ FINISHED = ChildStatus.FINISHED.value
 _MAX_IDS = 128
 """The most child ids one locking read names (SQLite, MySQL/MariaDB)."""
 
-_MAX_ROWS = 32
-"""The most children one `CASE` update finishes (MySQL/MariaDB)."""
+_IDENT = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+"""A `JSON_TABLE` column compared with an identifier column: its type and collation, so
+the join looks the row up by its key (another collation would scan, and lock, the table)."""
+
+
+def _json_table(name: str, *columns: str) -> str:
+    """`JSON_TABLE` of the JSON array of arrays `:name`, each inner array a row of `columns`
+    (`"name TYPE"`, in order), as `j` (MySQL 8, MariaDB 10.6+)."""
+    listed = ", ".join(f"{c} PATH '$[{i}]'" for i, c in enumerate(columns))
+    return f"JSON_TABLE(:{name}, '$[*]' COLUMNS({listed})) AS j"
+
 
 _LOCKED = (
     C.c.id,
@@ -82,19 +91,25 @@ def _padded(count: int) -> int:
 
 
 class FinishManyStatements:
-    """The batch finish's statements for one dialect: with arrays (PostgreSQL) a fixed few
-    whatever the batch's size; elsewhere the locking read for a few sizes, then the
-    statements of `finish` per parent and per child."""
+    """The batch finish's statements for one dialect: a fixed few whatever the batch's size
+    (up to 128 children): with arrays on PostgreSQL, JSON documents on SQLite (`json_each`)
+    and on MySQL/MariaDB (`JSON_TABLE`), after the children's locking read."""
+
+    take_counts: Any
+    finish_children: Any
+    wake_waiting_parents: Any
 
     def __init__(self, b: SqlBuilder) -> None:
         self.ops = b.ops
         self.arrays = b.ops.NAME == "postgresql"
         self.documents = b.ops.NAME == "sqlite"
+        self.json_tables = b.ops.NAME == "mysql"
         self._locks: dict[int, Any] = {}
-        self._finishes: dict[int, Any] = {}
         now = sa.bindparam("now", type_=sa.BigInteger)
         if self.documents:
             self._build_documents(now)
+        if self.json_tables:
+            self._build_json_tables()
         if not self.arrays:
             return
         text_array = postgresql.ARRAY(sa.Text())
@@ -242,32 +257,40 @@ class FinishManyStatements:
             .values(status=sa.bindparam("queued"))
         )
 
-    def finish_rows(self, size: int) -> Any:
-        """The update of `size` locked children to finished (MySQL/MariaDB), each with its
-        own outcome, attempt and count by `CASE` on its row id: one statement, not one per
-        child (padded: the last row repeated, which its `CASE` arm answers alike)."""
-        found = self._finishes.get(size)
-        if found is None:
-            ids = [sa.bindparam(f"r{i}", type_=sa.BigInteger) for i in range(size)]
-
-            def by_row(name: str, kind: Any) -> Any:
-                arms = [
-                    (C.c.id == ids[i], sa.bindparam(f"{name}{i}", type_=kind)) for i in range(size)
-                ]
-                return sa.case(*arms)
-
-            found = self._finishes[size] = (
-                sa.update(C)
-                .where(C.c.id.in_(ids))
-                .values(
-                    status=sa.bindparam("finished"),
-                    outcome=by_row("o", sa.Text()),
-                    finished_at=sa.bindparam("now", type_=sa.BigInteger),
-                    finished_attempt=by_row("a", sa.Integer()),
-                    finish_remaining=by_row("n", sa.Integer()),
-                )
-            )
-        return found
+    def _build_json_tables(self) -> None:
+        """MySQL/MariaDB: the counts' locking read and update, the children's update and the
+        wakes, each one statement joined to a `JSON_TABLE` of the batch's rows, not one
+        statement per parent and per child."""
+        counts = _json_table("counts", f"t {_IDENT}", f"p {_IDENT}", "n BIGINT")
+        on_count = "p.tenant_id = j.t AND p.parent_execution_id = j.p"
+        # STRAIGHT_JOIN: the rows are read, and so locked, in the document's order (sorted
+        # by tenant and parent, the order every transaction of the queue locks counts in).
+        self.lock_counts = sa.text(
+            f"SELECT p.tenant_id, p.parent_execution_id, p.unfinished FROM {counts} "
+            f"STRAIGHT_JOIN {P.name} AS p ON {on_count} FOR UPDATE"
+        )
+        self.take_counts = sa.text(
+            f"UPDATE {P.name} AS p JOIN {counts} ON {on_count} "
+            "SET p.unfinished = p.unfinished - j.n WHERE j.n > 0"
+        )
+        ended = _json_table(
+            "ended",
+            "r BIGINT",
+            "o LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            "a INT",
+            "n INT",
+        )
+        self.finish_children = sa.text(
+            f"UPDATE {C.name} AS c JOIN {ended} ON c.id = j.r "
+            "SET c.status = :finished, c.outcome = j.o, c.finished_at = :now, "
+            "c.finished_attempt = j.a, c.finish_remaining = j.n"
+        )
+        emptied = _json_table("emptied", f"t {_IDENT}", f"p {_IDENT}")
+        self.wake_waiting_parents = sa.text(
+            f"UPDATE {C.name} AS c JOIN {emptied} "
+            "ON c.tenant_id = j.t AND c.child_execution_id = j.p "
+            "SET c.status = :queued WHERE c.status = :waiting"
+        )
 
     def lock_ids(self, size: int) -> Any:
         """The locking read of the rows of `size` children (padded `IN` list), by row id."""
@@ -450,48 +473,35 @@ class FinishManyMethods:
         the counts before the batch. A parent with finishes must have a count."""
         order = sorted(taken)
         before: dict[tuple[str, str], int] = {}
-        if sql.documents:
-            changed = [[t, p, taken[(t, p)]] for t, p in order if taken[(t, p)]]
-            if changed:
-                result = yield Exec(sql.take_counts, {"counts": json.dumps(changed)})
-                for tenant_id, parent_id, left in result.rows:
-                    before[(tenant_id, parent_id)] = int(left) + taken[(tenant_id, parent_id)]
-            order = [p for p in order if p not in before]
+        if sql.json_tables:
+            counts = {"counts": json.dumps([[t, p, taken[(t, p)]] for t, p in order])}
+            for tenant_id, parent_id, was in (yield Exec(sql.lock_counts, counts)).rows:
+                before[(tenant_id, parent_id)] = int(was)
+            for parent in order:
+                if taken[parent] and parent not in before:
+                    raise _missing(parent)  # nothing of the batch stays: the step rolls back
+            if any(taken.values()):
+                yield Exec(sql.take_counts, counts)
+            return {parent: before.get(parent, 0) for parent in order}
+        changed = [[t, p, taken[(t, p)]] for t, p in order if taken[(t, p)]]
+        if changed:
+            result = yield Exec(sql.take_counts, {"counts": json.dumps(changed)})
+            for tenant_id, parent_id, left in result.rows:
+                before[(tenant_id, parent_id)] = int(left) + taken[(tenant_id, parent_id)]
         for parent in order:
-            of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
-            n = taken[parent]
-            if not n:
-                before[parent] = yield from parents.unfinished(of)
+            if parent in before:
                 continue
-            if parents.update_returning:
-                row = (yield Exec(parents.take_n_returning, {**of, "n": n})).first()
-                if row is None:
-                    raise _missing(parent)
-                before[parent] = int(row[0]) + n
-            else:
-                row = (yield Exec(parents.lock, of)).first()
-                if row is None:
-                    raise _missing(parent)
-                yield Exec(parents.take_n, {**of, "n": n})
-                before[parent] = int(row[0])
+            if taken[parent]:
+                raise _missing(parent)
+            of = {"tenant_id": parent[0], "parent_execution_id": parent[1]}
+            before[parent] = yield from parents.unfinished(of)
         return before
 
     def _store_finishes(
         self, sql: FinishManyStatements, stored: list[tuple[int, str, int, int]], now: int
     ) -> Step[None]:
-        if sql.documents:
-            ended = {"ended": json.dumps(stored), "finished": FINISHED, "now": now}
-            yield Exec(sql.finish_children, ended)
-            return
-        for at in range(0, len(stored), _MAX_ROWS):
-            part = stored[at : at + _MAX_ROWS]
-            size = _padded(len(part))
-            params: dict[str, Any] = {"finished": FINISHED, "now": now}
-            for i in range(size):
-                row_id, outcome, attempt, remaining = part[min(i, len(part) - 1)]
-                params.update({f"r{i}": row_id, f"o{i}": outcome, f"a{i}": attempt})
-                params[f"n{i}"] = remaining
-            yield Exec(sql.finish_rows(size), params)
+        ended = {"ended": json.dumps(stored), "finished": FINISHED, "now": now}
+        yield Exec(sql.finish_children, ended)
 
     def _wake_waiting(
         self, sql: FinishManyStatements, emptied: list[tuple[str, str]]
@@ -506,18 +516,9 @@ class FinishManyMethods:
                 "waiting": WAITING,
             }
             woke = (yield Exec(sql.wake_waiting_parents, params)).rowcount
-        elif sql.documents:
+        else:
             params = {"emptied": json.dumps(emptied), "queued": QUEUED, "waiting": WAITING}
             woke = (yield Exec(sql.wake_waiting_parents, params)).rowcount
-        else:
-            for tenant_id, parent_id in emptied:
-                params = {
-                    "tenant_id": tenant_id,
-                    "parent_execution_id": parent_id,
-                    "queued": QUEUED,
-                    "waiting": WAITING,
-                }
-                woke += (yield Exec(self._sql.wake_waiting_parent, params)).rowcount
         if woke and self._sql.batch.notify is not None:
             yield Exec(self._sql.batch.notify, {})  # a parent is claimable again
 

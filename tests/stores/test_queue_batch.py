@@ -220,9 +220,10 @@ async def test_a_batch_finish_sends_a_fixed_few_statements_in_one_transaction(
 ) -> None:
     """Ten children finished in one `finish_many`: on PostgreSQL two statements whatever
     the number of children or parents (arrays), on SQLite three (JSON documents: the
-    locking read, the counts, the children); on MySQL/MariaDB the locking read, the counts
-    (a locking read and an update per parent) and one update of the children (`CASE`). The parent emptied
-    by the second batch, waiting for nothing, wakes no row (one statement more)."""
+    locking read, the counts, the children); on MySQL/MariaDB four (the locking read, the
+    counts' locking read and update, the children's update, each of a `JSON_TABLE`). The
+    parent emptied by the second batch, waiting for nothing, wakes no row (one statement
+    more)."""
     queue = store(sql, clock)
     await queue.enqueue_many([child(f"c-{i:02d}") for i in range(12)])
     claimed = list(await queue.claim_many("instance-1", 12))
@@ -231,15 +232,42 @@ async def test_a_batch_finish_sends_a_fixed_few_statements_in_one_transaction(
         got = await queue.finish_many(first)
     assert [r.remaining for r in got] == list(range(11, 1, -1))
     shape = sql.prepared(QueueStatements).finish_many
-    fixed = 2 if shape.arrays else 3 if shape.documents else None
-    assert len(sent) == (fixed or 1 + 2 + 1), sent
+    fixed = 2 if shape.arrays else 3 if shape.documents else 4
+    assert len(sent) == fixed, sent
     rest = [ChildFinish(c.child_execution_id, c.attempt, "last") for c in claimed[10:]]
     with statements(sql, transaction_control=False) as sent:
         got = await queue.finish_many(rest)
     assert list(got) == [FinishResult(True, 1), FinishResult(True, 0)]
-    assert len(sent) == (fixed or 1 + 2 + 1) + 1  # + the waiting parent's wake
+    assert len(sent) == fixed + 1  # + the waiting parent's wake
     with statements(sql, transaction_control=False) as sent:
         assert list(await queue.finish_many(first[:3])) == [
             FinishResult(True, n) for n in (11, 10, 9)
         ]
     assert len(sent) == 1, "a retried batch is answered from the children's rows alone"
+
+
+async def test_a_batch_finish_of_a_parent_per_child_is_as_few_statements(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """Ten children of ten waiting parents finished in one `finish_many`: the statements of
+    a batch of one parent and one wake of every emptied parent (on PostgreSQL also its
+    notification), not a statement per parent; each parent is claimable again, each child
+    answered none left."""
+    queue = store(sql, clock)
+    await queue.enqueue_many([child(f"p-{i}") for i in range(10)])
+    parents = list(await queue.claim_many("instance-1", 10))
+    await queue.enqueue_many([child(f"p-{i}/c", 2, parent=f"p-{i}") for i in range(10)])
+    for parent in parents:
+        waited = await queue.wait_for_children(parent.child_execution_id, attempt=parent.attempt)
+        assert waited is not None and waited.waiting
+    children = list(await queue.claim_many("instance-1", 10))
+    assert {c.parent_execution_id for c in children} == {f"p-{i}" for i in range(10)}
+    batch = [ChildFinish(c.child_execution_id, c.attempt) for c in children]
+    with statements(sql, transaction_control=False) as sent:
+        got = await queue.finish_many(batch)
+    assert list(got) == [FinishResult(True, 0)] * 10
+    shape = sql.prepared(QueueStatements).finish_many
+    fixed = 2 if shape.arrays else 3 if shape.documents else 4
+    assert len(sent) == fixed + 1 + (1 if shape.arrays else 0), sent
+    again = list(await queue.claim_many("instance-2", 20))
+    assert sorted(c.child_execution_id for c in again) == sorted(f"p-{i}" for i in range(10))
