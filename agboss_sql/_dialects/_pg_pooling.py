@@ -14,6 +14,11 @@ options`) are set inside every transaction instead, with `SET LOCAL`:
 - a statement sent alone in autocommit runs in a transaction of its own, begun that way
   and committed after it (two round trips more than in the direct mode: the price of a
   bound that survives pooling);
+- that first round trip is where the pooler makes a transaction wait for one of its server
+  connections (PgBouncer's `default_pool_size` all lent out), a wait it bounds by its own
+  `query_wait_timeout` only: ours ends it at `Timeouts.pool_ms` (`SERVER_WAIT_MARGIN_S`
+  more), drops the connection and raises `StoreTimeoutError(what="pool")` (`BeginWait`,
+  `bounded_begin`); nothing of the transaction was sent yet;
 - prepared statements are off (`prepare_threshold=None`): a statement prepared on one server
   session is unknown to the next (PgBouncer before 1.21 passes them through blindly);
 - no `LISTEN` (a listening session is not kept between transactions: `postgresql.can_listen`),
@@ -30,12 +35,14 @@ that the startup options reached its session, and refuses one whose bounds are m
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from sqlalchemy.engine import URL
 
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import BoundsDroppedError as BoundsDroppedError
+from agboss_sql.contracts.errors import StoreTimeoutError
 
 POOLING_OPTION = "agboss_pooling"
 """The URL query option naming the pooling mode in front of the server."""
@@ -74,26 +81,88 @@ def begin_sql(timeouts: Timeouts) -> str:
     return f"BEGIN; {bounds_sql(timeouts)}"
 
 
+SERVER_WAIT_MARGIN_S = 0.5
+"""How long past `Timeouts.pool_ms` a transaction's first round trip may still take behind a
+transaction pooler: the `BEGIN` and its `SET LOCAL`s' own time on the server and the network."""
+
+
+class PoolerWaitPassed(StoreTimeoutError):
+    """`StoreTimeoutError(what="pool")` of a transaction's first round trip behind a
+    transaction pooler: its connection was dropped (a disconnect, `postgresql.is_disconnect`:
+    never handed out again)."""
+
+
+class BeginWait:
+    """What bounds a transaction's first round trip behind a transaction pooler, kept on the
+    connection (`agboss_wait`): the pooler holds that query until one of its server
+    connections is free, a wait PgBouncer bounds by its own `query_wait_timeout` only. Ours
+    is `Timeouts.pool_ms` (`SERVER_WAIT_MARGIN_S` more for the round trip itself)."""
+
+    __slots__ = ("begin", "bounds", "pool_ms", "seconds")
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self.pool_ms = timeouts.pool_ms
+        self.seconds = timeouts.pool_ms / 1000 + SERVER_WAIT_MARGIN_S
+        self.bounds = bounds_sql(timeouts).encode()
+        self.begin = begin_sql(timeouts).encode()
+
+    def timed_out(self) -> Exception:
+        return PoolerWaitPassed(
+            "pool",
+            self.pool_ms,
+            f"the pooler lent no server connection (or the server did not answer BEGIN) "
+            f"within {self.pool_ms} ms (Timeouts.pool_ms, {SERVER_WAIT_MARGIN_S} s more for "
+            "the round trip); the connection was dropped; nothing was committed",
+        )
+
+
+def bounded_begin(pgconn: Any, query: bytes, wait: BeginWait, encoding: str) -> Any:
+    """A psycopg generator (`PQGen`): `query` (a `BEGIN` with its bounds, one simple-protocol
+    query) sent on `pgconn` and answered within `wait.seconds`, else `pgconn` closed (never
+    reused: the pooler may still lend it a server connection) and `wait.timed_out()` raised.
+    Nothing before this query is in its transaction, so nothing committed is ever reported
+    as not committed. The deadline is checked each time psycopg's wait resumes the generator,
+    which it does every 0.1 s when nothing arrives (its `_WAIT_INTERVAL`)."""
+    from psycopg import errors, generators, pq
+
+    deadline = time.monotonic() + wait.seconds
+    pgconn.send_query(query)
+    running = generators.execute(pgconn)
+    try:
+        state = next(running)
+        while True:
+            ready = yield state
+            if not ready and time.monotonic() >= deadline:
+                pgconn.finish()
+                raise wait.timed_out()
+            state = running.send(ready)
+    except StopIteration as done:
+        results = done.value
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(result, encoding=encoding)
+
+
 _pooled_classes: dict[Any, Any] = {}
 
 
 def pooled_class(base: Any) -> Any:
     """`base` (a psycopg connection class) whose implicit `BEGIN` (outside autocommit, before
-    a transaction's first statement) also sets the transaction's bounds, read from the
-    connection's `agboss_bounds` (bytes: `bounds_sql`)."""
+    a transaction's first statement) also sets the transaction's bounds and is bounded by
+    `Timeouts.pool_ms` (`bounded_begin`), read from the connection's `agboss_wait`
+    (a `BeginWait`)."""
     made = _pooled_classes.get(base)
     if made is not None:
         return made
-    from psycopg import errors, generators, pq
+    from psycopg import pq
 
     idle = pq.TransactionStatus.IDLE
-    fatal = pq.ExecStatus.FATAL_ERROR
 
     class PooledConnection(base):  # type: ignore[misc]
         def _start_query(self) -> Any:
-            bounds = getattr(self, "agboss_bounds", None)
+            wait = getattr(self, "agboss_wait", None)
             if (
-                bounds is None
+                wait is None
                 or self._autocommit
                 or self._pipeline
                 or self.pgconn.transaction_status != idle
@@ -101,11 +170,8 @@ def pooled_class(base: Any) -> Any:
                 return (yield from super()._start_query())
             self._check_connection_ok()
             # One query of several statements (psycopg's own `_exec_command` takes one).
-            self.pgconn.send_query(self._get_tx_start_command() + b"; " + bounds)
-            results = yield from generators.execute(self.pgconn)
-            for result in results:
-                if result.status == fatal:
-                    raise errors.error_from_result(result, encoding=self.pgconn._encoding)
+            query = self._get_tx_start_command() + b"; " + wait.bounds
+            yield from bounded_begin(self.pgconn, query, wait, self.pgconn._encoding)
             return None
 
     PooledConnection.__name__ = PooledConnection.__qualname__ = f"Pooled{base.__name__}"

@@ -195,7 +195,7 @@ async def connect(url: URL, timeouts: Timeouts, *, autocommit: bool = True) -> A
             **args, autocommit=autocommit
         )
         raw.agboss_begin = _pg_pooling.begin_sql(timeouts)
-        raw.agboss_bounds = _pg_pooling.bounds_sql(timeouts).encode()
+        raw.agboss_wait = _pg_pooling.BeginWait(timeouts)
         raw.agboss_cursor = raw.cursor()
         return raw
     raw = await _connection_class().connect(**args, autocommit=autocommit)
@@ -291,10 +291,7 @@ async def _alone(
 ) -> tuple[list[Any] | None, int]:
     """`sql` in a transaction of its own, bounded as `BEGIN` bounds one behind a pooler;
     rolled back when it fails (not after a cancellation: the caller drops `raw`)."""
-    try:
-        await cursor.execute(raw.agboss_begin)
-    finally:
-        _release(cursor)
+    await _begin(raw)
     try:
         answer = await _statement(cursor, sql, params)
         await cursor.execute("COMMIT")
@@ -321,10 +318,18 @@ async def _statement(
         _release(cursor)
 
 
+async def _begin(raw: Any) -> None:
+    """Behind a transaction pooler: `BEGIN` with the transaction's bounds, answered within
+    `Timeouts.pool_ms` (the pooler's wait for a server connection), else `StoreTimeoutError`
+    and `raw` closed (`_pg_pooling.bounded_begin`)."""
+    wait = raw.agboss_wait
+    await raw.wait(_pg_pooling.bounded_begin(raw.pgconn, wait.begin, wait, raw.pgconn._encoding))
+
+
 async def run_text(raw: Any, sql: str) -> None:
-    if sql == BEGIN:
-        # Behind a transaction pooler, the transaction's bounds with its BEGIN.
-        sql = getattr(raw, "agboss_begin", None) or sql
+    if sql == BEGIN and getattr(raw, "agboss_begin", None) is not None:
+        await _begin(raw)
+        return
     await raw.execute(sql)
 
 
@@ -418,6 +423,8 @@ def is_disconnect(exc: BaseException) -> bool:
     orig = getattr(exc, "orig", None)
     if isinstance(orig, BaseException):
         exc = orig
+    if isinstance(exc, _pg_pooling.PoolerWaitPassed):
+        return True  # typed already; its connection was dropped
     if getattr(exc, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT:
         # The server ended the session (idle_in_transaction_session_timeout); psycopg
         # raises it as an InternalError (class 25), not as an OperationalError.

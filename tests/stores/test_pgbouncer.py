@@ -270,3 +270,106 @@ def test_the_migration_lock_is_held_through_the_pooler(pooled_url: str) -> None:
             assert free()
     finally:
         probe.close()
+
+
+def _pooler_setting(url: str, *names: str) -> list[int]:
+    """PgBouncer's settings `names`, from its admin console (a simple-protocol `SHOW CONFIG`:
+    the console takes no other)."""
+    admin = psycopg.connect(**{**_libpq(url), "dbname": "pgbouncer"}, autocommit=True)
+    try:
+        shown = admin.pgconn.exec_(b"SHOW CONFIG")
+        config = {
+            (shown.get_value(i, 0) or b"").decode(): (shown.get_value(i, 1) or b"").decode()
+            for i in range(shown.ntuples)
+        }
+    finally:
+        admin.close()
+    return [int(config[name]) for name in names]
+
+
+@contextlib.asynccontextmanager
+async def _every_server_connection_lent(url: str) -> AsyncIterator[None]:
+    """Every server connection of the database's pool held in an open transaction by other
+    clients of the pooler (`default_pool_size`, and `reserve_pool_size` it adds after a
+    while): a transaction begun meanwhile waits in PgBouncer's queue."""
+    pool, reserve = _pooler_setting(url, "default_pool_size", "reserve_pool_size")
+    holders: list[psycopg.AsyncConnection[Any]] = []
+    try:
+        for _ in range(pool + reserve):
+            holder = await psycopg.AsyncConnection.connect(**_libpq(url))
+            holders.append(holder)
+            await holder.execute("SELECT 1")  # begins: a server connection is the holder's
+        yield
+    finally:
+        for holder in holders:
+            with contextlib.suppress(psycopg.Error):
+                await holder.rollback()
+            await holder.close()
+
+
+WAITING = Timeouts(pool_ms=300, statement_ms=60_000)
+"""A short pool bound; a statement bound (and the client's deadline after it) far longer."""
+WAIT_ENDED_S = 30
+"""The bound a wait for a server connection must end within: far under the statement bound
+(60 s) and PgBouncer's `query_wait_timeout` (checked above it), which would end it
+otherwise; far over `pool_ms` + the margin (0.8 s), for a loaded machine."""
+
+
+async def test_waiting_for_a_server_connection_ends_at_pool_ms(pooled_url: str) -> None:
+    """PgBouncer's pool all lent out: a transaction's first round trip waits in its queue, a
+    wait it bounds by `query_wait_timeout` only. Ours ends it at `pool_ms`, in every way a
+    transaction begins: a statement alone, a step, the engine's transaction, the saver's sync
+    driver (alone and its own `BEGIN`). Each ends in `StoreTimeoutError(what="pool")`, its
+    connection dropped: once the pool is free again, the same connection answers."""
+    import time
+
+    (query_wait_s,) = _pooler_setting(pooled_url, "query_wait_timeout")
+    assert query_wait_s == 0 or query_wait_s > WAIT_ENDED_S, "the pooler would end it itself"
+    connection = SqlConnection(pooled_url, timeouts=WAITING)
+    driver = driver_for(connection.url, WAITING)
+    read = sa.text("SELECT 1")
+    try:
+        # SQLAlchemy's first engine connection asks the server its version outside any
+        # transaction of ours: a wait there ends as a lost connection, not as "pool" (a
+        # known limit, docs/operations.md); the engine is set up before the pool fills.
+        async with connection.transaction() as transaction:
+            await transaction.execute(read)
+
+        async def in_engine() -> None:
+            async with connection.transaction() as transaction:
+                await transaction.execute(read)
+
+        async def on_sync_driver(sql: str) -> None:
+            raw = driver.connect()
+            try:
+                driver.execute(raw, sql, None)
+            finally:
+                assert not driver.is_usable(raw)  # dropped, never reused
+                driver.close(raw)
+
+        calls = {
+            "alone": lambda: connection.execute(read),
+            "step": lambda: connection.run(lambda: _step(read)),
+            "engine": in_engine,
+            "sync alone": lambda: on_sync_driver("SELECT 1"),
+            "sync BEGIN": lambda: on_sync_driver(pg.BEGIN),
+        }
+        async with _every_server_connection_lent(pooled_url):
+            for name, call in calls.items():
+                started = time.monotonic()
+                with pytest.raises(StoreTimeoutError) as caught:
+                    await call()
+                waited = time.monotonic() - started
+                assert caught.value.what == "pool", (name, caught.value)
+                assert caught.value.bound_ms == WAITING.pool_ms
+                assert waited < WAIT_ENDED_S, (name, waited)
+        assert (await connection.execute(read)).rows == [(1,)]
+        assert await connection.run(lambda: _answer(read)) == [(1,)]
+        async with connection.transaction() as transaction:
+            assert (await transaction.execute(read)).all() == [(1,)]
+    finally:
+        await connection.close()
+
+
+def _answer(statement: sa.TextClause) -> Step[Any]:
+    return (yield Exec(statement, {})).rows

@@ -218,6 +218,7 @@ class PostgresDriver:
         # Behind a transaction pooler (no startup options): the bounds in every transaction.
         pooled = "options" not in args
         raw.agboss_begin = pg_pooling.begin_sql(self.timeouts) if pooled else None
+        raw.agboss_wait = pg_pooling.BeginWait(self.timeouts) if pooled else None
         key = pg_pooling.check_key(args)
         if not pooled and pg_pooling.needs_check(key):
             try:
@@ -235,8 +236,9 @@ class PostgresDriver:
         try:
             if raw.agboss_begin is not None:
                 if sql == pg_dialect.BEGIN:
-                    sql = raw.agboss_begin
-                elif raw.pgconn.transaction_status == pg_dialect._IDLE:
+                    self._begin(raw)
+                    return None, -1
+                if raw.pgconn.transaction_status == pg_dialect._IDLE:
                     return self._alone(raw, cursor, sql, params)
             cursor.execute(sql, params)
             result = cursor.pgresult
@@ -258,7 +260,7 @@ class PostgresDriver:
     def _alone(raw: Any, cursor: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
         """Behind a transaction pooler: `sql` in a bounded transaction of its own (as the
         async path's `postgresql._alone`), rolled back when it fails."""
-        cursor.execute(raw.agboss_begin)
+        PostgresDriver._begin(raw)
         try:
             cursor.execute(sql, params)
             result = cursor.pgresult
@@ -271,6 +273,14 @@ class PostgresDriver:
                     cursor.execute("ROLLBACK")
             raise
         return answer
+
+    @staticmethod
+    def _begin(raw: Any) -> None:
+        """Behind a transaction pooler: `BEGIN` with its bounds, answered within `pool_ms`
+        (the pooler's wait for a server connection), else `StoreTimeoutError(what="pool")`
+        and `raw` closed, as on the async path (`_pg_pooling.bounded_begin`)."""
+        wait = raw.agboss_wait
+        raw.wait(pg_pooling.bounded_begin(raw.pgconn, wait.begin, wait, raw.pgconn._encoding))
 
     def close(self, raw: Any) -> None:
         with contextlib.suppress(Exception):
