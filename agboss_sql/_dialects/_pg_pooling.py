@@ -98,9 +98,10 @@ class BeginWait:
     connections is free, a wait PgBouncer bounds by its own `query_wait_timeout` only. Ours
     is `Timeouts.pool_ms` (`SERVER_WAIT_MARGIN_S` more for the round trip itself)."""
 
-    __slots__ = ("begin", "bounds", "pool_ms", "seconds")
+    __slots__ = ("begin", "bounds", "dropped", "pool_ms", "seconds")
 
     def __init__(self, timeouts: Timeouts) -> None:
+        self.dropped = False  # the connection was closed by this bound
         self.pool_ms = timeouts.pool_ms
         self.seconds = timeouts.pool_ms / 1000 + SERVER_WAIT_MARGIN_S
         self.bounds = bounds_sql(timeouts).encode()
@@ -134,6 +135,7 @@ def bounded_begin(pgconn: Any, query: bytes, wait: BeginWait, encoding: str) -> 
             ready = yield state
             if not ready and time.monotonic() >= deadline:
                 pgconn.finish()
+                wait.dropped = True
                 raise wait.timed_out()
             state = running.send(ready)
     except StopIteration as done:
@@ -147,10 +149,10 @@ _pooled_classes: dict[Any, Any] = {}
 
 
 def pooled_class(base: Any) -> Any:
-    """`base` (a psycopg connection class) whose implicit `BEGIN` (outside autocommit, before
-    a transaction's first statement) also sets the transaction's bounds and is bounded by
-    `Timeouts.pool_ms` (`bounded_begin`), read from the connection's `agboss_wait`
-    (a `BeginWait`)."""
+    """`base` (psycopg's async connection class) whose implicit `BEGIN` (outside autocommit,
+    before a transaction's first statement) also sets the transaction's bounds and is bounded
+    by `Timeouts.pool_ms` (`bounded_begin`), read from the connection's `agboss_wait` (a
+    `BeginWait`)."""
     made = _pooled_classes.get(base)
     if made is not None:
         return made
@@ -173,6 +175,16 @@ def pooled_class(base: Any) -> Any:
             query = self._get_tx_start_command() + b"; " + wait.bounds
             yield from bounded_begin(self.pgconn, query, wait, self.pgconn._encoding)
             return None
+
+        async def rollback(self) -> None:
+            # SQLAlchemy rolls back after an error outside its transactions (its first
+            # connection's set-up query): after `bounded_begin` dropped the connection there
+            # is nothing to roll back, and the error it raised must not be replaced by
+            # "the connection is closed".
+            wait = getattr(self, "agboss_wait", None)
+            if wait is not None and wait.dropped:
+                return
+            await super().rollback()
 
     PooledConnection.__name__ = PooledConnection.__qualname__ = f"Pooled{base.__name__}"
     _pooled_classes[base] = PooledConnection

@@ -329,11 +329,6 @@ async def test_waiting_for_a_server_connection_ends_at_pool_ms(pooled_url: str) 
     driver = driver_for(connection.url, WAITING)
     read = sa.text("SELECT 1")
     try:
-        # SQLAlchemy's first engine connection asks the server its version outside any
-        # transaction of ours: a wait there ends as a lost connection, not as "pool" (a
-        # known limit, docs/operations.md); the engine is set up before the pool fills.
-        async with connection.transaction() as transaction:
-            await transaction.execute(read)
 
         async def in_engine() -> None:
             async with connection.transaction() as transaction:
@@ -348,6 +343,9 @@ async def test_waiting_for_a_server_connection_ends_at_pool_ms(pooled_url: str) 
                 driver.close(raw)
 
         calls = {
+            # First: SQLAlchemy's first connection asks the server its version, outside any
+            # transaction of ours.
+            "engine's first": in_engine,
             "alone": lambda: connection.execute(read),
             "step": lambda: connection.run(lambda: _step(read)),
             "engine": in_engine,
