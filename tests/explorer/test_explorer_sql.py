@@ -22,6 +22,7 @@ import pytest_asyncio
 import sqlalchemy as sa
 from support.capabilities import embedded
 from support.nodes import node_url
+from support.rows import counts, fill
 
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.lab.business import (
@@ -112,6 +113,8 @@ _TABLES = (
     business_rows,
 )
 _DELETES = [sa.delete(table) for table in _TABLES]
+_WRITTEN = sa.select(*(sa.exists().select_from(table).label(table.name) for table in _TABLES))
+"""Which of the tables hold a row, in one statement: a reset deletes from those alone."""
 
 
 class SqlSet:
@@ -141,11 +144,17 @@ class SqlSet:
         return "embedded" if embedded(self.connection("instance-1")) else "server"
 
     async def reset(self) -> None:
-        """Empty the tables the explorer's worlds write, in one step on one connection."""
+        """Empty the tables the explorer's worlds write, in one step on one connection.
+
+        A schedule writes one to three of the nine tables: asking which hold a row first
+        takes two to four round trips instead of nine, which on a server was about half
+        of the search's time (every schedule is replayed from an emptied store)."""
 
         def step() -> Step[None]:
-            for statement in _DELETES:
-                yield Exec(statement, {})
+            written = (yield Exec(_WRITTEN, {})).first()
+            for holds_rows, statement in zip(written, _DELETES, strict=True):
+                if holds_rows:
+                    yield Exec(statement, {})
 
         await self.connection("instance-1").run(step, transaction=False)
 
@@ -194,6 +203,14 @@ async def _database(sql_url: str) -> AsyncIterator[None]:
     SQL.url = sql_url
     yield
     await SQL.close()
+
+
+async def test_a_reset_empties_every_table_the_worlds_write() -> None:
+    assert SQL.url is not None
+    for written in (_TABLES, _TABLES[:1], _TABLES[-1:]):
+        fill(SQL.url, written)
+        await SQL.reset()
+        assert counts(SQL.url, _TABLES) == dict.fromkeys((t.name for t in _TABLES), 0), written
 
 
 @pytest.mark.parametrize("world", list(WORLDS))
