@@ -31,18 +31,18 @@ def connect(url: URL, connect_ms: int, **options: Any) -> Any:
 
 
 def connect_params(nodes: list[tuple[str, int]], connect_ms: int, params: dict[str, Any]) -> Any:
-    """A PyMySQL connection of `params` (PyMySQL's arguments; their `host` and `port` are
-    replaced) to the first node of `nodes` that serves, as the async driver chooses it: a
-    node is given its share of `connect_ms` to accept, greet and answer the set-up (its
-    settings, a Galera node's state), then passed over (a frozen node accepts TCP and never
-    greets). With one node, it has all of `connect_ms`. No node serving raises the last
+    """A PyMySQL connection of `params` (PyMySQL's arguments; their `host`, `port` and
+    `connect_timeout` are replaced) to the first node of `nodes` that serves, as the async
+    driver chooses it: a node is given its share of `connect_ms` to accept, greet and answer
+    the set-up (its settings, a Galera node's state), then passed over (a frozen node accepts
+    TCP and never greets). With one node, it has all of `connect_ms`. No node serving raises the last
     node's error, in a PyMySQL `OperationalError` (2003) beginning `NO_NODE`; a server whose
     `max_allowed_packet` is too small, `ServerSettingError`."""
     import pymysql
 
     read_timeout = params.get("read_timeout")
     write_timeout = params.get("write_timeout")
-    chosen = {k: v for k, v in params.items() if k not in ("host", "port")}
+    chosen = {k: v for k, v in params.items() if k not in ("host", "port", "connect_timeout")}
 
     def open_node(
         node: tuple[str, int], bound_ms: int, ask_state: bool = True
