@@ -124,8 +124,15 @@ def test_alembic_in_a_checkout_round_trips(empty_url: str) -> None:
     assert schema_difference(empty_url) == []
 
 
-@pytest.mark.slow
-def test_the_installed_wheel_migrates_without_a_checkout(empty_url: str, tmp_path: Path) -> None:
+def _wheel(tmp_path: Path) -> Path:
+    """The wheel under test: the one tox built from this checkout for this run and installed
+    in its env (`TOX_PACKAGE`), else one built here. tox builds it once per run, so each
+    database env saves a build with its isolated build environment."""
+    for named in os.environ.get("TOX_PACKAGE", "").split(os.pathsep):
+        built_by_tox = Path(named)
+        if built_by_tox.name.startswith("agboss_sql-") and built_by_tox.suffix == ".whl":
+            assert built_by_tox.is_file(), built_by_tox
+            return built_by_tox
     wheels = tmp_path / "wheels"
     built = _run(
         [
@@ -142,6 +149,12 @@ def test_the_installed_wheel_migrates_without_a_checkout(empty_url: str, tmp_pat
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("agboss_sql-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_migrates_without_a_checkout(empty_url: str, tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert "agboss_sql/_alembic/env.py" in names
