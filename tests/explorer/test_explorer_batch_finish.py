@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from broken_batch_finish import BatchFinishRecountsFinished
+from broken_batch_finish import BatchFinishCountsAcrossTenants, BatchFinishRecountsFinished
 from naive_stores import memory_set, naive
 
 from agboss_sql.testing.explorer import InterleavingFailure, explore
@@ -103,3 +103,24 @@ async def test_the_reference_queue_reaches_every_kind_of_batch() -> None:
         "finish-children: replayed, refused",
     ):
         assert kind in reached, sorted(reached)
+
+
+async def test_the_other_tenants_entry_catches_a_count_shared_across_tenants() -> None:
+    """A batch finish that also takes its finishes off the other tenant's parent of the same
+    id: the child-queue world's batch names the other tenant's child, whose answer (its
+    parent's only child: none left) shows the count it was given."""
+    chosen = memory_set(queue=naive(BatchFinishCountsAcrossTenants))
+    with pytest.raises(InterleavingFailure) as caught:
+        await explore(
+            chosen.factories,
+            world="child_queue",
+            depth=8,
+            walks=0,
+            seed=SEED,
+            reset=chosen.reset,
+            name="a batch finish that counts across tenants",
+        )
+    failure = caught.value
+    assert failure.invariant == "one-effect-per-key", str(failure)
+    assert "counted apart from the parent of the same id" in str(failure), str(failure)
+    assert failure.schedule[-1].split(" → ")[0].endswith("in one batch"), str(failure)
