@@ -22,7 +22,9 @@ class Timeouts:
     - `lock_ms`: waiting for a row lock (PostgreSQL `lock_timeout`, MySQL/MariaDB
       `innodb_lock_wait_timeout`, rounded up to whole seconds) or, on SQLite, for the
       database's write lock. A lock wait that ends is not retried.
-    - `pool_ms`: waiting for a pooled connection when all are busy.
+    - `pool_ms`: waiting for a pooled connection when all are busy; behind a transaction
+      pooler (`?agboss_pooling=transaction`), also the pooler's wait for one of its server
+      connections, at a transaction's first round trip.
     - `retry_ms`: the total time a step may spend being retried after transient conflicts
       (deadlock, serialization failure) before the last conflict is raised.
 
