@@ -20,7 +20,7 @@ import contextlib
 import logging
 from typing import Any
 
-from agboss_sql._dialects import server_dialect
+from agboss_sql._dialects import _pg_pooling, server_dialect
 from agboss_sql.contracts.stores import QueueWakeups
 from agboss_sql.sql._queue_batch import WAKE_CHANNEL
 from agboss_sql.sql.connection import SqlConnection
@@ -43,6 +43,16 @@ class NotifiedWakeups(QueueWakeups):
         self._closed = False
         self.listening = False
         """Whether a listening connection is open (for tests and status)."""
+
+    @classmethod
+    def of(cls, connection: SqlConnection) -> NotifiedWakeups | None:
+        """A listener for `connection`'s database, or `None` where no session can listen:
+        no notifications, or a transaction pooler between (it lends its sessions)."""
+        if not connection.capabilities.notifications:
+            return None
+        if _pg_pooling.pooling_of(connection.url) is not None:
+            return None
+        return cls(connection)
 
     async def _open(self) -> bool:
         loop = asyncio.get_running_loop()

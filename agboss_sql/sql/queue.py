@@ -362,10 +362,8 @@ class SqlChildExecutionQueueRepository(
 
     def wakeups(self) -> NotifiedWakeups | None:
         """A listener on this database's notifications of children queued (one connection
-        of its own, opened at its first wait), where the database has them; else `None`."""
-        if not self.connection.capabilities.notifications:
-            return None
-        return NotifiedWakeups(self.connection)
+        of its own, opened at its first wait), where a session can listen; else `None`."""
+        return NotifiedWakeups.of(self.connection)
 
     async def claim(self, instance_id: str) -> ClaimedChild | None:
         """Take the next queued child (deepest first, then oldest, then in queue order) and

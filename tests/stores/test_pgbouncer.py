@@ -243,6 +243,7 @@ async def test_no_listening_behind_the_pooler(bounded: SqlConnection) -> None:
     from agboss_sql.sql._queue_wakeups import NotifiedWakeups
 
     await bounded.ping()
+    assert NotifiedWakeups.of(bounded) is None  # the queue's `wakeups()`: nobody to listen
     wakeups = NotifiedWakeups(bounded)
     try:
         assert await wakeups.wait(10) is False

@@ -49,6 +49,7 @@ from agboss_sql.testing.contracts._child_queue_finishes import (
     restarts_a_running_child_by_compare_and_set,
     wakes_the_parent_exactly_once_among_concurrent_finishers,
 )
+from agboss_sql.testing.contracts._child_queue_more import more_cases
 from agboss_sql.testing.contracts._child_queue_support import CONTRACT
 from agboss_sql.testing.contracts._child_queue_waits import (
     never_loses_the_wake_of_a_wait_raced_by_the_last_finish,
@@ -171,7 +172,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
 def cases() -> list[Case]:
     """The child queue's cases (none is a fencing case: the queue is not fenced)."""
     return (
-        [Case(CONTRACT, name, run) for name, run in CASES] + attempt_cases() + limit_cases(CONTRACT)
+        [Case(CONTRACT, name, run) for name, run in CASES]
+        + more_cases()
+        + attempt_cases()
+        + limit_cases(CONTRACT)
     )
 
 

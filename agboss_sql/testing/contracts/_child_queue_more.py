@@ -1,0 +1,124 @@
+"""More cases of the child queue's suite: an idle claimer's listener (`wakeups()`) hears the
+children queued, and the waiting parents made claimable again, on another instance.
+
+Added where mutation testing of the stores (docs/mutation.md) found code no case reached:
+no case of the suite opened a listener, so a store whose listener never listened, or whose
+enqueue, batch enqueue or finish stopped notifying, passed every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agboss_sql.contracts.stores import QueueWakeups
+from agboss_sql.contracts.types import ChildFinish
+from agboss_sql.testing._case import Case, CaseContext
+from agboss_sql.testing.contracts._child_queue_support import CONTRACT, _child, _expect, _queue
+
+HINT_BOUND_S = 10.0
+"""How long the case waits for a hint at most. A hint comes at the other instance's commit;
+the bound only keeps a listener that never hears from hanging the case (its own wait is 60 s,
+so a hint within the bound is one the listener heard, not its time running out)."""
+
+
+async def _drained(wakeups: QueueWakeups) -> None:
+    """Take the hints already received, so the next True is the next act's own."""
+    while await wakeups.wait(20):
+        pass
+
+
+async def _told_after(wakeups: QueueWakeups, what: str, act: Callable[[], Awaitable[Any]]) -> None:
+    await _drained(wakeups)
+    waiting = asyncio.create_task(wakeups.wait(60_000))
+    try:
+        await act()
+        told = await asyncio.wait_for(waiting, HINT_BOUND_S)
+    except TimeoutError:
+        told = False
+    finally:
+        waiting.cancel()
+    _expect(told, "wake-hint", f"a listener was not told of {what} on another instance")
+
+
+async def tells_a_listener_of_children_queued_on_another_instance(ctx: CaseContext) -> None:
+    """Where the store tells idle claimers (`wakeups()` is not `None`), a listener open on
+    instance 1 is told of a child queued on instance 2, of a batch queued there, and of a
+    waiting parent made claimable again there by its last child's finish (one by one and in
+    a batch finish), each long before its 60 s wait would end; closed, it hears nothing
+    more. A store whose `wakeups()` is `None` tells nobody and promises nothing here (its
+    claimers poll)."""
+    queue, other = _queue(ctx, 0), _queue(ctx, 1)
+    wakeups = queue.wakeups()
+    if wakeups is None:
+        return
+    try:
+        await wakeups.wait(1)  # listening from here on
+        await _told_after(wakeups, "a child queued", lambda: other.enqueue(_child("mid")))
+        await _told_after(
+            wakeups,
+            "a batch queued",
+            lambda: other.enqueue_many([_child("b"), _child("c")]),
+        )
+        for i, finish_many in enumerate((False, True)):
+            claimed = await queue.claim(ctx.instance_id(0))
+            _expect(claimed is not None, "claim-marks-running", "a queued child was not claimed")
+            assert claimed is not None
+            parent = claimed.child_execution_id
+            await queue.enqueue(_child(f"{parent}/x{i}", 2, parent=parent))
+            kid = await queue.claim(ctx.instance_id(0))
+            _expect(
+                kid is not None and kid.child_execution_id == f"{parent}/x{i}",
+                "claim-order",
+                f"claimed {kid}, expected {parent}/x (deepest first)",
+            )
+            assert kid is not None
+            waited = await queue.wait_for_children(parent, attempt=claimed.attempt)
+            _expect(
+                waited is not None and waited.waiting,
+                "wait-for-children",
+                f"{parent} with a running child did not wait: {waited}",
+            )
+            if finish_many:
+
+                async def finish(
+                    kid_id: str = kid.child_execution_id, at: int = kid.attempt
+                ) -> Any:
+                    return await other.finish_many([ChildFinish(kid_id, at)])
+            else:
+
+                async def finish(
+                    kid_id: str = kid.child_execution_id, at: int = kid.attempt
+                ) -> Any:
+                    return await other.finish(kid_id, None, attempt=at)
+
+            await _told_after(
+                wakeups,
+                f"a waiting parent made claimable again ({'finish_many' if finish_many else 'finish'})",
+                finish,
+            )
+    finally:
+        await wakeups.close()
+    await other.enqueue(_child("after-close"))
+    _expect(
+        not await wakeups.wait(50),
+        "wake-hint",
+        "a closed listener was told of a child queued after it closed",
+    )
+
+
+CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
+    (
+        "tells a listener of children queued on another instance",
+        tells_a_listener_of_children_queued_on_another_instance,
+    ),
+]
+
+
+def more_cases() -> list[Case]:
+    """The cases of this module, in the suite's order."""
+    return [Case(CONTRACT, name, run) for name, run in CASES]
+
+
+__all__ = ["more_cases"]
