@@ -13,9 +13,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agboss_sql.contracts.stores import QueueWakeups
-from agboss_sql.contracts.types import ChildFinish
+from agboss_sql.contracts.types import ChildFinish, QueuedChild
 from agboss_sql.testing._case import Case, CaseContext
-from agboss_sql.testing.contracts._child_queue_support import CONTRACT, _child, _expect, _queue
+from agboss_sql.testing.contracts._child_queue_support import (
+    CONTRACT,
+    PARENT,
+    TENANT,
+    _child,
+    _expect,
+    _queue,
+)
 
 HINT_BOUND_S = 10.0
 """How long the case waits for a hint at most. A hint comes at the other instance's commit;
@@ -108,10 +115,33 @@ async def tells_a_listener_of_children_queued_on_another_instance(ctx: CaseConte
     )
 
 
+async def claims_a_batch_of_one_and_breaks_ties_in_queue_order(ctx: CaseContext) -> None:
+    """`claim_many(1)` takes the head of the queue, as `claim` would; children of one depth
+    queued at one time are taken in queue order (the order they were queued in), whatever
+    their roots' ids."""
+    children = [
+        QueuedChild(TENANT, f"root-{root}", PARENT, f"tie-{i}", 1, None)
+        for i, root in enumerate("zyxw")
+    ]
+    await _queue(ctx, 1).enqueue_many(children)
+    one = [c.child_execution_id for c in await _queue(ctx, 0).claim_many(ctx.instance_id(0), 1)]
+    _expect(one == ["tie-0"], "claim-order", f"claim_many(1) gave {one}, expected ['tie-0']")
+    two = [c.child_execution_id for c in await _queue(ctx, 1).claim_many(ctx.instance_id(1), 2)]
+    _expect(
+        two == ["tie-1", "tie-2"],
+        "claim-order",
+        f"claim_many(2) gave {two}, expected ['tie-1', 'tie-2'] (queue order, not the roots')",
+    )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "tells a listener of children queued on another instance",
         tells_a_listener_of_children_queued_on_another_instance,
+    ),
+    (
+        "claims a batch of one and breaks ties in queue order",
+        claims_a_batch_of_one_and_breaks_ties_in_queue_order,
     ),
 ]
 
