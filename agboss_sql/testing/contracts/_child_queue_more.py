@@ -139,6 +139,45 @@ async def claims_a_batch_of_one_and_breaks_ties_in_queue_order(ctx: CaseContext)
     )
 
 
+BIG_BATCH = 300
+"""More children than two statements of 128 rows name: a store that sends a batch in parts
+(the SQL stores do, 128 ids a statement) sends this one in three."""
+
+
+async def queues_and_claims_a_batch_larger_than_a_statement(ctx: CaseContext) -> None:
+    """A batch of 300 children, three of them queued already (one in each part of 128 a
+    store might send it in), queues the other 297, answered in the order given; one
+    `claim_many(300)` then takes all 300 in queue order, each at its first attempt, and
+    leaves none."""
+    ids = [f"big-{i:03d}" for i in range(BIG_BATCH)]
+    early = [ids[10], ids[200], ids[290]]
+    for child_id in early:
+        await _queue(ctx, 0).enqueue(_child(child_id))
+    got = list(await _queue(ctx, 1).enqueue_many([_child(i) for i in ids]))
+    fresh = [i for i in ids if i not in early]
+    _expect(
+        got == fresh,
+        "queue-once",
+        f"enqueue_many of {BIG_BATCH} answered {len(got)} ids, expected the {len(fresh)} not "
+        f"queued yet, in order (missing {sorted(set(fresh) - set(got))[:3]}, extra "
+        f"{[i for i in got if i not in fresh][:3]})",
+    )
+    claimed = list(await _queue(ctx, 0).claim_many(ctx.instance_id(0), BIG_BATCH))
+    order = [c.child_execution_id for c in claimed]
+    _expect(
+        order == early + fresh,
+        "claim-order",
+        f"claim_many({BIG_BATCH}) took {len(order)} children, expected all {BIG_BATCH} in "
+        "queue order",
+    )
+    wrong = [c for c in claimed if (c.attempt, c.claimed_by) != (1, ctx.instance_id(0))]
+    _expect(
+        not wrong, "claim-marks-running", f"claimed at the wrong attempt or by another: {wrong[:3]}"
+    )
+    left = list(await _queue(ctx, 1).claim_many(ctx.instance_id(1), 5))
+    _expect(not left, "claim-once", f"after all {BIG_BATCH} were claimed, a claim took {left}")
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "tells a listener of children queued on another instance",
@@ -147,6 +186,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "claims a batch of one and breaks ties in queue order",
         claims_a_batch_of_one_and_breaks_ties_in_queue_order,
+    ),
+    (
+        "queues and claims a batch larger than a statement",
+        queues_and_claims_a_batch_larger_than_a_statement,
     ),
 ]
 
