@@ -648,6 +648,22 @@ async def test_a_trigger_refusing_an_autocommit_write_is_a_typed_error_with_the_
     assert await stores.trees.get(TENANT, "root", "k") is None
 
 
+async def test_a_checkpoints_metadata_counts_toward_the_write_limit(sql: SqlConnection) -> None:
+    """A put's metadata counts with its values toward `MAX_CHECKPOINT_WRITE_BYTES`: values
+    under the limit with metadata that takes the put over it are refused before any
+    statement."""
+    stores = Stores(sql)
+    value = b"v" * (MAX_CHECKPOINT_WRITE_BYTES - 64 * 1024)
+    checkpoint: Checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"ch": value}
+    checkpoint["channel_versions"] = {"ch": "1"}
+    metadata: Any = {"source": "loop", "step": 0, "note": "m" * (128 * 1024)}
+    with statements(sql) as sent, pytest.raises(InvalidPayloadError) as refused:
+        await stores.saver.aput(_config("thread-1", ""), checkpoint, metadata, {"ch": "1"})
+    assert sent == []
+    assert refused.value.facts["limit"] == "MAX_CHECKPOINT_WRITE_BYTES"
+
+
 async def test_pending_writes_at_the_write_limit_are_kept_and_over_it_refused_before_any_statement(
     sql: SqlConnection,
 ) -> None:
