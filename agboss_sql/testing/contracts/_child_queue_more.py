@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agboss_sql.contracts.stores import QueueWakeups
-from agboss_sql.contracts.types import ChildFinish, QueuedChild
+from agboss_sql.contracts.types import ChildFinish, ChildStatus, FinishResult, QueuedChild
 from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._child_queue_support import (
     CONTRACT,
@@ -178,6 +178,63 @@ async def queues_and_claims_a_batch_larger_than_a_statement(ctx: CaseContext) ->
     _expect(not left, "claim-once", f"after all {BIG_BATCH} were claimed, a claim took {left}")
 
 
+async def queues_again_only_the_waiting_parents_a_batch_emptied(ctx: CaseContext) -> None:
+    """A batch finish that empties a waiting parent and a running one queues the waiting
+    one again and leaves the running one running, and a third parent that still waits for
+    a child of its own stays waiting; an entry at an attempt that never ran, of a child
+    finished already, and an entry of a child nobody queued each answer not finished."""
+    first, second = _queue(ctx, 0), _queue(ctx, 1)
+    names = ("p-wait", "p-other", "p-run")
+    await first.enqueue_many([_child(n) for n in names])
+    parents = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 3)}
+    await first.enqueue_many([_child(f"{n}/a", 2, parent=n) for n in names])
+    kids = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 3)}
+    _expect(
+        sorted(parents) == sorted(names) and sorted(kids) == sorted(f"{n}/a" for n in names),
+        "claim-order",
+        f"claimed parents {sorted(parents)} and children {sorted(kids)}",
+    )
+    for name in ("p-wait", "p-other"):
+        waited = await first.wait_for_children(name, attempt=parents[name].attempt)
+        _expect(waited is not None and waited.waiting, "wait-state", f"{name} gave {waited}")
+    done = list(
+        await second.finish_many(
+            [ChildFinish(f"{n}/a", kids[f"{n}/a"].attempt) for n in ("p-wait", "p-run")]
+        )
+    )
+    _expect(
+        done == [FinishResult(True, 0), FinishResult(True, 0)],
+        "finish-once",
+        f"the batch finish of each parent's only child gave {done}",
+    )
+    status = {c.child_execution_id: c.status for c in await first.children(TENANT, PARENT)}
+    want = {
+        "p-wait": ChildStatus.QUEUED,
+        "p-other": ChildStatus.WAITING,
+        "p-run": ChildStatus.RUNNING,
+    }
+    got = {n: status.get(n) for n in names}
+    _expect(
+        got == want,
+        "wait-wake",
+        f"after the batch finish the parents read {got}, expected {want} (only the waiting "
+        "parent it emptied is claimable again)",
+    )
+    stale = kids["p-wait/a"].attempt + 1
+    late = list(await second.finish_many([ChildFinish("p-wait/a", stale)]))
+    _expect(
+        len(late) == 1 and not late[0].finished,
+        "finish-attempt",
+        f"a batch entry at attempt {stale}, never run, of a finished child gave {late}",
+    )
+    unknown = list(await second.finish_many([ChildFinish("nobody-queued", 1)]))
+    _expect(
+        unknown == [FinishResult(False, 0)],
+        "finish-once",
+        f"a batch entry of a child nobody queued gave {unknown}, expected one not finished",
+    )
+
+
 CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "tells a listener of children queued on another instance",
@@ -190,6 +247,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "queues and claims a batch larger than a statement",
         queues_and_claims_a_batch_larger_than_a_statement,
+    ),
+    (
+        "queues again only the waiting parents a batch emptied",
+        queues_again_only_the_waiting_parents_a_batch_emptied,
     ),
 ]
 
