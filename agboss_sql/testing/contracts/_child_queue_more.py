@@ -180,15 +180,16 @@ async def queues_and_claims_a_batch_larger_than_a_statement(ctx: CaseContext) ->
 
 async def queues_again_only_the_waiting_parents_a_batch_emptied(ctx: CaseContext) -> None:
     """A batch finish that empties a waiting parent and a running one queues the waiting
-    one again and leaves the running one running, and a third parent that still waits for
-    a child of its own stays waiting; an entry at an attempt that never ran, of a child
+    one again and leaves the running one running, and so does a single `finish` that
+    empties another running parent; a parent that still waits for a child of its own stays
+    waiting throughout. An entry at an attempt that never ran, of a child
     finished already, and an entry of a child nobody queued each answer not finished."""
     first, second = _queue(ctx, 0), _queue(ctx, 1)
-    names = ("p-wait", "p-other", "p-run")
+    names = ("p-wait", "p-other", "p-run", "p-run-1")
     await first.enqueue_many([_child(n) for n in names])
-    parents = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 3)}
+    parents = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 4)}
     await first.enqueue_many([_child(f"{n}/a", 2, parent=n) for n in names])
-    kids = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 3)}
+    kids = {c.child_execution_id: c for c in await first.claim_many(ctx.instance_id(0), 4)}
     _expect(
         sorted(parents) == sorted(names) and sorted(kids) == sorted(f"{n}/a" for n in names),
         "claim-order",
@@ -207,18 +208,21 @@ async def queues_again_only_the_waiting_parents_a_batch_emptied(ctx: CaseContext
         "finish-once",
         f"the batch finish of each parent's only child gave {done}",
     )
+    one = await second.finish("p-run-1/a", None, attempt=kids["p-run-1/a"].attempt)
+    _expect(one == FinishResult(True, 0), "finish-once", f"the finish of p-run-1/a gave {one}")
     status = {c.child_execution_id: c.status for c in await first.children(TENANT, PARENT)}
     want = {
         "p-wait": ChildStatus.QUEUED,
         "p-other": ChildStatus.WAITING,
         "p-run": ChildStatus.RUNNING,
+        "p-run-1": ChildStatus.RUNNING,
     }
     got = {n: status.get(n) for n in names}
     _expect(
         got == want,
         "wait-wake",
-        f"after the batch finish the parents read {got}, expected {want} (only the waiting "
-        "parent it emptied is claimable again)",
+        f"after the finishes the parents read {got}, expected {want} (only the waiting parent "
+        "emptied is claimable again)",
     )
     stale = kids["p-wait/a"].attempt + 1
     late = list(await second.finish_many([ChildFinish("p-wait/a", stale)]))
