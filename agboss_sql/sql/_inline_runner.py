@@ -42,6 +42,7 @@ from sqlalchemy.pool import StaticPool
 from agboss_sql._dialects import Capabilities, InlineDialect
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
+from agboss_sql.sql._gate import Gate
 from agboss_sql.sql._inline_work import (
     InlineWorkConnection,
     WorkConnection,
@@ -76,7 +77,7 @@ class InlineRunner:
         self.capabilities: Capabilities = dialect.CAPABILITIES
         self.closed = False
         self._raw: sqlite3.Connection | None = None
-        self._gate: asyncio.Lock | None = None
+        self._gate = Gate()
         self._work: WorkConnection | None = None
         self._work_gate: asyncio.Lock | None = None
         self._work_engine: sa.Engine | None = None
@@ -156,14 +157,8 @@ class InlineRunner:
     async def _enter(self, turn: _Turn) -> None:
         """Hold the runner's connection for `turn`, waiting for the call using it no later
         than `turn.deadline` (then `StoreTimeoutError(what="lock")`)."""
-        if self._gate is None:
-            self._gate = asyncio.Lock()
-        remaining = turn.deadline - asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await self._gate.acquire()
-        except TimeoutError:
-            raise self._lock_timeout() from None
+        if not await self._gate.enter(turn.deadline):
+            raise self._lock_timeout()
         turn.held = True
         if self.closed:
             self._leave(turn)
@@ -172,8 +167,7 @@ class InlineRunner:
     def _leave(self, turn: _Turn) -> None:
         if turn.held:
             turn.held = False
-            assert self._gate is not None
-            self._gate.release()
+            self._gate.leave()
 
     async def run(
         self, step: Step[T], transaction: bool, progress: Progress, priority: Lane | bool

@@ -170,6 +170,9 @@ NOT_MUTATED: dict[str, str] = {
     "agboss_sql.sql._runner": "the connection's runner interface",
     "agboss_sql.sql._inline_runner": "the connection's SQLite runner",
     "agboss_sql.sql._inline_work": "the connection's SQLite work transaction",
+    "agboss_sql.sql._gate": (
+        "the SQLite runner's connection gate (its mutants are killed by tests/unit/test_gate.py)"
+    ),
     "agboss_sql.sql._effect_connection": (
         "the handle a fenced effect's work gets, which ends with the work: its refusals are "
         "each tested on every database (tests/stores/test_sql_fenced_effects.py)"
