@@ -17,12 +17,14 @@ from agboss_sql.sql.connection import SqlConnection
 def dumps(value: Any) -> str:
     """JSON text of a payload; a value no backend stores is `InvalidPayloadError`
     (`contracts.rules.payload_text`), before any statement."""
+    if value is None:
+        return "null"  # payload_text's answer, without building an encoder (every finish)
     return payload_text("the payload", value)
 
 
 def loads(text: Any) -> Any:
     """A payload back from its JSON text (`None` stays `None`)."""
-    if text is None:
+    if text is None or text == "null":
         return None
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode()
