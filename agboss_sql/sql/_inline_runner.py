@@ -79,7 +79,7 @@ class InlineRunner:
         self._raw: sqlite3.Connection | None = None
         self._gate = Gate()
         self._work: WorkConnection | None = None
-        self._work_gate: asyncio.Lock | None = None
+        self._work_gate = Gate()
         self._work_engine: sa.Engine | None = None
 
     def pin(self, capabilities: Capabilities) -> None:
@@ -340,24 +340,15 @@ class InlineRunner:
             self._work = WorkConnection(engine(), connection)
         return self._work
 
-    async def _enter_work_gate(self, deadline: float) -> asyncio.Lock:
-        if self._work_gate is None:
-            self._work_gate = asyncio.Lock()
+    async def _enter_work_gate(self, deadline: float) -> Gate:
         gate = self._work_gate
-        if not gate.locked():
-            await gate.acquire()  # free: taken without suspending
-            return gate
-        try:
-            remaining = deadline - asyncio.get_running_loop().time()
-            async with asyncio.timeout(max(0.0, remaining)):
-                await gate.acquire()
-        except TimeoutError:
+        if not await gate.enter(deadline):
             raise StoreTimeoutError(
                 "lock",
                 self.timeouts.lock_ms,
                 f"another transaction on {self.path!r} held the write lock for "
                 f"{self.timeouts.lock_ms} ms (Timeouts.lock_ms); nothing was applied",
-            ) from None
+            )
         return gate
 
     def transaction(
@@ -412,7 +403,7 @@ class InlineRunner:
         if raw is not None:
             raw.close()
         gate = self._work_gate
-        if gate is not None and gate.locked():
+        if gate.held:
             return  # the transaction in flight closes the work connection when it ends
         self._drop_work()
 
@@ -450,7 +441,7 @@ class InlineTransaction:
         self.translate = translate
         self.progress = Progress()
         self.progress.sent_write = True
-        self.gate: asyncio.Lock | None = None
+        self.gate: Gate | None = None
         self.work: WorkConnection | None = None
 
     async def __aenter__(self) -> InlineWorkConnection:
@@ -518,10 +509,10 @@ class InlineTransaction:
     def _typed(self, exc: Exception) -> Exception:
         return self.translate(exc, self.progress)
 
-    def _end(self, gate: asyncio.Lock) -> None:
+    def _end(self, gate: Gate) -> None:
         if self.runner.closed:
             self.runner._drop_work()
-        gate.release()
+        gate.leave()
 
 
 __all__ = ["InlineRunner", "InlineTransaction", "InlineWorkConnection"]

@@ -117,3 +117,38 @@ async def test_a_frozen_process_holding_the_write_lock_ends_in_a_lock_timeout(
             holder.kill()
             await holder.wait()
         await connection.close()
+
+
+async def test_a_second_transaction_waits_for_the_first_and_its_wait_is_bounded(
+    sqlite_only: SqlConnection, sql_url: str
+) -> None:
+    """One `transaction()` at a time per connection: the next waits for the one in flight
+    (handed the work connection when it ends), and a wait that outlives `lock_ms` ends in
+    `StoreTimeoutError(what="lock")` while the first goes on and commits."""
+    connection = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=200))
+    order: list[str] = []
+    try:
+        first = connection.transaction()
+        await first.__aenter__()
+        order.append("first")
+        second_began = asyncio.Event()
+
+        async def second() -> None:
+            second_began.set()
+            async with connection.transaction():
+                order.append("second")
+
+        with pytest.raises(StoreTimeoutError) as raised:
+            # The outer bound only keeps a regression from hanging the suite.
+            await asyncio.wait_for(second(), 60)
+        assert raised.value.what == "lock"
+        assert order == ["first"], "a second transaction ran inside the first"
+        waiting = asyncio.create_task(second())
+        await second_began.wait()
+        await asyncio.sleep(0)  # a loop turn: it queues for the work connection
+        assert not waiting.done()
+        await first.__aexit__(None, None, None)
+        await asyncio.wait_for(waiting, 60)
+        assert order == ["first", "second"]
+    finally:
+        await connection.close()
