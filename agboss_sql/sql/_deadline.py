@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agboss_sql._timeouts import Timeouts
-from agboss_sql.contracts.errors import StoreUnavailableError
+from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 
 GRACE_S = 0.5
 """How long past `Timeouts.statement_ms` the client still waits for the server's answer."""
@@ -167,3 +167,17 @@ __all__ = [
     "StatementDeadline",
     "statement_bound_s",
 ]
+
+
+def bound_error_under(exc: BaseException) -> StoreTimeoutError | None:
+    """The `StoreTimeoutError` of one of our bounds that `exc` was raised in place of (found in
+    its context chain), or `None`: an error an engine's `handle_error` listener or its
+    clean-up raised while a bound's own error was being raised must not hide it."""
+    seen: set[int] = set()
+    under = exc.__context__
+    while under is not None and id(under) not in seen:
+        if isinstance(under, StoreTimeoutError):
+            return under
+        seen.add(id(under))
+        under = under.__cause__ or under.__context__
+    return None

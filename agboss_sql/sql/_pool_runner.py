@@ -46,6 +46,7 @@ from agboss_sql.sql._deadline import (
     GRACE_S,
     DeadlinePassed,
     StatementDeadline,
+    bound_error_under,
     bound_statements,
     connect_and_begin,
     end_deadline,
@@ -429,7 +430,10 @@ class PoolRunner:
             # Past the bound, whatever came out is the cancellation's doing: SQLAlchemy's
             # set-up may raise another error in its place (its handlers, its clean-up).
             if not isinstance(exc, TimeoutError) and not bound.expired():
-                raise
+                typed = bound_error_under(exc)  # a pooler's wait ended by its own bound
+                if typed is None:
+                    raise
+                raise typed from exc
             raise StoreTimeoutError(
                 "connect",
                 timeouts.connect_ms,
