@@ -5,11 +5,11 @@ failed test."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from support.ports import closed_port
 from support.server_watch import server_of, unanswered
 
 TESTS = Path(__file__).resolve().parent
@@ -51,12 +51,6 @@ def test_3_never_runs():
 def test_4_never_runs():
     raise AssertionError("ran after the server went away")
 """
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_pytest(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

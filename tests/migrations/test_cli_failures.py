@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import sqlalchemy as sa
 from migration_support import connected, table_names
 from sqlalchemy.engine import make_url
 from support.capabilities import embedded_url
+from support.ports import closed_port
 
 from agboss_sql.cli import FAILED, INTERRUPTED, MISUSED, main, shown
 from agboss_sql.sql import migrate
@@ -45,13 +45,6 @@ def one_line(err: str, command: str) -> str:
     assert lines[0].startswith(prefix), err
     assert "Traceback" not in err
     return lines[0][len(prefix) :]
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def env_without_database_url() -> dict[str, str]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator
 
 import pytest
+from support.ports import closed_port
 
 from agboss_sql.application import Application, DatabaseUrl, HealthStatus, sql_stores
 from agboss_sql.contracts import (
@@ -95,12 +95,6 @@ async def silent_server() -> AsyncIterator[int]:
         for writer in held:
             writer.close()
         server.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.parametrize("scheme", ["postgresql://postgres@", "mysql://root@"])

@@ -6,11 +6,11 @@ greets (a frozen server) is modelled by a socket that listens and never accepts.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from support.ports import closed_port, silent_listener
 
 from agboss_sql._dialects import mysql
 from agboss_sql.contracts.errors import StoreUnavailableError
@@ -29,16 +29,8 @@ def server(database_url: str) -> sa.URL:
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port whose listener never accepts: TCP connects, the greeting never comes."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        yield int(listener.getsockname()[1])
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    with silent_listener() as port:
+        yield port
 
 
 def with_nodes(server: sa.URL, first: tuple[str, int], *rest: tuple[str, int]) -> sa.URL:

@@ -11,7 +11,6 @@ first. SQLite names one file: skipped."""
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from support.capabilities import embedded_url
+from support.ports import closed_port, silent_listener
 
 from agboss_sql._dialects import mysql
 from agboss_sql.contracts.errors import StoreUnavailableError
@@ -45,16 +45,8 @@ def server(sql_url: str) -> sa.URL:
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port whose listener never accepts: TCP connects, the greeting never comes."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        yield int(listener.getsockname()[1])
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    with silent_listener() as port:
+        yield port
 
 
 def live(server: sa.URL) -> tuple[str, int]:
