@@ -208,6 +208,21 @@ async def test_a_saver_that_keeps_no_value_stores_a_growing_conversation_whole(
     await _read_back(sql, thread_id, ids, states)
 
 
+async def _begin_again_and_read_back(
+    sql: SqlConnection, saver: SqlCheckpointSaver, thread_id: str, last: Any
+) -> None:
+    """Begin the deleted thread again with `last` (the messages it ended with) and grow it
+    three turns: every append's base is a row of the thread, and every checkpoint reads back."""
+    thread = Thread(saver, thread_id)
+    ids, states = [await thread.put({"messages": last})], [last]
+    more_ids, more_states = await _grow(thread, last, range(12, 15))
+    ids, states = ids + more_ids, states + more_states
+    rows = await _rows(sql, thread_id)
+    versions = {version for version, _, _ in rows}
+    assert all(base in versions for _, base, _ in rows if base is not None), rows
+    await _read_back(sql, thread_id, ids, states)
+
+
 @pytest.mark.database
 async def test_an_append_is_never_stored_against_a_base_another_saver_deleted(
     sql: SqlConnection, new_connection: Any
@@ -223,14 +238,7 @@ async def test_an_append_is_never_stored_against_a_base_another_saver_deleted(
     assert await _rows(sql, thread_id) == []
 
     # Begun again where it was: the first value extends the base this saver remembers.
-    thread = Thread(saver, thread_id)
-    ids, states = [await thread.put({"messages": before[-1]})], [before[-1]]
-    more_ids, more_states = await _grow(thread, before[-1], range(12, 15))
-    ids, states = ids + more_ids, states + more_states
-    rows = await _rows(sql, thread_id)
-    versions = {version for version, _, _ in rows}
-    assert all(base in versions for _, base, _ in rows if base is not None), rows
-    await _read_back(sql, thread_id, ids, states)
+    await _begin_again_and_read_back(sql, saver, thread_id, before[-1])
 
 
 @pytest.mark.database
@@ -273,14 +281,7 @@ async def test_an_append_is_never_stored_against_a_deleted_base_a_copy_of_its_th
     await other.adelete_thread(thread_id)
     assert await _rows(sql, thread_id) == []
 
-    thread = Thread(saver, thread_id)
-    ids, states = [await thread.put({"messages": before[-1]})], [before[-1]]
-    more_ids, more_states = await _grow(thread, before[-1], range(12, 15))
-    ids, states = ids + more_ids, states + more_states
-    rows = await _rows(sql, thread_id)
-    versions = {version for version, _, _ in rows}
-    assert all(base in versions for _, base, _ in rows if base is not None), rows
-    await _read_back(sql, thread_id, ids, states)
+    await _begin_again_and_read_back(sql, saver, thread_id, before[-1])
 
 
 @pytest.mark.database
