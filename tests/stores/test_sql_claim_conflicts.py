@@ -17,20 +17,29 @@ conflict shows it, and the rows are the real rows.
   connection's attempts, in `StoreTimeoutError` (`what == "retry"`), and nothing of it was
   applied: the child is still queued at its attempt.
 
+Each case runs on both claims: `claim` and a batch claim (`claim_many`, a batch of one),
+whose retry and spread past the head are code of their own.
+
 SQLite has no transient conflicts (a writer takes the database's write lock first).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
 from support.capabilities import require, row_locks
 
-from agboss_sql.contracts import ApplicationContext, QueuedChild, StoreTimeoutError, VirtualClock
+from agboss_sql.contracts import (
+    ApplicationContext,
+    ClaimedChild,
+    QueuedChild,
+    StoreTimeoutError,
+    VirtualClock,
+)
 from agboss_sql.sql import queue as queue_module
 from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlConnection
 from agboss_sql.sql.migrate import sync_url
@@ -143,6 +152,30 @@ class Faults:
         self.engine.dispose()
 
 
+Claim = Callable[[SqlChildExecutionQueueRepository, str], Awaitable[ClaimedChild | None]]
+
+
+async def _claim_one(
+    store: SqlChildExecutionQueueRepository, instance_id: str
+) -> ClaimedChild | None:
+    return await store.claim(instance_id)
+
+
+async def _claim_a_batch_of_one(
+    store: SqlChildExecutionQueueRepository, instance_id: str
+) -> ClaimedChild | None:
+    claimed = await store.claim_many(instance_id, 1)
+    assert len(claimed) <= 1, claimed
+    return claimed[0] if claimed else None
+
+
+@pytest.fixture(params=[_claim_one, _claim_a_batch_of_one], ids=["claim", "claim_many"])
+def take(request: pytest.FixtureRequest) -> Claim:
+    """A claim of one child: by `claim`, or by `claim_many` (its own retry loop)."""
+    claim: Claim = request.param
+    return claim
+
+
 @pytest.fixture
 def faults(sql: SqlConnection, sql_url: str) -> Iterator[Faults]:
     require(row_locks(sql), "transient conflicts (SQLite has none)")
@@ -166,6 +199,7 @@ async def queue(
 
 
 async def test_a_claim_retried_after_a_conflict_takes_the_head_of_the_queue_or_near_it(
+    take: Claim,
     faults: Faults,
     queue: tuple[SqlChildExecutionQueueRepository, VirtualClock],
 ) -> None:
@@ -183,7 +217,7 @@ async def test_a_claim_retried_after_a_conflict_takes_the_head_of_the_queue_or_n
     left = list(ids)
     for _ in range(5):
         faults.fail_next(1)
-        claimed = await asyncio.wait_for(store.claim("i-1"), BOUND_S)
+        claimed = await asyncio.wait_for(take(store, "i-1"), BOUND_S)
         assert faults.calls() >= 2, "the conflict did not happen: the test proves nothing"
         assert claimed is not None and claimed.attempt == 1
         assert claimed.child_execution_id in left
@@ -193,6 +227,7 @@ async def test_a_claim_retried_after_a_conflict_takes_the_head_of_the_queue_or_n
 
 
 async def test_a_claim_whose_every_attempt_conflicts_raises_a_typed_timeout_and_applies_nothing(
+    take: Claim,
     faults: Faults,
     queue: tuple[SqlChildExecutionQueueRepository, VirtualClock],
 ) -> None:
@@ -200,18 +235,19 @@ async def test_a_claim_whose_every_attempt_conflicts_raises_a_typed_timeout_and_
     await store.enqueue(QueuedChild(TENANT, "root-1", "parent-1", "only", 1, None))
     faults.fail_next(1_000_000)
     with pytest.raises(StoreTimeoutError) as raised:
-        await asyncio.wait_for(store.claim("i-1"), BOUND_S)
+        await asyncio.wait_for(take(store, "i-1"), BOUND_S)
     assert raised.value.what == "retry"
     assert faults.calls() >= 2
     faults.fail_next(0)
     children = await store.children(TENANT, "parent-1")
     assert [(c.child_execution_id, c.status, c.attempt) for c in children] == [("only", QUEUED, 0)]
     # The conflicts gone, the same child is claimed at its first attempt.
-    claimed = await store.claim("i-1")
+    claimed = await take(store, "i-1")
     assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("only", 1)
 
 
 async def test_on_a_certifying_cluster_a_claim_outlasts_the_connections_attempts(
+    take: Claim,
     faults: Faults,
     sql_url: str,
 ) -> None:
@@ -225,7 +261,7 @@ async def test_on_a_certifying_cluster_a_claim_outlasts_the_connections_attempts
         )
         await store.enqueue(QueuedChild(TENANT, "root-1", "parent-1", "only", 1, None))
         faults.fail_next(MAX_ATTEMPTS + 2)
-        claimed = await asyncio.wait_for(store.claim("i-1"), 30 + BOUND_S)
+        claimed = await asyncio.wait_for(take(store, "i-1"), 30 + BOUND_S)
         assert faults.calls() == MAX_ATTEMPTS + 3
         assert claimed is not None and (claimed.child_execution_id, claimed.attempt) == ("only", 1)
     finally:
@@ -233,6 +269,7 @@ async def test_on_a_certifying_cluster_a_claim_outlasts_the_connections_attempts
 
 
 async def test_on_a_certifying_cluster_a_retried_claim_starts_at_most_four_rows_a_retry_past_the_head(
+    take: Claim,
     faults: Faults,
     queue: tuple[SqlChildExecutionQueueRepository, VirtualClock],
     monkeypatch: pytest.MonkeyPatch,
@@ -246,6 +283,6 @@ async def test_on_a_certifying_cluster_a_retried_claim_starts_at_most_four_rows_
     # The widest draw every time: the spread's bound itself, not a sample of it.
     monkeypatch.setattr(queue_module.random, "randrange", lambda n: n - 1)
     faults.fail_next(1)
-    claimed = await asyncio.wait_for(store.claim("i-1"), BOUND_S)
+    claimed = await asyncio.wait_for(take(store, "i-1"), BOUND_S)
     assert faults.calls() == 2
     assert claimed is not None and claimed.child_execution_id == ids[4]
