@@ -76,6 +76,34 @@ async def test_a_batch_claim_is_one_statement_or_one_locking_read_and_one_update
     assert sent == []
 
 
+async def test_a_batch_claim_answers_ties_in_queue_order_whatever_order_the_rows_come_in(
+    sql: SqlConnection, clock: VirtualClock
+) -> None:
+    """Children of one depth queued at one time are answered in queue order, whatever order
+    the database hands the claimed rows back in. A parent queued again after its children
+    finished keeps its place (its row id) but, on PostgreSQL, its row's new version lies
+    after the rows queued since; with the table's statistics (`ANALYZE`, as a database in
+    service has them) PostgreSQL's batch claim joins the picked ids by hash over a scan
+    of the table and returns the rows in that physical order, so the answer's order is the
+    store's own sort. Without statistics it walks the queue's index, in queue order already:
+    no case on a fresh database tells the two apart."""
+    queue = store(sql, clock)
+    await queue.enqueue(child("p"))
+    parent = await queue.claim("instance-1")
+    assert parent is not None
+    await queue.enqueue(child("p/k", 2, parent="p"))
+    assert await queue.wait_for_children("p", attempt=parent.attempt) is not None
+    await queue.enqueue_many([child(f"q-{i}") for i in range(3)])
+    kid = await queue.claim("instance-1")
+    assert kid is not None and kid.child_execution_id == "p/k"
+    assert (await queue.finish("p/k", None, attempt=kid.attempt)).finished
+    analyze = {"mysql": "ANALYZE TABLE {}", "mariadb": "ANALYZE TABLE {}"}
+    template = analyze.get(sql.dialect_name, "ANALYZE {}")
+    await sql.execute(sa.text(template.format(C.name)))
+    got = await queue.claim_many("instance-1", 3)
+    assert [c.child_execution_id for c in got] == ["p", "q-0", "q-1"]
+
+
 async def test_a_batch_enqueue_sends_its_sizes_and_one_count_per_parent(
     sql: SqlConnection, clock: VirtualClock
 ) -> None:

@@ -25,12 +25,14 @@ from agboss_sql.contracts import (
     FinishResult,
     InvalidIdentifierError,
     QueuedChild,
+    StoreTimeoutError,
     VirtualClock,
     WaitResult,
 )
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.queue import QUEUED, RUNNING, SqlChildExecutionQueueRepository
-from agboss_sql.sql.schema import child_executions
+from agboss_sql.sql.schema import child_executions, child_parents
+from agboss_sql.sql.timeouts import Timeouts
 
 START = 1_000_000
 TENANT = "tenant-1"
@@ -173,6 +175,50 @@ async def test_concurrent_enqueues_of_one_child_id_queue_it_once(
     assert [r for r in results if r is not None and not isinstance(r, DuplicateChildError)] == []
     assert results.count(None) == 1
     assert len(await queues[0].children(TENANT, "parent-1")) == 1
+
+
+async def test_an_enqueue_that_waits_past_its_lock_bound_is_a_lock_timeout_not_a_duplicate(
+    sql: SqlConnection, sql_url: str, clock: VirtualClock
+) -> None:
+    """An enqueue whose transaction fails for another reason than a duplicate id raises that
+    error: here its parent's count row, held by another session past `lock_ms` (SQLite: the
+    write lock). On the MySQL family a duplicate is an error of the insert too, and taking
+    any error of the transaction for one would tell the caller a child is queued that is
+    not. Nothing of it was applied; queued again once the lock is gone, it is queued."""
+    queue = store(sql, clock)
+    await queue.enqueue(child("c-1"))  # the parent's count row
+    waiter = SqlConnection(sql_url, timeouts=Timeouts(lock_ms=300))
+    locked = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_the_count_row() -> None:
+        async with sql.transaction() as tx:
+            held = sa.select(child_parents.c.unfinished).where(
+                child_parents.c.tenant_id == TENANT,
+                child_parents.c.parent_execution_id == "parent-1",
+            )
+            assert (await tx.execute(held.with_for_update())).scalar_one() == 1
+            locked.set()
+            await release.wait()
+
+    holding = asyncio.create_task(hold_the_count_row())
+    try:
+        await locked.wait()
+        with pytest.raises(StoreTimeoutError) as raised:
+            # The outer bound only keeps a regression from hanging the suite.
+            await asyncio.wait_for(store(waiter, clock).enqueue(child("c-2")), 60)
+        assert raised.value.what == "lock"
+        release.set()
+        await holding
+        listed = await queue.children(TENANT, "parent-1")
+        assert [c.child_execution_id for c in listed] == ["c-1"]
+        await store(waiter, clock).enqueue(child("c-2"))
+    finally:
+        release.set()
+        await holding
+        await waiter.close()
+    listed = await queue.children(TENANT, "parent-1")
+    assert sorted(c.child_execution_id for c in listed) == ["c-1", "c-2"]
 
 
 # --- running, restart ------------------------------------------------------------------
