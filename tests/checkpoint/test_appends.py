@@ -193,55 +193,6 @@ async def test_a_growing_conversation_is_stored_as_appends_and_read_back_whole(
 
 
 @pytest.mark.database
-async def test_a_saver_that_keeps_no_value_stores_a_growing_conversation_whole(
-    sql: SqlConnection,
-) -> None:
-    """An append is made from the base's bytes the saver kept: one that keeps none still
-    remembers each base's version, finds no bytes for it and stores each value whole."""
-    saver = SqlCheckpointSaver(sql, value_cache_bytes=0)
-    thread_id = _thread()
-    _, ids, states = await _chat(saver, thread_id, 6)
-
-    rows = await _rows(sql, thread_id)
-    assert len(rows) == 6
-    assert all(base is None for _, base, _ in rows), rows
-    await _read_back(sql, thread_id, ids, states)
-
-
-async def _begin_again_and_read_back(
-    sql: SqlConnection, saver: SqlCheckpointSaver, thread_id: str, last: Any
-) -> None:
-    """Begin the deleted thread again with `last` (the messages it ended with) and grow it
-    three turns: every append's base is a row of the thread, and every checkpoint reads back."""
-    thread = Thread(saver, thread_id)
-    ids, states = [await thread.put({"messages": last})], [last]
-    more_ids, more_states = await _grow(thread, last, range(12, 15))
-    ids, states = ids + more_ids, states + more_states
-    rows = await _rows(sql, thread_id)
-    versions = {version for version, _, _ in rows}
-    assert all(base in versions for _, base, _ in rows if base is not None), rows
-    await _read_back(sql, thread_id, ids, states)
-
-
-@pytest.mark.database
-async def test_an_append_is_never_stored_against_a_base_another_saver_deleted(
-    sql: SqlConnection, new_connection: Any
-) -> None:
-    """The base this saver remembers was deleted by another instance (the thread deleted and
-    begun again with the same messages): the put that would append to it finds it gone in
-    its own transaction and stores the value whole."""
-    saver = SqlCheckpointSaver(sql)
-    thread_id = _thread()
-    _, _, before = await _chat(saver, thread_id, 12)
-    other = SqlCheckpointSaver(new_connection())
-    await other.adelete_thread(thread_id)
-    assert await _rows(sql, thread_id) == []
-
-    # Begun again where it was: the first value extends the base this saver remembers.
-    await _begin_again_and_read_back(sql, saver, thread_id, before[-1])
-
-
-@pytest.mark.database
 async def test_pruning_and_deleting_runs_keep_the_base_of_every_append_still_read(
     sql: SqlConnection,
 ) -> None:
@@ -264,24 +215,6 @@ async def test_pruning_and_deleting_runs_keep_the_base_of_every_append_still_rea
     assert 1 <= len(rows) <= 2, rows
     versions = {version for version, _, _ in rows}
     assert all(base in versions for _, base, _ in rows if base is not None), rows
-
-
-@pytest.mark.database
-async def test_an_append_is_never_stored_against_a_deleted_base_a_copy_of_its_thread_holds(
-    sql: SqlConnection, new_connection: Any
-) -> None:
-    """As above, with the thread copied before the delete: the copy holds a row of the
-    base's very channel and version, in another thread; the put's check of its base is of
-    its own thread's row, so it finds it gone and stores the value whole."""
-    saver = SqlCheckpointSaver(sql)
-    thread_id = _thread()
-    _, _, before = await _chat(saver, thread_id, 12)
-    await saver.acopy_thread(thread_id, _thread())
-    other = SqlCheckpointSaver(new_connection())
-    await other.adelete_thread(thread_id)
-    assert await _rows(sql, thread_id) == []
-
-    await _begin_again_and_read_back(sql, saver, thread_id, before[-1])
 
 
 @pytest.mark.database

@@ -861,24 +861,6 @@ async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_value
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(lone.thread)) == 1
 
 
-async def test_delete_for_runs_leaves_the_checkpoints_that_name_no_run(
-    sql: SqlConnection,
-) -> None:
-    """A checkpoint whose metadata names no run belongs to none: deleting the run "None"
-    (the text a missing run id would read as) leaves it, and deletes its own."""
-    saver = SqlCheckpointSaver(sql)
-    thread = Thread(saver, _thread())
-    unnamed = await thread.put({"a": ["a1"]}, metadata={"source": "loop", "step": 0})
-    await thread.put({"a": ["a2"]}, metadata={"run_id": "None", "step": 1})
-
-    await saver.adelete_for_runs(["None"])
-
-    remaining = [
-        t.config["configurable"]["checkpoint_id"] async for t in saver.alist(_config(thread.thread))
-    ]
-    assert remaining == [unnamed]
-
-
 async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
     sql: SqlConnection,
 ) -> None:

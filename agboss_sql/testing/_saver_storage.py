@@ -1,0 +1,166 @@
+"""The fenced checkpoint saver's cases of what it stores: the write limit of a put (values and
+metadata) and of a put_writes (values and channel names), appends never stored against a
+deleted base, `delete_for_runs` leaving the checkpoints that name no run, and a saver that
+keeps no value storing a growing conversation whole."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+from agboss_sql.contracts.errors import InvalidPayloadError
+from agboss_sql.contracts.limits import MAX_CHECKPOINT_WRITE_BYTES
+from agboss_sql.testing._case import CaseContext
+from agboss_sql.testing._saver_support import (
+    CONTRACT,
+    LEASE,
+    LEASE_MS,
+    READER,
+    TENANT,
+    SaverOptions,
+    Thread,
+    config,
+    grow,
+    ids_of,
+    latest_of,
+    new_execution,
+    new_thread,
+    read_back,
+    reader,
+    rows_of,
+)
+
+ESCAPED = b"\x00'\"\\"
+"""Bytes a driver may escape (NUL, quotes, backslash): twice as many on the wire."""
+LIMIT = "MAX_CHECKPOINT_WRITE_BYTES"
+
+
+async def _over_limit(options: SaverOptions, saver: Any, call: Awaitable[Any], what: str) -> None:
+    """`call` is refused with `InvalidPayloadError` naming the write limit, before any
+    statement when the set shows its statements."""
+    sent: list[str] = []
+    try:
+        if options.statements is None:
+            await call
+        else:
+            with options.statements.record(saver) as seen:
+                try:
+                    await call
+                finally:
+                    sent = list(seen)
+    except InvalidPayloadError as error:
+        assert error.facts.get("limit") == LIMIT, f"[limit] {what}: {error.facts}"
+        assert sent == [], f"[limit] {what} was refused after statements were sent: {sent}"
+        return
+    raise AssertionError(f"[limit] {what} over {LIMIT} was written, not refused")
+
+
+async def _held(ctx: CaseContext) -> Any:
+    lease = await ctx.store(LEASE, 0).acquire(TENANT, new_execution(), LEASE_MS)
+    assert lease is not None
+    return lease
+
+
+async def put_limit(ctx: CaseContext, options: SaverOptions) -> None:
+    """A put's values, body and metadata count toward `MAX_CHECKPOINT_WRITE_BYTES`: values
+    under it are kept and read back; values at it, or under it with metadata that takes the
+    put over it, are refused before any statement and store nothing."""
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    thread = Thread(a, thread_id, lease)
+    kept = ESCAPED * ((MAX_CHECKPOINT_WRITE_BYTES - 4096) // len(ESCAPED))
+    first = await thread.put({"ch": kept})
+    found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
+    assert found is not None and found.checkpoint["channel_values"]["ch"] == kept
+
+    over = ESCAPED * (MAX_CHECKPOINT_WRITE_BYTES // len(ESCAPED))
+    await _over_limit(options, a, thread.put({"ch": over}), "a put whose values are at the limit")
+    thread.last = first
+    under = b"v" * (MAX_CHECKPOINT_WRITE_BYTES - 64 * 1024)
+    note = {"source": "loop", "step": 0, "note": "m" * (128 * 1024)}
+    await _over_limit(
+        options, a, thread.put({"ch": under}, metadata=note), "a put whose metadata is over"
+    )
+    assert await ids_of(reader(ctx), thread_id) == [first]
+
+
+async def writes_limit(ctx: CaseContext, options: SaverOptions) -> None:
+    """A put_writes's values and channel names count toward `MAX_CHECKPOINT_WRITE_BYTES`:
+    writes under it are kept; a value of the limit's size with its channel's name is
+    refused before any statement and stores nothing."""
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    first = await Thread(a, thread_id, lease).put({"ch": ["v"]})
+    cfg = config(thread_id, lease, first)
+    kept = ESCAPED * ((MAX_CHECKPOINT_WRITE_BYTES - 4096) // len(ESCAPED))
+    await a.aput_writes(cfg, [("ch", kept)], "task-1")
+    over = ESCAPED * (MAX_CHECKPOINT_WRITE_BYTES // len(ESCAPED))
+    await _over_limit(
+        options, a, a.aput_writes(cfg, [("ch", over)], "task-2"), "a put_writes at the limit"
+    )
+    found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
+    assert found is not None
+    assert [(t, c, len(v)) for t, c, v in found.pending_writes] == [("task-1", "ch", len(kept))]
+    assert found.pending_writes[0][2] == kept
+
+
+async def _deleted_base(ctx: CaseContext, options: SaverOptions, *, copy: bool) -> None:
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    _, before = await grow(Thread(a, thread_id, lease), [], range(12))
+    if copy:
+        try:
+            await a.acopy_thread(thread_id, new_thread())
+        except NotImplementedError:
+            import pytest
+
+            pytest.skip("the saver does not copy threads (acopy_thread)")
+    await ctx.store(CONTRACT, 1).adelete_thread(thread_id)
+    assert await ids_of(reader(ctx), thread_id) == []
+    assert await rows_of(options, thread_id) in (None, 0), "[delete] rows of the thread left"
+
+    # Begun again where it was: its first value extends the base the saver remembers.
+    thread = Thread(a, thread_id, lease)
+    ids, states = [await thread.put({"messages": before[-1]})], [before[-1]]
+    more_ids, more_states = await grow(thread, before[-1], range(12, 15))
+    await read_back(reader(ctx), thread_id, ids + more_ids, states + more_states)
+
+
+async def deleted_base(ctx: CaseContext, options: SaverOptions) -> None:
+    """The base a saver remembers was deleted by another instance (the thread deleted and
+    begun again with the same conversation): the put that would append to it finds it gone
+    in its own transaction, stores the value whole, and every checkpoint reads back."""
+    await _deleted_base(ctx, options, copy=False)
+
+
+async def deleted_base_of_a_copy(ctx: CaseContext, options: SaverOptions) -> None:
+    """As above, the thread copied before the delete: the copy holds the base's very
+    channel and version in another thread, which is no base of this one."""
+    await _deleted_base(ctx, options, copy=True)
+
+
+async def runs_leave_unnamed(ctx: CaseContext, options: SaverOptions) -> None:
+    """`delete_for_runs` deletes the checkpoints of the runs named, and leaves a checkpoint
+    whose metadata names no run (deleting the run "None", the text a missing run id would
+    read as, leaves it)."""
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    thread = Thread(a, thread_id, lease)
+    unnamed = await thread.put({"a": ["a1"]}, metadata={"source": "loop", "step": 0})
+    await thread.put({"a": ["a2"]}, metadata={"run_id": "None", "step": 1})
+    named = await thread.put({"a": ["a3"]}, metadata={"run_id": "run-1", "step": 2})
+    await a.adelete_for_runs(["None"])
+    assert await ids_of(reader(ctx), thread_id) == [named, unnamed]
+    await a.adelete_for_runs(["run-1"])
+    assert await ids_of(reader(ctx), thread_id) == [unnamed]
+    latest = await latest_of(reader(ctx), thread_id)
+    assert latest is not None and latest.checkpoint["channel_values"] == {"a": ["a1"]}
+
+
+async def keeps_nothing(ctx: CaseContext, options: SaverOptions) -> None:
+    """A saver that keeps no value (the set's `reader`) still writes a growing conversation
+    under its lease, each value whole or against a base it stored, and reads it back."""
+    if not ctx.has(READER):
+        import pytest
+
+        pytest.skip("no `reader=` given: a saver that keeps no value")
+    writer, lease, thread_id = ctx.store(READER, 0), await _held(ctx), new_thread()
+    ids, states = await grow(Thread(writer, thread_id, lease), [], range(6))
+    await read_back(ctx.store(READER, 1), thread_id, ids, states)
+    await read_back(ctx.store(CONTRACT, 1), thread_id, ids, states)
