@@ -134,7 +134,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "agboss_sql.sql.history": EVERY,
     "agboss_sql.sql.events": EVERY,
     # the checkpoint saver's fenced paths: the lease it reads from a config, the fenced
-    # write statements and the writes that pick them
+    # write statements and the writes that pick them (run by LangGraph's conformance and
+    # the reusable fenced-saver contract, agboss_sql.testing.checkpoint_saver)
     "agboss_sql.sql.checkpoint._lease": EVERY,
     "agboss_sql.sql.checkpoint._write_statements": EVERY,
     "agboss_sql.sql.checkpoint._writes": EVERY,
