@@ -9,6 +9,7 @@ from typing import Any
 
 from conformance_runner import failures, memory_set, run_class
 
+from agboss_sql.contracts.rules import checked_lease
 from agboss_sql.contracts.types import (
     ExecutionLease,
     FencedEffectKey,
@@ -74,7 +75,7 @@ def test_every_write_meets_every_state_and_every_move_every_state() -> None:
     states = len(LEASE_STATES) + len(WRITE_ONLY_STATES)
     assert len(effect) == writes["fenced_effect"] * states
     assert len(call) == writes["outbound_call"] * states == 4 * 12
-    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 65
+    assert len(lease) == len(MOVES) * (len(LEASE_STATES) + len(MOVE_ONLY_STATES)) == 70
     assert len(queue) == 2 * len(CHILD_STATES)
     states = {
         "live",
@@ -95,7 +96,7 @@ async def test_the_sound_set_passes_the_matrix() -> None:
     wakes = len(WAKE_TABLE.ops) * len(WAKE_TABLE.states) + len(LOG_TABLE.ops) * len(
         LOG_TABLE.states
     )
-    assert len(results) == 12 + 4 * 12 + 65 + 2 * len(CHILD_STATES) + wakes
+    assert len(results) == 12 + 4 * 12 + 70 + 2 * len(CHILD_STATES) + wakes
     assert failures(results) == {}
 
 
@@ -271,6 +272,22 @@ class LeasesIgnoreTheNamedHolder(InMemoryExecutionLeaseRepository):
         return super()._held(dataclasses.replace(lease, holder_instance_id=self.instance_id))
 
 
+class LeasesIgnoreTheRowsHolder(InMemoryExecutionLeaseRepository):
+    """Lease moves that check the lease names the store's instance, then find its row by
+    tenant, execution and epoch alone: not by the holder the row names."""
+
+    def _held(self, lease: ExecutionLease) -> Any:
+        checked_lease(lease)
+        row = self.memory.leases.get((lease.tenant_id, lease.execution_id))
+        if (
+            row is None
+            or lease.holder_instance_id != self.instance_id
+            or row.lease_epoch != lease.lease_epoch
+        ):
+            return None
+        return row
+
+
 async def test_a_fence_that_checks_the_epoch_alone_fails_the_holder_rows() -> None:
     found = failures(
         await run_class(_set({"fenced_effect": EffectsTrustTheEpoch}), only="__matrix_")
@@ -303,6 +320,19 @@ async def test_moves_that_ignore_the_named_holder_fail_its_rows() -> None:
             "the_holder_s_epoch_under_another_instance_s_name",
             "the_holder_s_epoch_in_a_context_that_names_no_instance",
         )
+    }, sorted(found)
+    _expect(found, "no-stale-write", *found)
+
+
+async def test_moves_that_ignore_the_rows_holder_fail_the_claimed_epoch_rows() -> None:
+    found = failures(
+        await run_class(_set({"execution_lease": LeasesIgnoreTheRowsHolder}), only="__matrix_")
+    )
+    # Every move but the reclaim (the holder's lease is live, not yielded) is granted.
+    assert set(found) == {
+        f"test_execution_lease__matrix_{move}_with_a_context_whose_lease_is_the_holder_s_epoch_"
+        "claimed_by_another_instance_in_its_own_name"
+        for move in ("renew", "release", "yield", "finish")
     }, sorted(found)
     _expect(found, "no-stale-write", *found)
 

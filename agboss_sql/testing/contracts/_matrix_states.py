@@ -150,6 +150,14 @@ async def _other_holder(w: World, prepare: Prepare) -> Reached:
     return Reached(lease, 1, (0, lease))
 
 
+async def _claimed_in_own_name(w: World, prepare: Prepare) -> Reached:
+    # Another instance's store moving a context it built in its own name with the holder's
+    # current epoch: the context names the store's instance, but the epoch was granted to
+    # the holder, so the lease row still names the holder.
+    _, lease = await _taken(w, prepare)
+    return Reached(dataclasses.replace(lease, holder_instance_id="instance-2"), 1, (0, lease))
+
+
 async def _other_tenant(w: World, prepare: Prepare) -> Reached:
     # The holder's live lease and epoch, in a context naming another tenant: that tenant
     # has no lease of the execution (an execution id is unique within its tenant only).
@@ -195,8 +203,16 @@ MOVE_ONLY_STATES: tuple[State, ...] = (
     State(
         "the holder's epoch in a context that names no instance", None, _granted(), _named_by_nobody
     ),
+    State(
+        "the holder's epoch claimed by another instance in its own name",
+        None,
+        _granted(),
+        _claimed_in_own_name,
+    ),
 )
-"""States only a lease move can meet: a move is made by its store's instance."""
+"""States only a lease move can meet: a move is made by its store's instance. The last one
+tells a store that checks the context names its own instance but matches the lease row by
+tenant, execution and epoch alone, without the row's holder."""
 
 WRITE_ONLY_STATES: tuple[State, ...] = (
     State(
