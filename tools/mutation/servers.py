@@ -103,7 +103,7 @@ NOT_EXECUTED_ON_SQLITE: dict[str, list[str]] = {
         *_names(_QR + "claim__mutmut_", (23, 24, 25, 26, 27, 35, 36, 37, 38, 41)),
         *_names(_L, (282, 283, 284, 285, 286, 290)),  # read
         *_names(_LR + "_renew_then_read__mutmut_", (5, 6, 12, 13, 15, 16, 24, 25)),
-        *_names(_LR + "reclaim__mutmut_", (36, 37, 39, 40)),  # the branch without RETURNING
+        *_names(_LR + "reclaim__mutmut_", (35, 36, 38, 39)),  # the branch without RETURNING
         *_names(_E, (48, 49)),  # returns_claimed: the capability test that picks the path
         *_names(_E, (62, 63)),  # read
         *_names(_ER + "_claim__mutmut_", (20, 33, 34, 35)),  # the claim without RETURNING
