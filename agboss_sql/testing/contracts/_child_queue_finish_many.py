@@ -221,3 +221,44 @@ async def keeps_tenants_apart_in_a_batch(ctx: CaseContext) -> None:
     )
     owed = sorted(c.child_execution_id for c in await _queue(ctx, 0).unwoken(10))
     _expect(owed == ["t1-b", "t2-a"], "tenant-apart", f"unwoken(10) = {owed}")
+
+
+async def lowers_each_parents_count_by_its_own_finishes_in_a_batch(ctx: CaseContext) -> None:
+    """One batch finishing children of two parents in two tenants (the same two parent ids
+    in each), a different number of each parent's, lowers each parent's count by its own
+    finishes only: the next finish of each parent's child sees that parent's children left.
+    (Answers within the batch can be right while a count is lowered by another parent's
+    number: a store that joins the batch's counts to its parents by the tenant or the
+    parent id alone.)"""
+    taken = {
+        (TENANT, PARENT): 2,
+        (TENANT, "parent-2"): 1,
+        ("tenant-2", PARENT): 1,
+        ("tenant-2", "parent-2"): 2,
+    }
+
+    def kid(tenant: str, parent: str, i: int) -> str:
+        return f"{tenant}/{parent}/{i}"
+
+    await _queue(ctx, 0).enqueue_many(
+        [QueuedChild(t, ROOT, p, kid(t, p, i), 1, None) for (t, p) in taken for i in range(3)]
+    )
+    claimed = await _claim_all(ctx, 0, 12)
+    batch = [kid(t, p, i) for i in range(2) for (t, p), n in taken.items() if i < n]
+    got = await _queue(ctx, 1).finish_many([ChildFinish(c, claimed[c].attempt) for c in batch])
+    _expect(
+        len(got) == len(batch) and all(r.finished for r in got),
+        "finish-many",
+        f"the batch of {batch} gave {got}",
+    )
+    for (t, p), n in taken.items():
+        child_id = kid(t, p, n)
+        one = await _queue(ctx, 0).finish(child_id, None, attempt=claimed[child_id].attempt)
+        want = FinishResult(True, 3 - n - 1)
+        _expect(
+            one == want,
+            "finish-count",
+            f"after a batch finished {n} of the 3 children of {p!r} in {t!r}, the finish of "
+            f"{child_id} gave {one}, expected {want} (a count lowered by another parent's "
+            "finishes)",
+        )

@@ -35,6 +35,7 @@ from agboss_sql.testing.contracts._child_queue_claims import (
 from agboss_sql.testing.contracts._child_queue_finish_many import (
     finishes_a_batch_each_at_its_own_attempt,
     keeps_tenants_apart_in_a_batch,
+    lowers_each_parents_count_by_its_own_finishes_in_a_batch,
     queues_a_waiting_parent_again_from_a_batch,
     wakes_the_parent_exactly_once_among_concurrent_batch_finishers,
 )
@@ -166,6 +167,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
         queues_a_waiting_parent_again_from_a_batch,
     ),
     ("keeps tenants apart in a batch", keeps_tenants_apart_in_a_batch),
+    (
+        "lowers each parent's count by its own finishes in a batch",
+        lowers_each_parents_count_by_its_own_finishes_in_a_batch,
+    ),
 ]
 
 
