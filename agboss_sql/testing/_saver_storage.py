@@ -161,6 +161,6 @@ async def keeps_nothing(ctx: CaseContext, options: SaverOptions) -> None:
 
         pytest.skip("no `reader=` given: a saver that keeps no value")
     writer, lease, thread_id = ctx.store(READER, 0), await _held(ctx), new_thread()
-    ids, states = await grow(Thread(writer, thread_id, lease), [], range(6))
+    ids, states = await grow(Thread(writer, thread_id, lease), [], range(8))
     await read_back(ctx.store(READER, 1), thread_id, ids, states)
     await read_back(ctx.store(CONTRACT, 1), thread_id, ids, states)

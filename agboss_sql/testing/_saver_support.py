@@ -134,7 +134,7 @@ class Thread:
 
 def turn(n: int, tag: str = "") -> str:
     """One turn of a conversation: long enough that a list of them is stored as appends."""
-    return f"{tag}turn {n}: " + "words " * 60
+    return f"{tag}turn {n}: " + "words " * 150
 
 
 async def grow(
