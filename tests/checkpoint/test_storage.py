@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
-from support.capabilities import executed_plan_rows
+from support.capabilities import embedded, executed_plan_rows
 from support.sql import explain_prefix
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
@@ -675,6 +675,62 @@ async def test_a_new_saver_lists_every_value_and_pending_write_of_a_long_history
         listed = [
             (t.checkpoint["channel_values"], t.pending_writes)
             for t in sync_reader.list(_config(thread.thread))
+        ]
+        assert listed == expected
+    finally:
+        sync_reader.close()
+        await sync_reader.aclose()
+
+
+async def test_a_new_saver_reads_versions_of_any_text_and_pending_writes_in_task_order(
+    sql: SqlConnection, new_connection: Callable[[], SqlConnection]
+) -> None:
+    # A page's values are named by their versions, whatever text those hold (quotes, a
+    # backslash, non-ASCII; a NUL where the database stores one), and its pending writes
+    # come back in LangGraph's order (task path, task id, index), not the key's.
+    writer = SqlCheckpointSaver(sql)
+    thread = _thread()
+    odd = ['v"1', "v\\2", "vü3", "v\u20284", "v 5 "]
+    if embedded(sql):
+        # SQLite keeps any text whole, a NUL too (PostgreSQL refuses one in a text).
+        odd.append("v\x006")
+    parent: str | None = None
+    expected = []
+    for i, version in enumerate(odd):
+        checkpoint: Checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"a": [i, version]}
+        checkpoint["channel_versions"] = {"a": version}
+        stored = await writer.aput(
+            _config(thread, checkpoint_id=parent),
+            checkpoint,
+            {"source": "loop", "step": i},  # type: ignore[typeddict-item]
+            {"a": version},
+        )
+        parent = stored["configurable"]["checkpoint_id"]
+        config = _config(thread, checkpoint_id=parent)
+        tasks = [(f"task-{i}-{t}", f"~path, {t}") for t in "zyxw"]
+        for task_id, path in tasks:
+            await writer.aput_writes(config, [("n", task_id), ("m", i)], task_id, path)
+        order = sorted((path, task_id, idx) for task_id, path in tasks for idx in range(2))
+        writes = [
+            (task, "n" if idx == 0 else "m", task if idx == 0 else i) for _, task, idx in order
+        ]
+        expected.append(({"a": [i, version]}, writes))
+    expected.reverse()
+    async_reader = SqlCheckpointSaver(new_connection())
+    try:
+        listed = [
+            (t.checkpoint["channel_values"], t.pending_writes)
+            async for t in async_reader.alist(_config(thread))
+        ]
+        assert listed == expected
+    finally:
+        await async_reader.aclose()
+    sync_reader = SqlCheckpointSaver(new_connection())
+    try:
+        listed = [
+            (t.checkpoint["channel_values"], t.pending_writes)
+            for t in sync_reader.list(_config(thread))
         ]
         assert listed == expected
     finally:

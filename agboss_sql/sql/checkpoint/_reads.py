@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -59,12 +59,39 @@ Found = tuple[
 the keys of those values (`_value_keys` of the body as read)."""
 
 
+class _ListPlan(NamedTuple):
+    """A listing's statement set, parameters and criteria (`_list_plan`)."""
+
+    sql: CheckpointStatements
+    params: dict[str, Any]
+    thread: bool
+    namespace: bool
+    checkpoint_id: bool
+    filters: int
+    recheck: list[tuple[Any, Any]]
+    limit: int | None
+    before: str | None
+
+
+def _rejected(listed: CheckpointTuple, recheck: list[tuple[Any, Any]]) -> bool:
+    """Whether a listed checkpoint's metadata fails a filter the SQL test only narrowed."""
+    return any(listed.metadata.get(key) != value for key, value in recheck)
+
+
 def _json_value(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=False, default=str))
 
 
 Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
 """Value rows as read, by key: (value type, value, base version)."""
+
+
+def _write_order(write: Sequence[Any]) -> tuple[str, str, int]:
+    """`writes_sort_key` of a pending write as read (task id, channel, task path, index, …)."""
+    task_id, _, task_path, idx = write[0], write[1], write[2], write[3]
+    if type(task_path) is str and type(task_id) is str and type(idx) is int:
+        return writes_sort_key(task_path, task_id, idx)
+    return writes_sort_key(_text(task_path), _text(task_id), int(idx))
 
 
 class SaverReads(SaverCore):
@@ -230,22 +257,37 @@ class SaverReads(SaverCore):
         value_keys: ValueKeys,
     ) -> CheckpointTuple:
         thread_id, ns, ns_hash, checkpoint_id, parent_id, _, _, metadata, thread_hash = row
-        thread_id, ns = _text(thread_id), _text(ns)
-        values = dict(body.get("channel_values") or {})
-        for channel, channel_hash, version in value_keys:
-            stored = blobs.get((thread_hash, ns_hash, channel_hash, version))
-            if stored is not None:
-                kind, data = stored
-                values[channel] = self._decoded.decode(
-                    self.serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
-                )
+        if type(thread_id) is not str:
+            thread_id = _text(thread_id)
+        if type(ns) is not str:
+            ns = _text(ns)
+        # `body` was decoded for this tuple alone: its values are filled in where they are.
+        values = body.get("channel_values")
+        if type(values) is not dict:
+            values = dict(values or {})
+        if value_keys:
+            decode = self._decoded.decode
+            serde = self.serde
+            for channel, channel_hash, version in value_keys:
+                stored = blobs.get((thread_hash, ns_hash, channel_hash, version))
+                if stored is not None:
+                    kind, data = stored
+                    values[channel] = decode(
+                        serde, (thread_hash, ns_hash, channel_hash), _text(kind), data
+                    )
         body["channel_values"] = values
-        pending: list[PendingWrite] = [
-            (_text(task_id), _text(channel), self._loads(kind, value))
-            for task_id, channel, _, _, kind, value in sorted(
-                writes, key=lambda w: writes_sort_key(_text(w[2]), _text(w[0]), int(w[3]))
-            )
-        ]
+        pending: list[PendingWrite] = []
+        if writes:
+            if len(writes) > 1:
+                writes = sorted(writes, key=_write_order)
+            loads, loads_typed = self._loads, self.serde.loads_typed
+            for task_id, channel, _, _, kind, value in writes:
+                if type(task_id) is str and type(channel) is str and type(kind) is str:
+                    if type(value) is memoryview:
+                        value = bytes(value)
+                    pending.append((task_id, channel, loads_typed((kind, value))))
+                else:
+                    pending.append((_text(task_id), _text(channel), loads(kind, value)))
         return CheckpointTuple(
             config={
                 "configurable": {
@@ -255,7 +297,7 @@ class SaverReads(SaverCore):
                 }
             },
             checkpoint=body,  # type: ignore[arg-type]
-            metadata=json.loads(_text(metadata)),
+            metadata=json.loads(metadata if type(metadata) is str else _text(metadata)),
             parent_config=(
                 {
                     "configurable": {
@@ -291,9 +333,33 @@ class SaverReads(SaverCore):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> AsyncGenerator[CheckpointTuple, None]:
+        plan = self._list_plan(connection, config, filter, before, limit)
+        if plan is None:
+            return
+        remaining = limit
+        async for found_tuples in self._pages(connection, plan):
+            for found_tuple in found_tuples:
+                listed = self._tuple_of(*found_tuple)
+                if plan.recheck and _rejected(listed, plan.recheck):
+                    continue
+                yield listed
+                if remaining is not None:
+                    remaining -= 1
+                    if remaining <= 0:
+                        return
+
+    def _list_plan(
+        self,
+        connection: Database,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> _ListPlan | None:
+        """What a listing reads (its checks made before any statement); `None`: nothing."""
         sql = self._statements(connection)
         if limit is not None and checked_int("limit", limit) <= 0:
-            return
+            return None
         params: dict[str, Any] = {}
         configurable = (config or {}).get("configurable") or {}
         thread = config is not None and "thread_id" in configurable
@@ -319,39 +385,54 @@ class SaverReads(SaverCore):
             for key, value in filters
             if isinstance(value, (dict, list)) and not sql.json_exact
         ]
-        # One namespace of one thread is read in pages off its key; anything wider at once.
-        paged = namespace and not checkpoint_id
-        remaining = limit
-        cursor = _text(before_id) if before_id else None
+        return _ListPlan(
+            sql,
+            params,
+            thread,
+            namespace,
+            bool(checkpoint_id),
+            len(filters),
+            recheck,
+            limit,
+            _text(before_id) if before_id else None,
+        )
+
+    async def _pages(
+        self, connection: Database, plan: _ListPlan
+    ) -> AsyncGenerator[list[Found], None]:
+        """The listing's checkpoints as read, a page at a time (one namespace of one thread
+        is read in pages off its key; anything wider at once). Their values and pending
+        writes are decoded as each is taken (`_tuple_of`)."""
+        paged = plan.namespace and not plan.checkpoint_id
+        # Without a recheck every checkpoint read is answered: the limit bounds the pages.
+        remaining = plan.limit if not plan.recheck else None
+        cursor = plan.before
         while True:
             page = LIST_PAGE if paged else None
-            if remaining is not None and not recheck:
+            if remaining is not None:
                 page = remaining if page is None else min(page, remaining)
             shape = ListShape(
-                thread=thread,
-                namespace=namespace,
-                checkpoint_id=bool(checkpoint_id),
+                thread=plan.thread,
+                namespace=plan.namespace,
+                checkpoint_id=plan.checkpoint_id,
                 before=cursor is not None,
                 limit=page is not None,
-                filters=len(filters),
+                filters=plan.filters,
             )
-            page_params = dict(params)
+            page_params = dict(plan.params)
             if cursor is not None:
                 page_params["before"] = cursor
             if page is not None:
                 page_params["limit"] = page
             page_rows, found_tuples = await connection.run(
-                functools.partial(self._page, sql, shape, page_params), transaction=False
+                functools.partial(self._page, plan.sql, shape, page_params), transaction=False
             )
-            for found_tuple in found_tuples:
-                listed = self._tuple_of(*found_tuple)
-                if any(listed.metadata.get(key) != value for key, value in recheck):
-                    continue
-                yield listed
-                if remaining is not None:
-                    remaining -= 1
-                    if remaining <= 0:
-                        return
+            if found_tuples:
+                yield found_tuples
+            if remaining is not None:
+                remaining -= len(found_tuples)
+                if remaining <= 0:
+                    return
             if not paged or page is None or page_rows < page:
                 return
             cursor = _text(found_tuples[-1][0][3])
@@ -413,9 +494,9 @@ class SaverReads(SaverCore):
         value_keys: Sequence[ValueKeys],
     ) -> Step[tuple[int, list[Found]]]:
         """The values and pending writes of a page of one thread namespace: the values by
-        key (a `PAGE_BLOBS` count of keys, the last repeated to fill it), the writes by the
-        page's range of ids, in one statement (more when the page reads more than
-        `PAGE_BLOBS[-1]` values)."""
+        key, the writes by the page's range of ids, in one statement (`page_values_json` on
+        SQLite; elsewhere `page_values`, a `PAGE_BLOBS` count of keys, the last repeated to
+        fill it, more statements when the page reads more than `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
         keys = list(
             dict.fromkeys(
@@ -426,11 +507,35 @@ class SaverReads(SaverCore):
         )
         ids = [row[3] for row in rows]
         rows_read: Rows = {}
-        writes: dict[tuple[Any, Any, Any], list[Sequence[Any]]] = {}
+        writes: dict[Any, list[Sequence[Any]]] = {}
+        if sql.keys_as_json:
+            keys_json = json.dumps([channel_hash + version for channel_hash, version in keys])
+            # A NUL is the one character `json_each` would not hand back as sent.
+            if "\\u0000" not in keys_json:
+                params = {
+                    "keys": keys_json,
+                    "w_thread_hash": thread_hash,
+                    "w_ns_hash": ns_hash,
+                    "w_lo": min(ids),
+                    "w_hi": max(ids),
+                }
+                for kind_of_row, *rest in (yield Exec(sql.page_values_json, params)).rows:
+                    if kind_of_row == BLOB_ROW:
+                        channel_hash, version, base, value_type, value, _, _ = rest
+                        key = (thread_hash, ns_hash, channel_hash, version)
+                        rows_read[key] = (value_type, value, base)
+                    else:
+                        # (checkpoint id, then the write as `_tuple_of` takes it)
+                        writes.setdefault(rest[0], []).append(rest[1:])
+                blobs = yield from self._whole(sql, rows_read)
+                return len(rows), [
+                    (row, body, blobs, writes.get(row[3], []), keys_of_row)
+                    for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
+                ]
         first = True
         for chunk in chunks(keys, PAGE_BLOBS[-1]) if keys else [[]]:
             size = next(n for n in PAGE_BLOBS if n >= len(chunk))
-            params: dict[str, Any] = {
+            params = {
                 "w_thread_hash": thread_hash,
                 "w_ns_hash": ns_hash,
                 # The writes once, in the first statement: the others' range is empty.
@@ -440,16 +545,14 @@ class SaverReads(SaverCore):
             first = False
             for i in range(size):
                 params[f"c{i}"], params[f"v{i}"] = chunk[min(i, len(chunk) - 1)]
-            for kind_of_row, row_thread, row_ns, key, *rest in (
-                yield Exec(sql.page_values(size), params)
-            ).rows:
+            for kind_of_row, _, _, key, *rest in (yield Exec(sql.page_values(size), params)).rows:
                 if kind_of_row == BLOB_ROW:
                     version, base, _, _, value_type, value = rest
-                    rows_read[(row_thread, row_ns, key, version)] = (value_type, value, base)
+                    rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
                 else:
-                    writes.setdefault((row_thread, row_ns, key), []).append(rest)
+                    writes.setdefault(key, []).append(rest)
         blobs = yield from self._whole(sql, rows_read)
         return len(rows), [
-            (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys_of_row)
+            (row, body, blobs, writes.get(row[3], []), keys_of_row)
             for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
         ]

@@ -46,6 +46,8 @@ class CheckpointStatements(WriteStatements):
         # its read from 525 to 1,033 us, so elsewhere each reads the latest id as a scalar
         # (`Capabilities.shared_with`).
         self._with_cte = b.capabilities.shared_with
+        # SQLite names a page's value keys in one JSON text (`page_values_json`).
+        self.keys_as_json = b.ops.NAME == "sqlite"
         self._latest = self._latest_id()
         self.read_latest = self._latest_with_writes()
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
@@ -335,6 +337,17 @@ class CheckpointStatements(WriteStatements):
             )
         return sa.union_all(values, writes)
 
+    @property
+    def page_values_json(self) -> str:
+        """SQLite: `page_values` with the keys in one parameter, `keys`, a JSON array of the
+        channel hash (64 characters) followed by the version of each key, so one text serves
+        every page whatever its count of keys (nothing padded, two parameters bound where
+        `page_values` binds 256), each key a probe of the primary key (a row-value `IN`
+        scanned the namespace's value rows). Rows: `BLOB_ROW` (channel hash, version, base
+        version, value type, value) and `WRITE_ROW` (checkpoint id, task id, channel, task
+        path, index, value type, value); neither repeats the thread and namespace hashes."""
+        return _PAGE_VALUES_JSON
+
     def _thread_statements(self, build: Any) -> list[Any]:
         """The statements of a whole-thread change, in the order a `put` takes its locks
         (values before checkpoints); on a dialect that folds writes into `WITH`, one."""
@@ -461,6 +474,18 @@ class CheckpointStatements(WriteStatements):
                 checkpoint_blobs.c.ns_hash == _bind("ns_hash", checkpoint_blobs.c.ns_hash),
             ),
         )
+
+
+_PAGE_VALUES_JSON = (
+    f"SELECT {BLOB_ROW}, b.channel_hash, b.version, b.base_version, b.value_type, b.value, "
+    "NULL, NULL FROM json_each(:keys) AS k CROSS JOIN agboss_checkpoint_blobs AS b "
+    "WHERE b.thread_hash = :w_thread_hash AND b.ns_hash = :w_ns_hash "
+    "AND b.channel_hash = substr(k.value, 1, 64) AND b.version = substr(k.value, 65) "
+    f"UNION ALL SELECT {WRITE_ROW}, w.checkpoint_id, w.task_id, w.channel, w.task_path, w.idx, "
+    "w.value_type, w.value FROM agboss_checkpoint_writes AS w "
+    "WHERE w.thread_hash = :w_thread_hash AND w.ns_hash = :w_ns_hash "
+    "AND w.checkpoint_id >= :w_lo AND w.checkpoint_id <= :w_hi"
+)
 
 
 @dataclass(frozen=True, slots=True)

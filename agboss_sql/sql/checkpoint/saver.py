@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.types import ApplicationContext
 from agboss_sql.sql.checkpoint._aio import AsyncSaver
+from agboss_sql.sql.checkpoint._reads import _rejected
 from agboss_sql.sql.checkpoint._sync import next_sync, run_sync
 from agboss_sql.sql.checkpoint._values import DEFAULT_VALUE_CACHE_BYTES
 from agboss_sql.sql.connection import SqlConnection
@@ -158,15 +159,28 @@ class SqlCheckpointSaver(AsyncSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """`alist`, from synchronous code (read a page at a time)."""
-        pages = self._list(self._native, config, filter, before, limit)
+        """`alist`, from synchronous code (read a page at a time, each checkpoint decoded as
+        it is taken)."""
+        plan = self._list_plan(self._native, config, filter, before, limit)
+        if plan is None:
+            return
+        pages = self._pages(self._native, plan)
+        remaining = limit
         try:
             while True:
-                more, found = next_sync(pages)
+                more, found_tuples = next_sync(pages)
                 if not more:
                     return
-                assert found is not None
-                yield found
+                assert found_tuples is not None
+                for found_tuple in found_tuples:
+                    listed = self._tuple_of(*found_tuple)
+                    if plan.recheck and _rejected(listed, plan.recheck):
+                        continue
+                    yield listed
+                    if remaining is not None:
+                        remaining -= 1
+                        if remaining <= 0:
+                            return
         finally:
             with contextlib.suppress(StopAsyncIteration, RuntimeError):
                 run_sync(pages.aclose())
