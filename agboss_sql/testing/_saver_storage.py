@@ -14,6 +14,7 @@ from agboss_sql.testing._case import CaseContext
 from agboss_sql.testing._saver_support import (
     CONTRACT,
     LEASE,
+    LEASE_KEY,
     LEASE_MS,
     READER,
     TENANT,
@@ -164,3 +165,31 @@ async def keeps_nothing(ctx: CaseContext, options: SaverOptions) -> None:
     ids, states = await grow(Thread(writer, thread_id, lease), [], range(8))
     await read_back(ctx.store(READER, 1), thread_id, ids, states)
     await read_back(ctx.store(CONTRACT, 1), thread_id, ids, states)
+
+
+async def retried_append_no_base(ctx: CaseContext, options: SaverOptions) -> None:
+    """The new holder, after a takeover, puts again the last checkpoint the old one stored
+    (a retry on another instance): its value row stays as first stored, possibly an
+    append, though this saver serialised it whole; its next put must not take it for a
+    base (an append to an append would not read back)."""
+    leases_a, leases_b = ctx.store(LEASE, 0), ctx.store(LEASE, 1)
+    execution, thread_id = new_execution(), new_thread()
+    lease_a = await leases_a.acquire(TENANT, execution, LEASE_MS)
+    assert lease_a is not None
+    ids, states = await grow(Thread(ctx.store(CONTRACT, 0), thread_id, lease_a), [], range(12))
+    await ctx.clock.advance(LEASE_MS + 1)
+    lease_b = await leases_b.acquire(TENANT, execution, LEASE_MS)
+    assert lease_b is not None
+    b = ctx.store(CONTRACT, 1)
+    latest = await latest_of(b, thread_id)
+    assert latest is not None and latest.parent_config is not None
+    parent = {**latest.parent_config}
+    parent["configurable"] = {**parent["configurable"], LEASE_KEY: lease_b}
+    version = latest.checkpoint["channel_versions"]["messages"]
+    again = await b.aput(parent, latest.checkpoint, latest.metadata, {"messages": version})
+    assert again["configurable"]["checkpoint_id"] == ids[-1], again
+    thread = Thread(b, thread_id, lease_b)
+    thread.values = dict(latest.checkpoint["channel_values"])
+    thread.versions, thread.last = dict(latest.checkpoint["channel_versions"]), ids[-1]
+    more_ids, more_states = await grow(thread, states[-1], range(12, 14), tag="b ")
+    await read_back(reader(ctx), thread_id, ids + more_ids, states + more_states)

@@ -23,7 +23,8 @@ carries the writer's lease in `config["configurable"]["agboss_lease"]` (an
 - `MAX_CHECKPOINT_WRITE_BYTES` bounds a put (values and metadata) and a put_writes (values
   and channel names), refused before any statement;
 - an append is never stored against a base another instance deleted (nor against the
-  same version a copy of the thread holds); `delete_for_runs` leaves the checkpoints that
+  same version a copy of the thread holds), nor against a version another instance
+  stored as an append and this one puts again; `delete_for_runs` leaves the checkpoints that
   name no run; a saver that keeps no value (`reader=`) stores a growing conversation whole;
 - a graph stops at its first write after a takeover, and the new holder resumes it.
 
@@ -76,6 +77,7 @@ CASES: tuple[SaverCase, ...] = (
     SaverCase("MAX_CHECKPOINT_WRITE_BYTES bounds put_writes with its channel names", storage.writes_limit),
     SaverCase("an append is never stored against a base another saver deleted", storage.deleted_base),
     SaverCase("an append is never stored against a deleted base a copy holds", storage.deleted_base_of_a_copy),
+    SaverCase("a version stored as an append is never a base of a retrying saver", storage.retried_append_no_base),
     SaverCase("delete_for_runs leaves the checkpoints that name no run", storage.runs_leave_unnamed),
     SaverCase("a saver that keeps no value stores a growing conversation whole", storage.keeps_nothing),
 )  # fmt: skip
