@@ -53,12 +53,14 @@ def suite_module(contract: str) -> ModuleType:
 
 def suite_cases(contract: str) -> list[Case]:
     """The cases of `contract`'s suite, in the suite's order, then its coordination matrix
-    (`_matrix_coordination`: its writes against every state of their row, and tenants)."""
+    (`_matrix_coordination`: its writes against every state of their row, and tenants),
+    then its cases of orders and recorded times (`_orders_and_times`)."""
     from agboss_sql.testing.contracts._matrix_coordination import coordination_cases
+    from agboss_sql.testing.contracts._orders_and_times import cases_of
 
     module = suite_module(contract)
     found: list[Case] = list(module.cases())
-    return found + coordination_cases(contract)
+    return found + coordination_cases(contract) + cases_of(contract)
 
 
 def snake_case(text: str) -> str:
