@@ -49,9 +49,9 @@ from agboss_sql.contracts.errors import CorruptStoredRowError, StoreTimeoutError
 from agboss_sql.contracts.keys import checked_identifier
 from agboss_sql.contracts.rules import checked_count, checked_queued_children
 from agboss_sql.contracts.types import ChildStatus, ClaimedChild, QueuedChild
-from agboss_sql.sql._base import dumps
+from agboss_sql.sql._base import dumps, loads
 from agboss_sql.sql._child_parents import ParentCountStatements
-from agboss_sql.sql._queue_rows import CLAIMED, claimed_of, columns
+from agboss_sql.sql._queue_rows import CLAIMED, claimed_child, claimed_of, columns
 from agboss_sql.sql.connection import Exec, SqlBuilder, Step
 from agboss_sql.sql.schema import child_executions, child_parents
 
@@ -110,6 +110,12 @@ def chunks(count: int) -> list[int]:
             rest -= bit
         bit //= 2
     return sizes
+
+
+def _claim_order(row: Any) -> tuple[Any, ...]:
+    """A batch claim's row's place in claim order (deepest first, then oldest, then in
+    queue order): its depth, then its `queued_at` and id, the two columns after `CLAIMED`."""
+    return (-row[4], row[8], row[9])
 
 
 def _pieces(count: int) -> list[int]:
@@ -417,13 +423,18 @@ class BatchQueueMethods:
         checked_count("n", n)
         if n == 0:
             return []
-        params = {"queued": QUEUED, "running": RUNNING, "instance_id": instance_id}
-        params["now"] = self.clock.now()
+        params: dict[str, Any] = {
+            "queued": QUEUED,
+            "running": RUNNING,
+            "instance_id": instance_id,
+            "now": self.clock.now(),
+        }
         sql: BatchStatements = self._sql.batch
         if sql.update_returning:
-            result = await self.connection.execute(sql.claim, {**params, "n": n})
-            picked = sorted(result.rows, key=lambda row: (-int(row[4]), int(row[-2]), row[-1]))
-            return [claimed_of(row[: len(CLAIMED)]) for row in picked]
+            params["n"] = n
+            rows = (await self.connection.execute(sql.claim, params)).rows
+            rows.sort(key=_claim_order)  # RETURNING answers in no particular order
+            return [claimed_of(row) for row in rows]
         attempts = itertools.count()
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.connection.timeouts.retry_ms / 1000
@@ -467,19 +478,20 @@ class BatchQueueMethods:
                 raise CorruptStoredRowError(
                     f"{moved.rowcount} of {size} queued children locked by this claim moved"
                 )
-        claimed = [claimed_of(row[1:]) for row in rows]
+        # The rows as read (id first), before the update: the attempt is the one before.
+        instance_id = params["instance_id"]
         return [
-            ClaimedChild(
-                tenant_id=c.tenant_id,
-                root_execution_id=c.root_execution_id,
-                parent_execution_id=c.parent_execution_id,
-                child_execution_id=c.child_execution_id,
-                depth=c.depth,
-                payload=c.payload,
-                attempt=c.attempt + 1,
-                claimed_by=params["instance_id"],
+            claimed_child(
+                row[1],
+                row[2],
+                row[3],
+                row[4],
+                int(row[5]),
+                loads(row[6]),
+                int(row[7]) + 1,
+                instance_id,
             )
-            for c in claimed
+            for row in rows
         ]
 
 
