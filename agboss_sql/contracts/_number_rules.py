@@ -55,12 +55,21 @@ def checked_int(
 
 def checked_int32(what: str, value: object, *, minimum: int | None = None) -> int:
     """`checked_int` within a signed 32-bit number (a depth, an attempt)."""
+    # A plain int in range answers at once (every attempt of a batch finish comes here).
+    if (
+        type(value) is int
+        and MIN_INT32 <= value <= MAX_INT32
+        and (minimum is None or value >= minimum)
+    ):
+        return value
     return checked_int(what, value, minimum=minimum, low=MIN_INT32, high=MAX_INT32)
 
 
 def checked_count(what: str, value: object) -> int:
     """`value` if it is an int >= 0 (a count, a limit, an amount) of at most `MAX_INT64`,
     else `InvalidNumberError` (a `ValueError`)."""
+    if type(value) is int and 0 <= value <= MAX_INT64:
+        return value  # a plain int in range: at once (a claim's batch size)
     return checked_int(what, value, minimum=0)
 
 

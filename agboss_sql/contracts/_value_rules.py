@@ -157,10 +157,12 @@ def checked_child_finishes(finishes: object) -> list[ChildFinish]:
     `TypeError` when it is not a sequence of finishes."""
     if isinstance(finishes, (str, bytes)) or not isinstance(finishes, Sequence):
         raise TypeError(f"finishes is a sequence of ChildFinish, got {finishes!r:.80}")
-    checked = [
-        _checked_fields(finish, ChildFinish, identifiers=("child_execution_id",))
-        for finish in finishes
-    ]
+    # Field by field, as `_checked_fields` would: this one is on every batch finish's path.
+    checked = list(finishes)
+    for finish in checked:
+        if not isinstance(finish, ChildFinish):
+            raise TypeError(f"expected a ChildFinish, got {type(finish).__name__}")
+        checked_identifier("child_execution_id", finish.child_execution_id)
     seen: set[str] = set()
     for finish in checked:
         checked_int32("attempt", finish.attempt)

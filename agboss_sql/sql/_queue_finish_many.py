@@ -59,6 +59,9 @@ FINISHED = ChildStatus.FINISHED.value
 _MAX_IDS = 128
 """The most child ids one locking read names (SQLite, MySQL/MariaDB)."""
 
+_ID_NAMES = tuple(f"id_{i}" for i in range(_MAX_IDS))
+"""The parameter names of a locking read's ids, in order (`lock_ids`)."""
+
 _IDENT = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 """A `JSON_TABLE` column compared with an identifier column: its type and collation, so
 the join looks the row up by its key (another collation would scan, and lock, the table)."""
@@ -343,7 +346,8 @@ class FinishManyMethods:
             for at in range(0, len(ids), _MAX_IDS):
                 part = ids[at : at + _MAX_IDS]
                 size = _padded(len(part))
-                params = {f"id_{i}": part[min(i, len(part) - 1)] for i in range(size)}
+                padded = part + [part[-1]] * (size - len(part))
+                params = dict(zip(_ID_NAMES[:size], padded, strict=True))
                 for row in (yield Exec(sql.lock_ids(size), params)).rows:
                     rows[row[1]] = row
         # 2. Each entry decided on its row: answered (a retry), finishing, or refused.
