@@ -142,9 +142,7 @@ class StatementCache:
                     f"bind param per value instead ({result.string!r})"
                 )
             compiled = Compiled(
-                result.string,
-                dict(result.params),
-                reads_only=isinstance(statement, sa.Select) and statement._for_update_arg is None,
+                result.string, dict(result.params), reads_only=_select_reads_only(statement)
             )
         # Keep the statement alive with its compiled form, so its id is never reused.
         self._compiled[id(statement)] = (statement, compiled)
@@ -177,6 +175,17 @@ class StatementCache:
     def notify(self, sql: str, params: Mapping[str, Any] | None) -> None:
         for listener in self.listeners:
             listener(sql, params if params is not None else {})
+
+
+def _select_reads_only(statement: Any) -> bool:
+    """A plain SELECT, or a `UNION` of them (a checkpoint read with its writes), none of them
+    locking rows: sending it again changes nothing, and the saver's sync path on SQLite runs
+    it without this process's writer lock."""
+    if isinstance(statement, sa.CompoundSelect):
+        return statement._for_update_arg is None and all(
+            _select_reads_only(part) for part in statement.selects
+        )
+    return isinstance(statement, sa.Select) and statement._for_update_arg is None
 
 
 def _reads_only(sql: str) -> bool:

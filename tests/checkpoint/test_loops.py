@@ -22,6 +22,7 @@ from support.capabilities import embedded_url
 from agboss_sql.contracts.errors import CommitOutcomeUnknownError, StoreUnavailableError
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
 from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.timeouts import Timeouts
 
 # A bound, not a measure: a graph run here takes well under a second; a minute means a call
 # is stuck (the failure these tests look for), even on a loaded machine.
@@ -247,3 +248,24 @@ def test_a_sync_call_while_the_home_loop_is_blocked_does_not_wait_for_it(sql_url
         home.call_soon_threadsafe(home.stop)
         serving.join(BOUND_S)
         home.close()
+
+
+def test_sync_reads_do_not_wait_for_a_writer_of_this_process(sql_url: str) -> None:
+    # Where the database takes one writer at a time (SQLite), this process's sync writers
+    # take turns on one lock; reads (a checkpoint read with its writes, a listing page) are
+    # no writes and run beside a writer holding it.
+    if not embedded_url(sql_url):
+        pytest.skip("only an embedded database's writers take turns on a lock of the process")
+    thread = _config(f"thread-{uuid.uuid4()}")
+    with SqlCheckpointSaver.from_conn_string(sql_url, timeouts=Timeouts(lock_ms=200)) as saver:
+        graph = approval_graph().compile(checkpointer=saver)
+        graph.invoke(request("refund"), thread)
+        writer = saver._native._driver.writer
+        assert writer is not None and writer.acquire(timeout=BOUND_S)
+        try:
+            found = saver.get_tuple(thread)
+            listed = list(saver.list(thread))
+        finally:
+            writer.release()
+    assert found is not None
+    assert listed and listed[0].config == found.config
