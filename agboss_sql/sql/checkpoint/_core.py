@@ -58,12 +58,25 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+_KEPT_KEY_TEXT = 256
+"""Characters of the longest key text whose check is remembered (`_storable_key_text`)."""
+
+
+@functools.lru_cache(maxsize=8192)
+def _storable_key_text(text: str) -> bool:
+    """Whether `_key_text` takes `text` (a text of at most `_KEPT_KEY_TEXT` characters):
+    every call of a thread checks the same few, so each is checked once while in use."""
+    return unstorable_text_rule_of(text) is None
+
+
 def _key_text(what: str, value: Any) -> str:
     """`value` as the text LangGraph means by it (any text: empty, long, ending in spaces:
     it is keyed by its SHA-256), or `InvalidIdentifierError` for a text no database here can
     store (a NUL character, a lone surrogate) or longer than `MAX_SAVER_KEY_LENGTH`, before
     anything is sent."""
-    text = _text(value)
+    text = value if type(value) is str else _text(value)
+    if len(text) <= _KEPT_KEY_TEXT and _storable_key_text(text):
+        return text
     if len(text) > MAX_SAVER_KEY_LENGTH:
         raise InvalidIdentifierError(
             over_limit(what, len(text), "MAX_SAVER_KEY_LENGTH", MAX_SAVER_KEY_LENGTH),

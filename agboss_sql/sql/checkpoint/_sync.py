@@ -62,7 +62,12 @@ class SyncDatabase:
         self._timeouts = connection.timeouts
         self._driver = driver_for(connection.url, connection.timeouts)
         self._size = connection._pool_size
-        self._guard = threading.Condition()
+        # The pool's state is taken under `_lock` (a plain lock: no Python frame on the way
+        # in or out); `_guard`, on the same lock, wakes a call waiting for a connection, and
+        # is notified only when one waits (`_waiting`).
+        self._lock = threading.Lock()
+        self._guard = threading.Condition(self._lock)
+        self._waiting = 0
         self._idle: list[_Held] = []
         self._open = 0
         self._generation = 0
@@ -199,7 +204,8 @@ class SyncDatabase:
                     rows, count = execute(raw, compiled.sql, sent)
                 progress.in_script = False
                 progress.applied += 1
-                result = Result(list(rows) if rows is not None else None, count)
+                # The driver's rows are a new list per statement: kept, not copied.
+                result = Result(rows if rows is None or type(rows) is list else list(rows), count)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
@@ -223,7 +229,7 @@ class SyncDatabase:
 
     def _checkout(self) -> _Held:
         deadline: float | None = None
-        with self._guard:
+        with self._lock:
             while True:
                 if self._final:
                     raise StoreUnavailableError("the checkpoint saver is closed")
@@ -247,29 +253,36 @@ class SyncDatabase:
                         f"all {self._size} connections of the saver's sync methods stayed busy "
                         f"for {self._timeouts.pool_ms} ms (Timeouts.pool_ms); nothing was sent",
                     )
-                self._guard.wait(deadline - now)
+                self._waiting += 1
+                try:
+                    self._guard.wait(deadline - now)
+                finally:
+                    self._waiting -= 1
         try:
             return _Held(self._driver.connect(), generation)
         except BaseException:
-            with self._guard:
+            with self._lock:
                 self._open -= 1
-                self._guard.notify()
+                if self._waiting:
+                    self._guard.notify()
             raise
 
     def _checkin(self, held: _Held, reusable: bool) -> None:
-        with self._guard:
+        with self._lock:
             if reusable and held.generation == self._generation and not self._final:
                 self._idle.append(held)
-                self._guard.notify()
+                if self._waiting:
+                    self._guard.notify()
                 return
             self._open -= 1
-            self._guard.notify()
+            if self._waiting:
+                self._guard.notify()
         self._driver.close(held.raw)
 
     def close(self, *, final: bool = False) -> None:
         """Close the idle connections, and those in use when their calls end; `final`:
         refuse every later call (`StoreUnavailableError`)."""
-        with self._guard:
+        with self._lock:
             self._final = self._final or final
             self._generation += 1
             idle, self._idle = self._idle, []

@@ -82,6 +82,13 @@ _BLOB_PARAMS = tuple(tuple(f"b{i}_{column}" for column in BLOB_VALUES) for i in 
 """The parameter names of the `i`th blob row of a multi-row insert, in `BLOB_VALUES` order."""
 
 
+_WRITE_PARAMS = tuple(
+    (f"w{i}_idx", f"w{i}_channel", f"w{i}_value_type", f"w{i}_value") for i in range(MAX_ROWS)
+)
+"""The parameter names of the `i`th pending write of a multi-row insert: its index, channel,
+value type and value."""
+
+
 def _base_worthy(version: str, kind: str, data: bytes | None) -> bool:
     """Whether a value stored whole may be the base of later appends: a list the serde wrote
     (`_appends`) big enough to pay, of a version whose bytes `_values` may keep."""
@@ -422,11 +429,8 @@ class SaverWrites(SaverCore):
         execs: list[Exec] = []
         for chunk in chunks(rows):
             params = dict(shared)
-            for i, (idx, channel, kind, data) in enumerate(chunk):
-                params.update(
-                    {f"w{i}_idx": idx, f"w{i}_channel": channel, f"w{i}_value_type": kind}
-                )
-                params[f"w{i}_value"] = data
+            for names, values_of_row in zip(_WRITE_PARAMS[: len(chunk)], chunk, strict=True):
+                params.update(zip(names, values_of_row, strict=True))
             execs.append(Exec(sql.writes_insert(len(chunk), replace=replace, fenced=False), params))
         fence = fence_params(lease, self.store_clock) if lease is not None else {}
         if lease is not None and sql.fold and len(execs) == 1:
