@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from agboss_sql.contracts import ExecutionRecord, PausedExecution
+from agboss_sql.contracts import ChildExecution, ClaimedChild, ExecutionRecord, PausedExecution
 from agboss_sql.memory import (
     InMemoryBackend,
+    InMemoryChildExecutionQueueRepository,
     InMemoryExecutionRecordRepository,
     InMemoryPausedExecutionRepository,
     InMemoryRateLimitRepository,
@@ -84,6 +85,23 @@ class ThreadInIdOrder(InMemoryExecutionRecordRepository):
         return sorted(found, key=lambda r: r.execution_id)
 
 
+class RunningByClaim(InMemoryChildExecutionQueueRepository):
+    """`running` ordered by when each child was claimed, not queued."""
+
+    claims: ClassVar[dict[int, list[str]]] = {}  # per backend: child ids in claim order
+
+    async def claim(self, instance_id: str) -> ClaimedChild | None:
+        claimed = await super().claim(instance_id)
+        if claimed is not None:
+            self.claims.setdefault(id(self.memory), []).append(claimed.child_execution_id)
+        return claimed
+
+    async def running(self, limit: int) -> Sequence[ChildExecution]:
+        order = self.claims.get(id(self.memory), [])
+        found = await super().running(1_000_000)
+        return sorted(found, key=lambda c: order.index(c.child_execution_id))[:limit]
+
+
 def _factory(store: Callable[..., Any], backend: InMemoryBackend) -> StoreFactory:
     # Rate limits run on the store's time, the others on the application's clock.
     def build(seam: Any) -> Any:
@@ -94,6 +112,7 @@ def _factory(store: Callable[..., Any], backend: InMemoryBackend) -> StoreFactor
 
 
 PAUSES, LIMITS, RECORDS = "paused_execution", "rate_limit", "execution_record"
+QUEUE = "child_queue"
 BROKEN = [
     (PAUSES, "drains by creation whatever the answer order", DrainsInAnswerOrder, "drain-order"),
     (PAUSES, "records when a pause was cancelled", CancelWithoutTime, "cancel-time"),
@@ -101,11 +120,13 @@ BROKEN = [
     (LIMITS, "never shortens a holder's own slot", RefreshReplacesSlot, "slot-never-shortens"),
     (LIMITS, "never shortens a holder's own slot", RenewalReplacesSlot, "slot-never-shortens"),
     (RECORDS, "finds a thread's records by creation", ThreadInIdOrder, "find-by-thread"),
+    (QUEUE, "lists running children oldest queued first", RunningByClaim, "running-listed"),
 ]
 REFERENCE = {
     PAUSES: InMemoryPausedExecutionRepository,
     LIMITS: InMemoryRateLimitRepository,
     RECORDS: InMemoryExecutionRecordRepository,
+    QUEUE: InMemoryChildExecutionQueueRepository,
 }
 
 

@@ -10,7 +10,8 @@ store could plausibly use, so only the column the contract names passes:
 - a cancel records `resolved_at`; `purge` measures a taken pause's age from its take;
 - a holder's own slot is never shortened, by a take again or by a renewal with a shorter
   ttl (`max(expires_at, now + ttl)`);
-- records of a thread by `created_at`, whatever their ids and save order.
+- records of a thread by `created_at`, whatever their ids and save order;
+- running children oldest queued first, not first claimed.
 
 `cases_of(contract)` is appended to each contract's suite by `_registry.suite_cases`.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from agboss_sql.contracts.stores import (
+    ChildExecutionQueueRepository,
     ExecutionRecordRepository,
     PausedExecutionRepository,
     RateLimitRepository,
@@ -29,12 +31,14 @@ from agboss_sql.contracts.types import (
     ExecutionRecordStatus,
     PausedExecution,
     PauseStatus,
+    QueuedChild,
 )
 from agboss_sql.testing._case import Case, CaseContext
 
 PAUSES = "paused_execution"
 LIMITS = "rate_limit"
 RECORDS = "execution_record"
+QUEUE = "child_queue"
 TENANT = "tenant-1"
 ROOT = "root-1"
 TTL = 10_000
@@ -183,6 +187,30 @@ async def finds_a_threads_records_by_creation(ctx: CaseContext) -> None:
     )
 
 
+def _queue(ctx: CaseContext, instance: int = 0) -> ChildExecutionQueueRepository:
+    store: ChildExecutionQueueRepository = ctx.store(QUEUE, instance)
+    return store
+
+
+async def lists_running_children_oldest_queued_first(ctx: CaseContext) -> None:
+    """`running` lists oldest queued first, whatever order they were claimed in (a deeper
+    child queued later is claimed first)."""
+    for child_id, depth in (("c-old", 1), ("c-new", 5)):
+        await _queue(ctx, 0).enqueue(QueuedChild(TENANT, ROOT, "parent-1", child_id, depth, None))
+        await ctx.clock.advance(100)
+    for i in (1, 0):
+        claimed = await _queue(ctx, i).claim(ctx.instance_id(i))
+        _expect(claimed is not None, "claim-marks-running", "a queued child was not claimed")
+        await ctx.clock.advance(100)
+    running = [c.child_execution_id for c in await _queue(ctx, 1).running(10)]
+    _expect(
+        running == ["c-old", "c-new"],
+        "running-listed",
+        f"running(10) = {running}, expected ['c-old', 'c-new'] (oldest queued first; "
+        "claimed c-new, then c-old)",
+    )
+
+
 CASES: dict[str, list[tuple[str, Callable[[CaseContext], Awaitable[None]]]]] = {
     PAUSES: [
         (
@@ -194,6 +222,12 @@ CASES: dict[str, list[tuple[str, Callable[[CaseContext], Awaitable[None]]]]] = {
     ],
     LIMITS: [("never shortens a holder's own slot", never_shortens_a_holders_own_slot)],
     RECORDS: [("finds a thread's records by creation", finds_a_threads_records_by_creation)],
+    QUEUE: [
+        (
+            "lists running children oldest queued first",
+            lists_running_children_oldest_queued_first,
+        )
+    ],
 }
 
 
