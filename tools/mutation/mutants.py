@@ -104,6 +104,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "BatchQueueMethods._enqueue_many",
         "BatchQueueMethods.claim_many",
         "BatchQueueMethods._claim_many_locked",
+        # The batch claim's order (deepest, oldest, then queue order), out of claim_many.
+        "_claim_order",
     ),
     "agboss_sql.sql.outbound": (
         "OutboundStatements.__init__",
