@@ -22,6 +22,14 @@ class Gate:
         self.held = False
         self.waiters: deque[asyncio.Future[bool]] = deque()
 
+    def take(self) -> bool:
+        """Hold the gate if it is free (True), without a coroutine; False when it is held
+        (then `enter` waits for it)."""
+        if self.held:
+            return False
+        self.held = True
+        return True
+
     async def enter(self, deadline: float) -> bool:
         """Hold the gate: True once held; False when `deadline` (on the loop's clock) came
         first (then it is not held). A free gate is taken without suspending."""

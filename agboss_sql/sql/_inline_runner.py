@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -56,6 +56,14 @@ T = TypeVar("T")
 
 _MAX_BACKOFF_S = 0.005
 
+_CALLS_PER_TURN = 8
+"""At most this many calls of one runner in a row answer before it gives the event loop a
+turn (`InlineRunner._owes_turn`)."""
+
+_TURN_S = 0.001
+"""A call answering this long (on the loop's clock) after the runner last gave the event
+loop a turn gives it one, however few calls came between."""
+
 
 class InlineRunner:
     """One SQLite connection, its steps never interleaved, run inline on the event loop (a
@@ -81,6 +89,8 @@ class InlineRunner:
         self._work: WorkConnection | None = None
         self._work_gate = Gate()
         self._work_engine: sa.Engine | None = None
+        self._calls = 0  # calls answered since this runner last gave the loop a turn
+        self._turn_due = 0.0  # when (the loop's clock) the next call gives one regardless
 
     def pin(self, capabilities: Capabilities) -> None:
         """Use `capabilities` from now on."""
@@ -111,15 +121,29 @@ class InlineRunner:
         open, the call lets go of the connection between attempts, so other calls (reads
         above all, which WAL serves beside a writer) run meanwhile and each call's wait ends
         `lock_ms` after its own start, never one `lock_ms` per call queued before it."""
-        execute = self.dialect.execute_sync
         if turn is not None:
             raw, deadline = self._connection(), turn.deadline
         try:
-            return execute(raw, sql, params)
+            return self.dialect.execute_sync(raw, sql, params)
         except Exception as exc:
             if not self.dialect.is_busy(exc):
                 raise
             busy = exc
+        return await self._when_free(raw, sql, params, busy, deadline, turn)
+
+    async def _when_free(
+        self,
+        raw: sqlite3.Connection,
+        sql: str,
+        params: Mapping[str, Any] | None,
+        busy: Exception,
+        deadline: float | None,
+        turn: _Turn | None,
+    ) -> tuple[list[Any] | None, int]:
+        """`execute`'s wait after the busy answer `busy`: the statement sent again after
+        async sleeps until it goes through, or `StoreTimeoutError(what="lock")` at
+        `deadline`."""
+        execute = self.dialect.execute_sync
         loop = asyncio.get_running_loop()
         if deadline is None:
             deadline = loop.time() + self.timeouts.lock_ms / 1000
@@ -157,7 +181,8 @@ class InlineRunner:
     async def _enter(self, turn: _Turn) -> None:
         """Hold the runner's connection for `turn`, waiting for the call using it no later
         than `turn.deadline` (then `StoreTimeoutError(what="lock")`)."""
-        if not await self._gate.enter(turn.deadline):
+        gate = self._gate
+        if not gate.take() and not await gate.enter(turn.deadline):
             raise self._lock_timeout()
         turn.held = True
         if self.closed:
@@ -182,9 +207,8 @@ class InlineRunner:
             answer = await self._drive(step, transaction, progress, turn)
         finally:
             self._leave(turn)
-        # A step that found the database free never suspended: give the loop one turn, so a
-        # caller looping over store calls cannot starve the rest (a lease renewal, say).
-        await asyncio.sleep(0)
+        if self._owes_turn():
+            await self._give_turn()
         return answer
 
     async def run_one(
@@ -212,30 +236,74 @@ class InlineRunner:
                 raise
         finally:
             self._leave(turn)
-        await asyncio.sleep(0)  # as in `run`: one turn for the rest of the loop
+        if self._owes_turn():
+            await self._give_turn()  # as in `run`
         return Result(rows, count)
 
+    # --- the event loop's turns ------------------------------------------------------------
+
+    def _owes_turn(self) -> bool:
+        """Whether the call answering now gives the event loop a turn first. A call that
+        found the database free never suspended; so that a caller looping over store calls
+        cannot starve the loop's other tasks (a lease renewal, say), every
+        `_CALLS_PER_TURN`-th call of the runner gives it one, and so does any call answering
+        `_TURN_S` or more (on the loop's clock) after the last turn it gave. In between,
+        calls answer without one: a loop turn costs more than a claim's Python work, and
+        each turn that lets another connection's caller in makes this connection read its
+        pages again (SQLite drops a connection's page cache when another has written)."""
+        self._calls += 1
+        return self._calls >= _CALLS_PER_TURN or asyncio.get_running_loop().time() >= self._turn_due
+
+    async def _give_turn(self) -> None:
+        await asyncio.sleep(0)
+        self._calls = 0
+        self._turn_due = asyncio.get_running_loop().time() + _TURN_S
+
     async def _drive(self, step: Step[T], transaction: bool, progress: Progress, turn: _Turn) -> T:
+        """Send `step`'s statements (inside `BEGIN`/`COMMIT` when `transaction`), each as
+        `_progress.send` sends one, counted in `progress`: a statement goes to the driver
+        at once, and only a busy answer waits (`_when_free`), so a step that finds the
+        database free costs no coroutine per statement."""
         cache = self.cache
         begin = self.dialect.BEGIN
-        raw = self._connection()
-
-        def execute(
-            raw: Any, sql: str, params: Mapping[str, Any] | None
-        ) -> Coroutine[Any, Any, tuple[list[Any] | None, int]]:
-            return self.execute(raw, sql, params, turn=turn)
-
         try:
             if transaction:
                 if cache.listeners:
                     cache.notify(begin, {})
-                await execute(raw, begin, None)
-            answer = await feed(cache, step, raw, execute, progress)
+                await self.execute(self._connection(), begin, None, turn=turn)
+            execute = self.dialect.execute_sync
+            is_busy = self.dialect.is_busy
+            result: Result | None = None
+            while True:
+                try:
+                    request = step.send(result) if result is not None else next(step)
+                except StopIteration as stop:
+                    answer: T = stop.value
+                    break
+                compiled = cache.compiled(request.statement)
+                sent = cache.params(compiled, request.params)
+                if cache.listeners:
+                    cache.notify(compiled.sql, sent)
+                if not compiled.reads_only:
+                    progress.sent_write = True
+                progress.in_script = compiled.script
+                raw = self._connection()
+                try:
+                    rows, count = execute(raw, compiled.sql, sent)
+                except Exception as exc:
+                    if not is_busy(exc):
+                        raise
+                    rows, count = await self._when_free(
+                        raw, compiled.sql, sent, exc, turn.deadline, turn
+                    )
+                progress.in_script = False
+                progress.applied += 1
+                result = Result(rows, count)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
                 progress.committing = True
-                await execute(raw, "COMMIT", None)
+                await self.execute(self._connection(), "COMMIT", None, turn=turn)
         except BaseException:
             step.close()
             self._abandon_in(turn)
