@@ -12,10 +12,16 @@ A fenced put on the MySQL family: its fence, its bases' check (a shared lock) an
 writes are statements of one transaction. (An unfenced put there is one script, and
 PostgreSQL folds a put into one statement: neither leaves the client a moment between the
 check and the commit to run a delete in; SQLite runs one writer at a time.)
+
+The other way round on PostgreSQL: a delete of the bases still uncommitted when a folded
+put starts. The put's snapshot sees the bases (the delete not committed), so only a lock
+on them makes the put wait for the delete and see them gone; the server shows the wait
+(polled, bounded) before the delete commits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -23,7 +29,8 @@ import pytest
 import sqlalchemy as sa
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
-from support.capabilities import require, scripts
+from support.capabilities import require, row_locks, scripts
+from support.sql import lock_waits_sql
 
 from agboss_sql.contracts import ApplicationContext, StoreClock, VirtualClock
 from agboss_sql.sql._base import identity_hash
@@ -147,3 +154,74 @@ async def test_a_delete_of_a_base_waits_for_the_put_that_appends_to_it(
     )
     versions = {version for version, _ in after}
     assert all(base in versions for _, base in after if base is not None), after
+
+
+async def _wait_for_put_or_lock_wait(sql: SqlConnection, put: asyncio.Task[None]) -> bool:
+    """Whether the put waits for a lock (seen by the server, polled, bounded) rather than
+    ending without waiting; fails if neither happens."""
+    waiting = lock_waits_sql(sql, "WITH")
+    for _ in range(3_000):
+        if put.done():
+            return False
+        if (await sql.execute(waiting)).scalar():
+            return True
+        await asyncio.sleep(0.01)
+    pytest.fail("the put neither ended nor waited for a lock")
+
+
+@pytest.mark.database
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
+async def test_a_put_that_appends_to_a_base_being_deleted_stores_its_value_whole(
+    sql: SqlConnection, sql_url: str, fenced: bool
+) -> None:
+    """A transaction deletes every base of a thread and holds its commit while a folded put
+    that appends to one of them runs: the put waits for that commit, finds its base gone,
+    and stores its value whole; its checkpoint reads back whole. Without the guard's shared
+    lock the put's snapshot still saw the base (its delete uncommitted), the put committed
+    its append, and the delete's commit left the append without a base."""
+    require(row_locks(sql), "a delete that holds its rows' locks while another write runs")
+    require(not scripts(sql), "a put folded into one statement (`WITH` parts)")
+    store_clock = StoreClock(VirtualClock(1_700_000_000_000))
+    lease: Any = None
+    if fenced:
+        leases = SqlExecutionLeaseRepository(sql, store_clock, ApplicationContext("i-1"))
+        lease = await leases.acquire("tenant-1", f"run-{uuid.uuid4()}", 30_000)
+        assert lease is not None
+    saver = SqlCheckpointSaver(sql, fenced=fenced, store_clock=store_clock)
+    thread_id = f"thread-{uuid.uuid4()}"
+    thread = _Thread(saver, thread_id, lease)
+    conversation: list[BaseMessage] = []
+    for turn in range(12):
+        conversation = [*conversation, *_turn(turn)]
+        await thread.put(conversation)
+    before = await _rows(sql, thread_id)
+    bases = {base for _, base in before if base is not None}
+    assert bases, before  # it appends already
+
+    b = checkpoint_blobs
+    delete_bases = sa.delete(b).where(
+        b.c.thread_hash == identity_hash(thread_id), b.c.base_version.is_(None)
+    )
+    holder = SqlConnection(sql_url)
+    try:
+        async with holder.transaction() as tx:
+            deleted = await tx.execute(delete_bases)
+            assert deleted.rowcount > 0
+            conversation = [*conversation, *_turn(12)]
+            put = asyncio.create_task(thread.put(conversation))
+            waited = await _wait_for_put_or_lock_wait(sql, put)
+        await asyncio.wait_for(put, 30)
+    finally:
+        await holder.close()
+    after = await _rows(sql, thread_id)
+    versions = {version for version, _ in after}
+    new = set(after) - set(before)
+    orphans = [(v, base) for v, base in new if base is not None and base not in versions]
+    assert new and not orphans, f"appends whose base is gone (the put waited: {waited}): {orphans}"
+    assert waited, "the put did not wait for the delete of its base"
+    (newest,) = [base for version, base in after if version == thread.version]
+    assert newest is None  # stored whole, as the retry without appends writes it
+    fresh = SqlCheckpointSaver(sql, value_cache_bytes=0)
+    found = await fresh.aget_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    assert found is not None
+    assert found.checkpoint["channel_values"]["messages"] == conversation

@@ -23,9 +23,10 @@ version (`base_version`) and the elements after them; a read joins the two into 
 bytes the serde wrote. An append names a base stored whole, never another append, and a
 value is stored whole again once what it adds passes a quarter of its base: a 105-turn chat
 stored 6.0 MB where whole values took 35 MB. The put writes only if every base it names is
-still stored (checked in its own statement, script or transaction; on MySQL/MariaDB the base
-rows are read with a shared lock held to the commit), else it writes every value whole; deletes keep
-the base of every append a kept checkpoint reads.
+still stored (checked in its own statement, script or transaction; on PostgreSQL and
+MySQL/MariaDB the base rows are read with a shared lock held to the commit, so a delete of a
+base waits for the put, or the put for the delete and then finds the base gone), else it
+writes every value whole; deletes keep the base of every append a kept checkpoint reads.
 
 Keys: thread ids, namespaces, task ids and channel names are any text LangGraph accepts
 (empty, longer than a key column, ending in spaces, which MySQL's collations would compare

@@ -93,7 +93,13 @@ class WriteStatements:
         def build() -> Any:
             conditions = [self._fenced] if fenced else []
             if bases:
-                held = self._bases(bases, lock=False).cte("agboss_bases")
+                # Locked (shared), not just read in the statement's snapshot: a delete of a
+                # base still uncommitted when the snapshot was taken would otherwise commit
+                # after the put, leaving its append without a base. Locked, the put waits for
+                # the delete's commit and READ COMMITTED's re-check passes over the row gone:
+                # the count falls short, nothing is written, and the saver stores the value
+                # whole.
+                held = self._bases(bases).cte("agboss_bases")
                 count = sa.select(sa.func.count()).select_from(held).scalar_subquery()
                 conditions.append(count == bases)
             return sa.and_(*conditions)
