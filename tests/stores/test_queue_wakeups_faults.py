@@ -1,0 +1,179 @@
+"""The child queue's wake-up listener when its connection fails, hangs or is closed, on a
+database that notifies (PostgreSQL `LISTEN`): every wait ends within its bound, answers
+False rather than raising (claimers poll meanwhile), and the listener listens again later.
+
+Bounds on the wall clock are generous (several seconds for waits of tenths) because the
+machine running the suite may be loaded; lower bounds are exact (a sleep never ends early).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from support.capabilities import require, sessions_kept
+from support.ports import closed_port, silent_listener
+from support.sql import kill_sql
+
+from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts import ApplicationContext, QueuedChild, VirtualClock
+from agboss_sql.sql._queue_batch import WAKE_CHANNEL
+from agboss_sql.sql._queue_wakeups import NotifiedWakeups
+from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.queue import SqlChildExecutionQueueRepository
+
+pytestmark = pytest.mark.database
+
+NewConnection = Callable[[], SqlConnection]
+BOUND_S = 5.0
+"""Far above every wait asked here: only a wait that overran its own bound reaches it."""
+LISTENERS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    f"AND query = 'LISTEN {WAKE_CHANNEL}' AND pid <> pg_backend_pid()"
+)
+"""The server's sessions of this database whose last statement was the listener's."""
+
+
+def _listening(sql: SqlConnection) -> None:
+    require(
+        sql.capabilities.notifications and sessions_kept(sql),
+        "notifications with a session kept to listen on",
+    )
+
+
+async def _listeners(sql: SqlConnection) -> list[int]:
+    return [int(row[0]) for row in (await sql.execute(LISTENERS)).rows]
+
+
+async def _timed(wait: Awaitable[bool]) -> tuple[bool, float]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got = await asyncio.wait_for(wait, BOUND_S)
+    return got, loop.time() - started
+
+
+def _child(child_id: str) -> QueuedChild:
+    return QueuedChild("tenant-1", "root-1", "parent-1", child_id, 1, {"id": child_id})
+
+
+async def _heard_after_enqueue(wakeups: NotifiedWakeups, other: SqlConnection, child: str) -> bool:
+    """Whether a wait of 60 s is told (long before 5 s) of a child queued on `other`."""
+    while await wakeups.wait(20):  # hints already received are taken first
+        pass
+    waiting = asyncio.create_task(wakeups.wait(60_000))
+    queue = SqlChildExecutionQueueRepository(
+        other, VirtualClock(1_700_000_000_000), ApplicationContext("instance-2")
+    )
+    await queue.enqueue(_child(child))
+    return await asyncio.wait_for(waiting, BOUND_S)
+
+
+async def test_a_listener_whose_connection_is_killed_answers_false_and_listens_again(
+    sql: SqlConnection, new_connection: NewConnection
+) -> None:
+    """The listening session ended by the server while a wait of 0.5 s runs: that wait
+    answers False, not before its time (a claimer polling meanwhile does not spin) and
+    long before 5 s; no exception escapes; a later wait opens a new session, which hears
+    a child queued on another connection."""
+    _listening(sql)
+    wakeups = NotifiedWakeups(sql)
+    try:
+        assert await wakeups.wait(1) is False  # opens and listens; nothing queued
+        (pid,) = await _listeners(sql)
+        waiting = asyncio.create_task(_timed(wakeups.wait(500)))
+        await asyncio.sleep(0)  # the wait is under way on the listening session
+        await sql.execute(kill_sql(sql, pid))
+        got, took = await waiting
+        assert got is False
+        assert took >= 0.45, f"a lost listener answered after {took:.3f} s of a 0.5 s wait"
+        reopened = asyncio.get_running_loop().time() + BOUND_S
+        while not await _listeners(sql):
+            assert asyncio.get_running_loop().time() < reopened, "the listener never reopened"
+            assert await wakeups.wait(100) is False
+        assert pid not in await _listeners(sql)
+        assert await _heard_after_enqueue(wakeups, new_connection(), "after-kill")
+    finally:
+        await wakeups.close()
+
+
+@pytest.fixture
+async def unreachable(sql: SqlConnection) -> AsyncIterator[Callable[[int], SqlConnection]]:
+    """Connections to this database's dialect at loopback ports: `made(port)`."""
+    made: list[SqlConnection] = []
+
+    def make(port: int) -> SqlConnection:
+        connection = SqlConnection(
+            sql.url.set(host="127.0.0.1", port=port), timeouts=Timeouts(connect_ms=300)
+        )
+        made.append(connection)
+        return connection
+
+    yield make
+    for connection in made:
+        await connection.close()
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+async def test_a_listener_that_cannot_connect_answers_false_within_its_bound(
+    sql: SqlConnection, unreachable: Callable[[int], SqlConnection], server: str
+) -> None:
+    """Nothing listening at the port (refused) or a server that never greets (its opening
+    bounded by `connect_ms`): each wait of 0.2 s answers False, not before its time and
+    long before 5 s, without raising, and nothing is listened to."""
+    _listening(sql)
+
+    async def waits(port: int) -> None:
+        wakeups = NotifiedWakeups(unreachable(port))
+        try:
+            for _ in range(2):  # the first try, then one within the pause between tries
+                got, took = await _timed(wakeups.wait(200))
+                assert got is False
+                assert took >= 0.19, f"a wait of 0.2 s answered after {took:.3f} s"
+            assert not wakeups.listening
+        finally:
+            await wakeups.close()
+
+    if server == "refusing":
+        await waits(closed_port())
+    else:
+        with silent_listener() as port:
+            await waits(port)
+
+
+async def test_a_closed_listener_leaves_no_session_on_the_server(sql: SqlConnection) -> None:
+    """After `close()` the server has no session of the listener left (its session gone
+    within 5 s), and a wait after it answers False without opening one."""
+    _listening(sql)
+    wakeups = NotifiedWakeups(sql)
+    assert await wakeups.wait(1) is False
+    assert len(await _listeners(sql)) == 1
+    await wakeups.close()
+    gone = asyncio.get_running_loop().time() + BOUND_S
+    while await _listeners(sql):
+        assert asyncio.get_running_loop().time() < gone, "the closed listener's session stays"
+        await asyncio.sleep(0.05)
+    assert await wakeups.wait(1) is False
+    assert not await _listeners(sql)
+
+
+async def test_a_listening_wait_returns_by_its_timeout_and_keeps_listening(
+    sql: SqlConnection, new_connection: NewConnection
+) -> None:
+    """Waits of 0.2 s with nothing queued answer False, not before 0.2 s and long before
+    5 s, on the same listening session (not dropped and opened again), which then hears
+    a child queued on another connection."""
+    _listening(sql)
+    wakeups = NotifiedWakeups(sql)
+    try:
+        assert await wakeups.wait(1) is False
+        (pid,) = await _listeners(sql)
+        for _ in range(3):
+            got, took = await _timed(wakeups.wait(200))
+            assert got is False
+            assert took >= 0.19, f"a wait of 0.2 s answered after {took:.3f} s"
+        assert await _listeners(sql) == [pid]
+        assert await _heard_after_enqueue(wakeups, new_connection(), "later")
+        assert await _listeners(sql) == [pid]
+    finally:
+        await wakeups.close()
