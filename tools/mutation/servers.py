@@ -70,6 +70,9 @@ TESTS = (
     # their physical order, not the queue's).
     "tests/stores/test_queue_batch.py::"
     "test_a_batch_claim_answers_ties_in_queue_order_whatever_order_the_rows_come_in",
+    # The child queue's wake-up listener (PostgreSQL LISTEN) under real faults: its session
+    # killed, an unreachable or silent server, close(), a wait's timeout (skipped elsewhere).
+    "tests/stores/test_queue_wakeups_faults.py",
     # The checkpoint saver's fenced writes: PostgreSQL folds a put into one statement,
     # MariaDB sends it as a script, SQLite as separate statements.
     # LangGraph's conformance and the reusable fenced-saver contract select them, as in the
