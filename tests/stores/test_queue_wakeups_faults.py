@@ -42,8 +42,11 @@ def _listening(sql: SqlConnection) -> None:
     )
 
 
-async def _listeners(sql: SqlConnection) -> list[int]:
-    return [int(row[0]) for row in (await sql.execute(LISTENERS)).rows]
+async def _listeners(sql: SqlConnection, others: frozenset[int] = frozenset()) -> list[int]:
+    """The listening sessions but `others` (those listening before the test's own opened,
+    so that a listener left by another test or client is not taken for this one)."""
+    rows = (await sql.execute(LISTENERS)).rows
+    return sorted(pid for pid in (int(row[0]) for row in rows) if pid not in others)
 
 
 async def _timed(wait: Awaitable[bool]) -> tuple[bool, float]:
@@ -89,10 +92,11 @@ async def test_a_listener_whose_connection_is_killed_answers_false_and_listens_a
     long before 5 s; no exception escapes; a later wait opens a new session, which hears
     a child queued on another connection."""
     _listening(sql)
+    others = frozenset(await _listeners(sql))
     wakeups = NotifiedWakeups(sql)
     try:
         assert await wakeups.wait(1) is False  # opens and listens; nothing queued
-        (pid,) = await _listeners(sql)
+        (pid,) = await _listeners(sql, others)
         waiting = asyncio.create_task(_timed(wakeups.wait(500)))
         await asyncio.sleep(0)  # the wait is under way on the listening session
         await sql.execute(kill_sql(sql, pid))
@@ -100,10 +104,10 @@ async def test_a_listener_whose_connection_is_killed_answers_false_and_listens_a
         assert got is False
         assert took >= 0.45, f"a lost listener answered after {took:.3f} s of a 0.5 s wait"
         reopened = asyncio.get_running_loop().time() + BOUND_S
-        while not await _listeners(sql):
+        while not await _listeners(sql, others):
             assert asyncio.get_running_loop().time() < reopened, "the listener never reopened"
             assert await wakeups.wait(100) is False
-        assert pid not in await _listeners(sql)
+        assert pid not in await _listeners(sql, others)
         assert await _heard_after_enqueue(wakeups, new_connection(), "after-kill")
     finally:
         await wakeups.close()
@@ -160,16 +164,17 @@ async def test_a_closed_listener_leaves_no_session_on_the_server(sql: SqlConnect
     """After `close()` the server has no session of the listener left (its session gone
     within 5 s), and a wait after it answers False without opening one."""
     _listening(sql)
+    others = frozenset(await _listeners(sql))
     wakeups = NotifiedWakeups(sql)
     assert await wakeups.wait(1) is False
-    assert len(await _listeners(sql)) == 1
+    assert len(await _listeners(sql, others)) == 1
     await wakeups.close()
     gone = asyncio.get_running_loop().time() + BOUND_S
-    while await _listeners(sql):
+    while await _listeners(sql, others):
         assert asyncio.get_running_loop().time() < gone, "the closed listener's session stays"
         await asyncio.sleep(0.05)
     assert await wakeups.wait(1) is False
-    assert not await _listeners(sql)
+    assert not await _listeners(sql, others)
 
 
 async def test_a_listening_wait_returns_by_its_timeout_and_keeps_listening(
@@ -179,17 +184,18 @@ async def test_a_listening_wait_returns_by_its_timeout_and_keeps_listening(
     5 s, waits of 0 ms well before 1 s, on the same listening session (not dropped and opened again), which then hears
     a child queued on another connection."""
     _listening(sql)
+    others = frozenset(await _listeners(sql))
     wakeups = NotifiedWakeups(sql)
     try:
         assert await wakeups.wait(1) is False
-        (pid,) = await _listeners(sql)
+        (pid,) = await _listeners(sql, others)
         for _ in range(3):
             got, took = await _timed(wakeups.wait(200))
             assert got is False
             assert took >= 0.19, f"a wait of 0.2 s answered after {took:.3f} s"
         assert await _shortest_of_three_zero_waits(wakeups) < 0.9
-        assert await _listeners(sql) == [pid]
+        assert await _listeners(sql, others) == [pid]
         assert await _heard_after_enqueue(wakeups, new_connection(), "later")
-        assert await _listeners(sql) == [pid]
+        assert await _listeners(sql, others) == [pid]
     finally:
         await wakeups.close()
