@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from langchain_core.runnables import RunnableConfig
@@ -338,15 +338,21 @@ class SaverReads(SaverCore):
             return
         remaining = limit
         async for found_tuples in self._pages(connection, plan):
-            for found_tuple in found_tuples:
-                listed = self._tuple_of(*found_tuple)
-                if plan.recheck and _rejected(listed, plan.recheck):
-                    continue
+            for listed in self._listed(plan, found_tuples):
                 yield listed
                 if remaining is not None:
                     remaining -= 1
                     if remaining <= 0:
                         return
+
+    def _listed(self, plan: _ListPlan, found_tuples: Sequence[Any]) -> Iterator[CheckpointTuple]:
+        """A page's checkpoints, each decoded as it is taken, but those the plan's recheck
+        rejects (the sync and async `list` share it)."""
+        for found_tuple in found_tuples:
+            listed = self._tuple_of(*found_tuple)
+            if plan.recheck and _rejected(listed, plan.recheck):
+                continue
+            yield listed
 
     def _list_plan(
         self,

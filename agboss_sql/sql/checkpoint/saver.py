@@ -30,7 +30,6 @@ from sqlalchemy.engine import URL
 from agboss_sql.contracts.clocks import StoreClock
 from agboss_sql.contracts.types import ApplicationContext
 from agboss_sql.sql.checkpoint._aio import AsyncSaver
-from agboss_sql.sql.checkpoint._reads import _rejected
 from agboss_sql.sql.checkpoint._sync import next_sync, run_sync
 from agboss_sql.sql.checkpoint._values import DEFAULT_VALUE_CACHE_BYTES
 from agboss_sql.sql.connection import SqlConnection
@@ -172,10 +171,7 @@ class SqlCheckpointSaver(AsyncSaver):
                 if not more:
                     return
                 assert found_tuples is not None
-                for found_tuple in found_tuples:
-                    listed = self._tuple_of(*found_tuple)
-                    if plan.recheck and _rejected(listed, plan.recheck):
-                        continue
+                for listed in self._listed(plan, found_tuples):
                     yield listed
                     if remaining is not None:
                         remaining -= 1
