@@ -92,22 +92,34 @@ async def _rows(sql: SqlConnection, thread: str) -> list[tuple[str, str | None]]
     ]
 
 
+async def _appending_thread(
+    sql: SqlConnection, *, fenced: bool
+) -> tuple[_Thread, list[BaseMessage]]:
+    """A new thread of a saver on `sql` (under a lease held when `fenced`) whose 12 turns
+    were put, so that its later values are stored as appends: the thread and its
+    conversation."""
+    store_clock = StoreClock(VirtualClock(1_700_000_000_000))
+    lease: Any = None
+    if fenced:
+        leases = SqlExecutionLeaseRepository(sql, store_clock, ApplicationContext("i-1"))
+        lease = await leases.acquire("tenant-1", f"run-{uuid.uuid4()}", 30_000)
+        assert lease is not None
+    saver = SqlCheckpointSaver(sql, fenced=fenced, store_clock=store_clock)
+    thread = _Thread(saver, f"thread-{uuid.uuid4()}", lease)
+    conversation: list[BaseMessage] = []
+    for turn in range(12):
+        conversation = [*conversation, *_turn(turn)]
+        await thread.put(conversation)
+    return thread, conversation
+
+
 @pytest.mark.database
 async def test_a_delete_of_a_base_waits_for_the_put_that_appends_to_it(
     sql: SqlConnection, sql_url: str
 ) -> None:
     require(scripts(sql), "a fenced put's statements sent one by one (the MySQL family)")
-    store_clock = StoreClock(VirtualClock(1_700_000_000_000))
-    leases = SqlExecutionLeaseRepository(sql, store_clock, ApplicationContext("i-1"))
-    lease = await leases.acquire("tenant-1", f"run-{uuid.uuid4()}", 30_000)
-    assert lease is not None
-    saver = SqlCheckpointSaver(sql, fenced=True, store_clock=store_clock)
-    thread_id = f"thread-{uuid.uuid4()}"
-    thread = _Thread(saver, thread_id, lease)
-    conversation: list[BaseMessage] = []
-    for turn in range(12):
-        conversation = [*conversation, *_turn(turn)]
-        await thread.put(conversation)
+    thread, conversation = await _appending_thread(sql, fenced=True)
+    thread_id = thread.thread_id
     before = await _rows(sql, thread_id)
     assert any(base is not None for _, base in before), before  # it appends already
 
@@ -181,19 +193,8 @@ async def test_a_put_that_appends_to_a_base_being_deleted_stores_its_value_whole
     its append, and the delete's commit left the append without a base."""
     require(row_locks(sql), "a delete that holds its rows' locks while another write runs")
     require(not scripts(sql), "a put folded into one statement (`WITH` parts)")
-    store_clock = StoreClock(VirtualClock(1_700_000_000_000))
-    lease: Any = None
-    if fenced:
-        leases = SqlExecutionLeaseRepository(sql, store_clock, ApplicationContext("i-1"))
-        lease = await leases.acquire("tenant-1", f"run-{uuid.uuid4()}", 30_000)
-        assert lease is not None
-    saver = SqlCheckpointSaver(sql, fenced=fenced, store_clock=store_clock)
-    thread_id = f"thread-{uuid.uuid4()}"
-    thread = _Thread(saver, thread_id, lease)
-    conversation: list[BaseMessage] = []
-    for turn in range(12):
-        conversation = [*conversation, *_turn(turn)]
-        await thread.put(conversation)
+    thread, conversation = await _appending_thread(sql, fenced=fenced)
+    thread_id = thread.thread_id
     before = await _rows(sql, thread_id)
     bases = {base for _, base in before if base is not None}
     assert bases, before  # it appends already
