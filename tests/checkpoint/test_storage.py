@@ -661,25 +661,9 @@ async def test_a_new_saver_lists_every_value_and_pending_write_of_a_long_history
         ({"a": [i, "a"], "b": [i, "b"], "n": i}, [(f"t{i}", "a", [i, "w"]), (f"t{i}", "n", -i)])
         for i in reversed(range(total))
     ]
-    async_reader = SqlCheckpointSaver(new_connection())
-    try:
-        listed = [
-            (t.checkpoint["channel_values"], t.pending_writes)
-            async for t in async_reader.alist(_config(thread.thread))
-        ]
-        assert listed == expected
-    finally:
-        await async_reader.aclose()
-    sync_reader = SqlCheckpointSaver(new_connection())
-    try:
-        listed = [
-            (t.checkpoint["channel_values"], t.pending_writes)
-            for t in sync_reader.list(_config(thread.thread))
-        ]
-        assert listed == expected
-    finally:
-        sync_reader.close()
-        await sync_reader.aclose()
+    async_listed, sync_listed = await _listed_by_new_savers(new_connection, _config(thread.thread))
+    assert async_listed == expected
+    assert sync_listed == expected
 
 
 async def test_a_new_saver_reads_versions_of_any_text_and_pending_writes_in_task_order(
@@ -717,25 +701,9 @@ async def test_a_new_saver_reads_versions_of_any_text_and_pending_writes_in_task
         ]
         expected.append(({"a": [i, version]}, writes))
     expected.reverse()
-    async_reader = SqlCheckpointSaver(new_connection())
-    try:
-        listed = [
-            (t.checkpoint["channel_values"], t.pending_writes)
-            async for t in async_reader.alist(_config(thread))
-        ]
-        assert listed == expected
-    finally:
-        await async_reader.aclose()
-    sync_reader = SqlCheckpointSaver(new_connection())
-    try:
-        listed = [
-            (t.checkpoint["channel_values"], t.pending_writes)
-            for t in sync_reader.list(_config(thread))
-        ]
-        assert listed == expected
-    finally:
-        sync_reader.close()
-        await sync_reader.aclose()
+    async_listed, sync_listed = await _listed_by_new_savers(new_connection, _config(thread))
+    assert async_listed == expected
+    assert sync_listed == expected
 
 
 async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
@@ -1083,3 +1051,27 @@ async def test_copies_langgraph_makes_share_the_sync_connections(sql: SqlConnect
     assert saver._native._open == 1
     saver.close()
     assert copy._native._open == 0
+
+
+async def _listed_by_new_savers(
+    new_connection: Callable[[], SqlConnection], config: dict[str, Any]
+) -> tuple[list[Any], list[Any]]:
+    """A thread's (channel values, pending writes) of each checkpoint, listed by a new saver
+    on a new connection through `alist`, then by another through the sync `list`."""
+    async_reader = SqlCheckpointSaver(new_connection())
+    try:
+        async_listed = [
+            (t.checkpoint["channel_values"], t.pending_writes)
+            async for t in async_reader.alist(config)
+        ]
+    finally:
+        await async_reader.aclose()
+    sync_reader = SqlCheckpointSaver(new_connection())
+    try:
+        sync_listed = [
+            (t.checkpoint["channel_values"], t.pending_writes) for t in sync_reader.list(config)
+        ]
+    finally:
+        sync_reader.close()
+        await sync_reader.aclose()
+    return async_listed, sync_listed
