@@ -5,7 +5,9 @@ wake. Found by the node-freeze scenario (docs/operations.md, "Losing a Galera no
 call waited 11 s for the thaw before its own statement bound began.
 
 Node 2 of the test cluster is frozen, then thawed and waited for until the cluster is of
-3 Synced nodes again (up to `REJOIN_BOUND_S`)."""
+3 Synced nodes again (up to `REJOIN_BOUND_S`) and stays so for `SETTLE_S`: the freeze lasts
+about the group's suspect timeout, and the node may be evicted, and leave service to
+rejoin, seconds after its thaw."""
 
 from __future__ import annotations
 
@@ -62,4 +64,4 @@ async def test_a_node_frozen_during_a_new_connections_set_up_ends_typed(
             nodes.signal(2, signal.SIGCONT)
         await connection.close()
         monkeypatch.undo()
-        await asyncio.to_thread(nodes.restore)
+        await asyncio.to_thread(nodes.restore, thawed=bool(frozen))

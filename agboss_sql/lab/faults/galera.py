@@ -54,6 +54,12 @@ every node's commits until the frozen one is evicted (`QUORUM_BOUND_S`)."""
 REJOIN_BOUND_S = 150.0
 """How long a node may take to rejoin: a restarted one waits for the eviction of its
 previous self (up to `evs.inactive_timeout`), then transfers the state."""
+SETTLE_S = 10.0
+"""How long a thawed cluster must stay 3 Synced nodes in one view before `restore` returns.
+A node frozen for about `evs.suspect_timeout` (10 s in ready.sh) answers "Synced" in the
+old view after SIGCONT while the others finish evicting it: seen here, the view changed 4 s
+after the thaw and the node left service to rejoin. One suspect timeout covers the
+install that was under way when the node woke."""
 VICTIM = 2
 
 
@@ -160,7 +166,8 @@ class GaleraNodes:
             with raw.cursor() as cursor:
                 cursor.execute(
                     "SHOW STATUS WHERE Variable_name IN ('wsrep_cluster_size', "
-                    "'wsrep_cluster_status', 'wsrep_ready', 'wsrep_local_state_comment')"
+                    "'wsrep_cluster_status', 'wsrep_ready', 'wsrep_local_state_comment', "
+                    "'wsrep_cluster_conf_id')"
                 )
                 return {str(k).lower(): str(v) for k, v in cursor.fetchall()}
         except pymysql.MySQLError:
@@ -170,24 +177,41 @@ class GaleraNodes:
                 raw.close()
 
     def wait_until(
-        self, nodes: Sequence[int], check: Callable[[dict[str, str]], bool], bound_s: float
+        self,
+        nodes: Sequence[int],
+        check: Callable[[dict[str, str]], bool],
+        bound_s: float,
+        *,
+        held_s: float = 0.0,
     ) -> float | None:
-        """Seconds until every node of `nodes` answered a status passing `check`; `None`
+        """Seconds until every node of `nodes` answered a status passing `check`, all in
+        one view (the same `wsrep_cluster_conf_id`), and kept doing so for `held_s`; `None`
         when `bound_s` ran out first."""
         began = time.monotonic()
+        since: float | None = None
         while True:
-            if all((s := self.status(n)) is not None and check(s) for n in nodes):
-                return time.monotonic() - began
-            if time.monotonic() - began > bound_s:
+            statuses = [self.status(n) for n in nodes]
+            views = {s.get("wsrep_cluster_conf_id") for s in statuses if s is not None}
+            now = time.monotonic()
+            if all(s is not None and check(s) for s in statuses) and len(views) == 1:
+                since = now if since is None else since
+                if now - since >= held_s:
+                    return since - began
+            else:
+                since = None
+            if now - began > bound_s:
                 return None
             time.sleep(0.2)
 
-    def restore(self, bound_s: float = REJOIN_BOUND_S) -> None:
+    def restore(self, bound_s: float = REJOIN_BOUND_S, *, thawed: bool = False) -> None:
         """Every node running again (a stopped one thawed, a gone one restarted) and the
-        cluster of 3 Synced nodes; `NodeError` otherwise."""
+        cluster of 3 Synced nodes; `NodeError` otherwise. After a thaw (here, or by the
+        caller: `thawed`) the cluster must also stay so for `SETTLE_S`, past the eviction
+        a long freeze leads to."""
         for node in (1, 2, 3):
             pid = self.pid(node)
             if pid is not None:
+                thawed = thawed or _stopped(pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
         for node in (1, 2, 3):
@@ -202,8 +226,17 @@ class GaleraNodes:
                     ) from None
                 if process.returncode != 0:
                     raise NodeError(f"ready.sh --node {node} failed: {err.decode()[-400:]}")
-        if self.wait_until((1, 2, 3), _synced_of(3), bound_s) is None:
+        held_s = SETTLE_S if thawed else 0.0
+        if self.wait_until((1, 2, 3), _synced_of(3), bound_s, held_s=held_s) is None:
             raise NodeError(f"the cluster is not 3 Synced nodes {bound_s:.0f} s after a restore")
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (SIGSTOP): its state is `T`."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "T"
+    except OSError:
+        return False
 
 
 def _not_zombie(pid: int) -> bool:
