@@ -762,6 +762,43 @@ async def test_list_across_namespaces_and_threads(sql: SqlConnection) -> None:
     assert found is not None and found.config["configurable"]["checkpoint_ns"] == child.ns
 
 
+async def test_a_whole_thread_listed_across_namespaces_reads_each_checkpoints_own_values_and_writes(
+    sql: SqlConnection,
+) -> None:
+    # Namespaces interleaved in the listing's order, values in value rows (lists), pending
+    # writes on each: a whole thread's listing reads each namespace's values and writes
+    # apart, and must answer each checkpoint exactly what a read of it alone answers.
+    saver = SqlCheckpointSaver(sql)
+    thread_id = _thread()
+    spaces = [Thread(saver, thread_id, ns) for ns in ("", "tool:a", "tool:b")]
+    stored: list[tuple[Thread, str]] = []
+    for turn in range(4):
+        for index, space in enumerate(spaces):
+            checkpoint_id = await space.put({"log": [f"{space.ns} {turn}"] * (turn + 1)})
+            writes = [("log", [f"pending {index} {turn}"]), ("other", [turn])]
+            await saver.aput_writes(
+                _config(thread_id, space.ns, checkpoint_id), writes, f"task-{index}-{turn}"
+            )
+            stored.append((space, checkpoint_id))
+
+    listed = [t async for t in saver.alist({"configurable": {"thread_id": thread_id}})]
+    assert [t.config["configurable"]["checkpoint_id"] for t in listed] == sorted(
+        (checkpoint_id for _, checkpoint_id in stored), reverse=True
+    )
+    for space, checkpoint_id in stored:
+        alone = await saver.aget_tuple(_config(thread_id, space.ns, checkpoint_id))
+        assert alone is not None
+        one = next(t for t in listed if t.config["configurable"]["checkpoint_id"] == checkpoint_id)
+        assert one.config["configurable"]["checkpoint_ns"] == space.ns
+        assert one.checkpoint["channel_values"] == alone.checkpoint["channel_values"]
+        assert one.pending_writes == alone.pending_writes
+        assert len(one.pending_writes or []) == 2
+    assert [
+        t.config["configurable"]["checkpoint_id"]
+        for t in saver.list({"configurable": {"thread_id": thread_id}})
+    ] == [t.config["configurable"]["checkpoint_id"] for t in listed]
+
+
 # What LangGraph and its own savers accept as thread ids, namespaces, task ids and channel
 # names: each must be a key of its own here, on every database.
 ODD_KEYS = [

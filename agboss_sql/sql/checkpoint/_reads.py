@@ -455,6 +455,9 @@ class SaverReads(SaverCore):
         if shape.thread and shape.namespace and not shape.checkpoint_id and not shape.filters:
             # One namespace's page: its ids are contiguous, so its writes are one range.
             return (yield from self._page_by_range(sql, rows, bodies, value_keys))
+        if shape.thread and not shape.checkpoint_id and not shape.filters:
+            # A whole thread: each of its namespaces is read whole, so each is one range.
+            return (yield from self._thread_by_ranges(sql, rows, bodies, value_keys))
         # The page's values and pending writes, by key, in as few statements as fit.
         lookups: list[tuple[int, tuple[Any, ...]]] = [
             (BLOB_ROW, key)
@@ -491,6 +494,33 @@ class SaverReads(SaverCore):
             (row, body, blobs, writes.get((row[8], row[2], row[3]), []), keys)
             for row, body, keys in zip(rows, bodies, value_keys, strict=True)
         ]
+
+    def _thread_by_ranges(
+        self,
+        sql: CheckpointStatements,
+        rows: Sequence[Sequence[Any]],
+        bodies: Sequence[dict[str, Any]],
+        value_keys: Sequence[ValueKeys],
+    ) -> Step[tuple[int, list[Found]]]:
+        """The values and pending writes of every checkpoint of one thread, as listed (newest
+        first, its namespaces mixed): each namespace's by `_page_by_range`, then in the
+        listing's order again."""
+        by_namespace: dict[Any, list[int]] = {}
+        for index, row in enumerate(rows):
+            by_namespace.setdefault(row[2], []).append(index)
+        if len(by_namespace) == 1:
+            return (yield from self._page_by_range(sql, rows, bodies, value_keys))
+        found: list[Found | None] = [None] * len(rows)
+        for indexes in by_namespace.values():
+            _, of_namespace = yield from self._page_by_range(
+                sql,
+                [rows[i] for i in indexes],
+                [bodies[i] for i in indexes],
+                [value_keys[i] for i in indexes],
+            )
+            for index, one in zip(indexes, of_namespace, strict=True):
+                found[index] = one
+        return len(rows), [one for one in found if one is not None]
 
     def _page_by_range(
         self,
