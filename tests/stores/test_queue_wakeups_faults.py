@@ -1,6 +1,8 @@
 """The child queue's wake-up listener when its connection fails, hangs or is closed, on a
 database that notifies (PostgreSQL `LISTEN`): every wait ends within its bound, answers
-False rather than raising (claimers poll meanwhile), and the listener listens again later.
+False rather than raising (claimers poll meanwhile), and the listener listens again later,
+not more often than once a second. A relay before the server (`support.relay`) makes it
+answer the `LISTEN` late, never, or with an error, refuse every connection, or go silent.
 
 Bounds on the wall clock are generous (several seconds for waits of tenths) because the
 machine running the suite may be loaded; lower bounds are exact (a sleep never ends early).
@@ -9,11 +11,14 @@ machine running the suite may be loaded; lower bounds are exact (a sleep never e
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from support.capabilities import require, sessions_kept
 from support.ports import closed_port, silent_listener
+from support.relay import Relay
 from support.sql import kill_sql
 
 from agboss_sql._timeouts import Timeouts
@@ -199,3 +204,186 @@ async def test_a_listening_wait_returns_by_its_timeout_and_keeps_listening(
         assert await _listeners(sql, others) == [pid]
     finally:
         await wakeups.close()
+
+
+Relayed = Callable[[int], Awaitable[tuple[Relay, SqlConnection]]]
+
+
+@pytest.fixture
+async def relayed(sql: SqlConnection) -> AsyncIterator[Relayed]:
+    """`await made(connect_ms)`: a relay before this database's server (`support.relay`)
+    and a connection through it with that `connect_ms`; both closed after the test."""
+    made: list[tuple[Relay, SqlConnection]] = []
+
+    async def make(connect_ms: int) -> tuple[Relay, SqlConnection]:
+        relay = await Relay(sql.url.host or "127.0.0.1", sql.url.port or 5432).__aenter__()
+        made.append(
+            (relay, SqlConnection(relay.url_for(sql.url), timeouts=Timeouts(connect_ms=connect_ms)))
+        )
+        return made[-1]
+
+    yield make
+    for relay, connection in made:
+        await connection.close()
+        await relay.__aexit__()
+
+
+async def _until(done: Callable[[], bool], failure: str) -> None:
+    """Wait (polling) until `done()`, failing with `failure` after 5 s."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + BOUND_S
+    while not done():
+        assert loop.time() < ends, failure
+        await asyncio.sleep(0.02)
+
+
+LISTEN = f"LISTEN {WAKE_CHANNEL}".encode()
+"""The listener's statement, as its connection sends it."""
+
+
+async def test_a_listen_answered_within_connect_ms_is_listened_to(
+    sql: SqlConnection,
+    relayed: Relayed,
+    new_connection: NewConnection,
+) -> None:
+    """A server that answers the listener's `LISTEN` only once `connect_ms` (2 s) has passed
+    since the connection was opened: the opening (bounded by twice `connect_ms`) still
+    listens, and a child queued on another connection is heard."""
+    _listening(sql)
+    relay, through = await relayed(2000)
+    relay.hold(LISTEN, 2.0)
+    wakeups = NotifiedWakeups(through)
+    try:
+        assert await _heard_after_enqueue(wakeups, new_connection(), "late-listen")
+        assert relay.held == 1  # one opening, its LISTEN held
+    finally:
+        await wakeups.close()
+
+
+async def test_a_listen_never_answered_ends_the_opening_within_twice_connect_ms(
+    sql: SqlConnection, relayed: Relayed
+) -> None:
+    """A server that never answers the listener's `LISTEN` (connected, then silent): a wait
+    of 0 ms answers False within the opening's bound, twice `connect_ms` (2 x 3 s), and
+    half a `connect_ms` more (1.5 s, for a loaded machine); the listener closes that
+    connection."""
+    _listening(sql)
+    relay, through = await relayed(3000)
+    relay.hold(LISTEN, None)
+    wakeups = NotifiedWakeups(through)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got = await asyncio.wait_for(wakeups.wait(0), 4 * 3.0)
+        took = loop.time() - started
+        assert got is False
+        assert relay.held == 1
+        assert took < 2.5 * 3.0, f"a wait of 0 ms answered after {took:.3f} s"
+        await _until(lambda: relay.clients_closed == 1, "the given-up connection stays open")
+    finally:
+        await wakeups.close()
+
+
+async def test_a_listen_refused_by_the_server_leaves_no_connection_open(
+    sql: SqlConnection, relayed: Relayed
+) -> None:
+    """The server answers the listener's `LISTEN` with an error (as a standby does; here
+    the relay turns it into a statement that fails) on a session that stays: the wait
+    answers False, and the listener closes that connection itself, none left for the
+    garbage collector to find open (psycopg's ResourceWarning) nor on the server."""
+    _listening(sql)
+    relay, through = await relayed(2000)
+    relay.rewrite(LISTEN, b"SELECT 1/0".ljust(len(LISTEN)))
+    wakeups = NotifiedWakeups(through)
+    try:
+        gc.collect()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got, _ = await _timed(wakeups.wait(0))
+            gc.collect()
+        assert got is False
+        assert relay.held == 1
+        left_open = [str(w.message) for w in caught if "deleted while still open" in str(w.message)]
+        assert not left_open, left_open
+        await _until(lambda: relay.clients_closed == 1, "the refused connection stays open")
+    finally:
+        await wakeups.close()
+
+
+async def test_a_listener_refused_at_every_try_tries_at_most_once_a_second(
+    sql: SqlConnection, relayed: Relayed
+) -> None:
+    """A server that closes every connection at once: six waits of 0 ms each answer False,
+    and the server sees at most one try per second that passed (one at the first wait,
+    one more for each full second since), never one per wait."""
+    _listening(sql)
+    relay, through = await relayed(2000)
+    relay.closing = True
+    wakeups = NotifiedWakeups(through)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(6):
+            got, _ = await _timed(wakeups.wait(0))
+            assert got is False
+        took = loop.time() - started
+        assert 1 <= relay.accepted <= 1 + int(took / 1.0), f"{relay.accepted} tries in {took:.3f} s"
+    finally:
+        await wakeups.close()
+
+
+async def test_a_wait_that_finds_its_connection_lost_answers_by_its_timeout(
+    sql: SqlConnection,
+) -> None:
+    """A listening session ended by the server between two waits: the next wait (0.1 s)
+    finds it lost and answers False by its own timeout, not after a floor of its own (the
+    shortest of three such waits, each on a session opened again, well before 1 s), and
+    the listener's `listening` says it no longer listens."""
+    _listening(sql)
+    others = frozenset(await _listeners(sql))
+    wakeups = NotifiedWakeups(sql)
+    took: list[float] = []
+    try:
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            reopened = loop.time() + BOUND_S
+            while not await _listeners(sql, others):
+                assert loop.time() < reopened, "the listener never (re)opened"
+                assert await wakeups.wait(100) is False
+            (pid,) = await _listeners(sql, others)
+            await sql.execute(kill_sql(sql, pid))
+            gone = loop.time() + BOUND_S
+            while pid in await _listeners(sql, others):
+                assert loop.time() < gone, "the killed session stays"
+                await asyncio.sleep(0.02)
+            got, spent = await _timed(wakeups.wait(100))
+            assert got is False
+            assert not wakeups.listening  # its status no longer claims a connection
+            took.append(spent)
+        assert min(took) < 0.9, f"waits of 0.1 s on a lost connection took {took}"
+    finally:
+        await wakeups.close()
+
+
+async def test_a_black_holed_listener_ends_each_wait_by_its_timeout_and_closes(
+    sql: SqlConnection,
+    relayed: Relayed,
+    new_connection: NewConnection,
+) -> None:
+    """A listening connection whose server goes silent without a word (the relay forwards
+    nothing more; both sockets stay open): waits of 0.2 s answer False, not before their
+    time and long before 5 s, and `close()` lets go of the connection."""
+    _listening(sql)
+    relay, through = await relayed(2000)
+    wakeups = NotifiedWakeups(through)
+    try:
+        assert await _heard_after_enqueue(wakeups, new_connection(), "before-silence")
+        relay.silent = True
+        for _ in range(2):
+            got, took = await _timed(wakeups.wait(200))
+            assert got is False
+            assert took >= 0.19, f"a wait of 0.2 s answered after {took:.3f} s"
+        assert relay.accepted == 1 and relay.clients_closed == 0
+    finally:
+        await asyncio.wait_for(wakeups.close(), BOUND_S)
+    await _until(lambda: relay.clients_closed == 1, "the closed listener's connection stays")
