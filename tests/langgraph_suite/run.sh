@@ -4,7 +4,8 @@
 #   tests/langgraph_suite/run.sh <langgraph-checkout> [pytest args...]
 #
 # <langgraph-checkout>: a LangGraph source tree (its libs/langgraph/tests must match the
-# installed langgraph version, e.g. the tag of langgraph 1.2.11). This script fetches
+# installed langgraph version: the release's tag, or its source package from the index,
+# unpacked as <checkout>/libs/langgraph, which carries tests/). This script fetches
 # nothing: run it in a virtualenv holding that langgraph, its test dependencies (pytest,
 # pytest-asyncio, pytest-mock, syrupy, httpx, pycryptodome, redis, psycopg[binary],
 # langgraph-checkpoint-sqlite, langgraph-checkpoint-postgres) and this project
