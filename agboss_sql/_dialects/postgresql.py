@@ -15,6 +15,7 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from agboss_sql._dialects import _pg_pooling
 from agboss_sql._dialects._pg_hosts import libpq_hosts
+from agboss_sql._dialects._pg_prepare import prepare
 from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
@@ -263,7 +264,7 @@ async def execute(
         # Behind a transaction pooler a statement alone gets a bounded transaction.
         return await _alone(raw, cursor, sql, params)
     try:
-        await cursor.execute(sql, params)
+        await cursor.execute(sql, params, prepare=prepare(sql, params))
         # The result's status, not `cursor.description`, which builds a column object per
         # column on every call.
         result = cursor.pgresult

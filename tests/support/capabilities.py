@@ -144,6 +144,13 @@ def repeatable_read_raises_serialization_failures(connection: SqlConnection) -> 
     return connection.dialect_name == "postgresql"
 
 
+def prepares_statements(connection: SqlConnection) -> bool:
+    """Whether the driver prepares the statements a connection runs often, each session
+    listing its own (psycopg on PostgreSQL, in `pg_prepared_statements`); not behind a
+    transaction pooler, where it prepares none."""
+    return connection.dialect_name == "postgresql" and pooling_of(connection.url) is None
+
+
 def sessions_kept(connection: SqlConnection) -> bool:
     """Whether a client connection keeps one server session from one transaction to the next:
     not behind a transaction pooler (`?agboss_pooling=transaction`, PgBouncer's `pool_mode =

@@ -35,6 +35,7 @@ from agboss_sql._dialects import inline_dialect
 from agboss_sql._dialects import mysql as mysql_dialect
 from agboss_sql._dialects import postgresql as pg_dialect
 from agboss_sql._dialects._mysql_failover import NO_NODE
+from agboss_sql._dialects._pg_prepare import prepare as pg_prepare
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import (
     ServerSettingError,
@@ -253,7 +254,7 @@ class PostgresDriver:
                     return None, -1
                 if raw.pgconn.transaction_status == pg_dialect._IDLE:
                     return self._alone(raw, cursor, sql, params)
-            cursor.execute(sql, params)
+            cursor.execute(sql, params, prepare=pg_prepare(sql, params))
             result = cursor.pgresult
             rows = cursor.fetchall() if result is not None and result.status == 2 else None
             return rows, cursor.rowcount
