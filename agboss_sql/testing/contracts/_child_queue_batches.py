@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from agboss_sql.contracts.errors import DuplicateChildError
-from agboss_sql.contracts.types import ChildStatus
+from agboss_sql.contracts.types import ChildStatus, ClaimedChild, QueuedChild
 from agboss_sql.testing._case import CaseContext
 from agboss_sql.testing.contracts._child_queue_support import (
     PARENT,
@@ -115,6 +115,38 @@ async def claims_a_batch_in_claim_order_each_at_its_own_attempt(ctx: CaseContext
     _expect(not refused.finished, "finish-attempt", f"mid's first attempt finished it: {refused}")
     done = await second.finish("mid", None, attempt=2)
     _expect(done.finished, "finish-attempt", f"mid's second attempt did not finish it: {done}")
+
+
+async def answers_each_batch_claimed_child_as_it_was_queued(ctx: CaseContext) -> None:
+    """`claim_many` answers each child with the tenant, root, parent, id, depth and payload
+    it was queued with, at its first attempt and claimed by its claimer: children of two
+    tenants, each field of each child its own value (a field read from a neighbouring
+    column shows)."""
+    queued = [
+        QueuedChild("tenant-a", "root-a", "parent-a", "child-a", 2, {"n": 1}),
+        QueuedChild("tenant-b", "root-b", "parent-b", "child-b", 2, ["two"]),
+    ]
+    await _queue(ctx, 1).enqueue_many(queued)
+    claimer = ctx.instance_id(0)
+    got = sorted(await _queue(ctx, 0).claim_many(claimer, 2), key=lambda c: c.child_execution_id)
+    want = [
+        ClaimedChild(
+            q.tenant_id,
+            q.root_execution_id,
+            q.parent_execution_id,
+            q.child_execution_id,
+            q.depth,
+            q.payload,
+            1,
+            claimer,
+        )
+        for q in queued
+    ]
+    _expect(
+        got == want,
+        "claim-marks-running",
+        f"claim_many answered {got}, expected the children as queued: {want}",
+    )
 
 
 async def never_gives_one_child_to_two_concurrent_batch_claimers(ctx: CaseContext) -> None:

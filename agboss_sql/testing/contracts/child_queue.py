@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from agboss_sql.testing._case import Case, CaseContext
 from agboss_sql.testing.contracts._child_queue_batches import (
+    answers_each_batch_claimed_child_as_it_was_queued,
     claims_a_batch_in_claim_order_each_at_its_own_attempt,
     never_gives_one_child_to_two_concurrent_batch_claimers,
     queues_a_batch_once_skipping_ids_already_queued,
@@ -145,6 +146,10 @@ CASES: list[tuple[str, Callable[[CaseContext], Awaitable[None]]]] = [
     (
         "claims a batch in claim order, each at its own attempt",
         claims_a_batch_in_claim_order_each_at_its_own_attempt,
+    ),
+    (
+        "answers each batch-claimed child as it was queued",
+        answers_each_batch_claimed_child_as_it_was_queued,
     ),
     (
         "never gives one child to two concurrent batch claimers",
