@@ -37,6 +37,10 @@ from agboss_sql.sql.connection import MAX_ATTEMPTS, Exec, Result, SqlBuilder, Sq
 T = TypeVar("T")
 S = TypeVar("S")
 
+_Work = Callable[[Any, Progress], T]
+"""What one attempt runs on a pooled driver connection, counting its statements in the
+`Progress`."""
+
 
 class _Held:
     """A pooled driver connection, and the pool generation it belongs to (`close()` starts
@@ -88,7 +92,9 @@ class SyncDatabase:
     ) -> Result:
         """One statement alone, in autocommit (retried on transient conflicts)."""
         sent = params or {}
-        return self._attempts(lambda: _single(statement, sent), transaction=False)
+        # Sent directly, not as a one-statement step: no generator on the path of every
+        # autocommit write (a put_writes).
+        return self._attempts(lambda raw, progress: self._one(raw, statement, sent, progress))
 
     async def run(
         self,
@@ -99,23 +105,31 @@ class SyncDatabase:
     ) -> T:
         """An atomic step, as `SqlConnection.run` runs it."""
         if callable(step):
-            return self._attempts(step, transaction=transaction)
+            factory = step
+            return self._attempts(
+                lambda raw, progress: self._drive(raw, factory(), transaction, progress),
+                transaction=transaction,
+            )
         progress = Progress()
         try:
-            return self._attempt(step, transaction, progress)
+            return self._attempt(
+                lambda raw, progress: self._drive(raw, step, transaction, progress), progress
+            )
         except Exception as exc:
             raise self.connection.translate(exc, transaction, progress) from exc
 
     # --- attempts ----------------------------------------------------------------------
 
-    def _attempts(self, factory: Callable[[], Step[T]], *, transaction: bool) -> T:
+    def _attempts(self, work: _Work[T], *, transaction: bool = False) -> T:
+        """`work` on a pooled connection, again on a new attempt after a transient conflict
+        that applied nothing."""
         connection = self.connection
         started = time.monotonic()
         attempt = 1
         while True:
             progress = Progress()
             try:
-                return self._attempt(factory(), transaction, progress)
+                return self._attempt(work, progress)
             except Exception as exc:
                 if not connection._may_retry(exc, transaction, progress):
                     raise connection.translate(exc, transaction, progress) from exc
@@ -125,11 +139,11 @@ class SyncDatabase:
             time.sleep(backoff_s(attempt))
             attempt += 1
 
-    def _attempt(self, step: Step[T], transaction: bool, progress: Progress) -> T:
+    def _attempt(self, work: _Work[T], progress: Progress) -> T:
         held = self._checkout()
         reusable = False
         try:
-            answer = self._drive(held.raw, step, transaction, progress)
+            answer = work(held.raw, progress)
             reusable = True
             return answer
         except Exception as exc:
@@ -187,25 +201,7 @@ class SyncDatabase:
                 except StopIteration as stop:
                     answer: T = stop.value
                     break
-                compiled = cache.compiled(request.statement)
-                sent = cache.params(compiled, request.params)
-                if cache.listeners:
-                    cache.notify(compiled.sql, sent)
-                if not compiled.reads_only:
-                    progress.sent_write = True
-                progress.in_script = compiled.script
-                if writer is not None and not compiled.reads_only:
-                    self._take(writer)
-                    try:
-                        rows, count = execute(raw, compiled.sql, sent)
-                    finally:
-                        writer.release()
-                else:
-                    rows, count = execute(raw, compiled.sql, sent)
-                progress.in_script = False
-                progress.applied += 1
-                # The driver's rows are a new list per statement: kept, not copied.
-                result = Result(rows if rows is None or type(rows) is list else list(rows), count)
+                result = self._send(raw, request.statement, request.params, progress, writer)
             if transaction:
                 if cache.listeners:
                     cache.notify("COMMIT", {})
@@ -224,6 +220,49 @@ class SyncDatabase:
                     execute(raw, "ROLLBACK", None)
             raise
         return answer
+
+    def _send(
+        self,
+        raw: Any,
+        statement: Any,
+        params: Mapping[str, Any],
+        progress: Progress,
+        writer: threading.Lock | None,
+    ) -> Result:
+        """One statement on `raw`, counted in `progress`; a write under `writer`, if given."""
+        cache = self._cache
+        compiled = cache.compiled(statement)
+        sent = cache.params(compiled, params)
+        if cache.listeners:
+            cache.notify(compiled.sql, sent)
+        if not compiled.reads_only:
+            progress.sent_write = True
+        progress.in_script = compiled.script
+        if writer is not None and not compiled.reads_only:
+            self._take(writer)
+            try:
+                rows, count = self._driver.execute(raw, compiled.sql, sent)
+            finally:
+                writer.release()
+        else:
+            rows, count = self._driver.execute(raw, compiled.sql, sent)
+        progress.in_script = False
+        progress.applied += 1
+        # The driver's rows are a new list per statement: kept, not copied.
+        return Result(rows if rows is None or type(rows) is list else list(rows), count)
+
+    def _one(
+        self, raw: Any, statement: Any, params: Mapping[str, Any], progress: Progress
+    ) -> Result:
+        """One statement alone on `raw`, in autocommit (`execute`)."""
+        try:
+            return self._send(raw, statement, params, progress, self._driver.writer)
+        except BaseException:
+            if progress.in_script:
+                # The server stopped the script with its transaction open: the connection
+                # goes, and the server rolls the transaction back.
+                self._driver.close(raw)
+            raise
 
     # --- the pool ----------------------------------------------------------------------
 
@@ -295,10 +334,6 @@ class SyncDatabase:
     def closed(self) -> bool:
         """Closed for good (`close(final=True)`)."""
         return self._final
-
-
-def _single(statement: Any, params: Mapping[str, Any]) -> Step[Result]:
-    return (yield Exec(statement, params))
 
 
 def run_sync(work: Coroutine[Any, Any, T]) -> T:
