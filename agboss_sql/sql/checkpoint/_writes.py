@@ -418,20 +418,29 @@ class SaverWrites(SaverCore):
             "p_task_path": _key_text("task_path", task_path),
         }
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        rows = [
-            (WRITES_IDX_MAP.get(channel, idx), _key_text("channel", channel), *self._dumps(value))
-            for idx, (channel, value) in enumerate(writes)
+        rows: list[tuple[int, str, str, bytes | None]] = []
+        size = 0
+        for idx, (channel, value) in enumerate(writes):
+            name = _key_text("channel", channel)
+            kind, data = self._dumps(value)
+            rows.append((WRITES_IDX_MAP.get(channel, idx), name, kind, data))
+            size += len(data or b"") + len(name.encode("utf-8"))
+        _checked_write_bytes("a put_writes", size)
+        if lease is None and len(rows) <= MAX_ROWS:
+            # A task's writes in one statement, alone in autocommit (as `_write` sends it),
+            # without building the list of statements a fenced or longer put_writes needs.
+            await connection.execute(
+                sql.writes_insert(len(rows), replace=replace, fenced=False),
+                _writes_params(shared, rows),
+            )
+            return
+        execs = [
+            Exec(
+                sql.writes_insert(len(chunk), replace=replace, fenced=False),
+                _writes_params(shared, chunk),
+            )
+            for chunk in chunks(rows)
         ]
-        _checked_write_bytes(
-            "a put_writes",
-            sum(len(data or b"") + len(channel.encode("utf-8")) for _, channel, _, data in rows),
-        )
-        execs: list[Exec] = []
-        for chunk in chunks(rows):
-            params = dict(shared)
-            for names, values_of_row in zip(_WRITE_PARAMS[: len(chunk)], chunk, strict=True):
-                params.update(zip(names, values_of_row, strict=True))
-            execs.append(Exec(sql.writes_insert(len(chunk), replace=replace, fenced=False), params))
         fence = fence_params(lease, self.store_clock) if lease is not None else {}
         if lease is not None and sql.fold and len(execs) == 1:
             statement = sql.writes_insert(len(rows), replace=replace, fenced=True)
@@ -441,3 +450,14 @@ class SaverWrites(SaverCore):
             # No row: refused, or every write was stored already (skipped duplicates return
             # none). The fenced transaction tells which: it refuses, or adds nothing.
         await self._write(connection, execs, lease, fence)
+
+
+def _writes_params(
+    shared: Mapping[str, Any], chunk: Sequence[tuple[int, str, str, bytes | None]]
+) -> dict[str, Any]:
+    """The parameters of one multi-row insert of pending writes: the task's, then each
+    write's (`_WRITE_PARAMS`)."""
+    params = dict(shared)
+    for names, values_of_row in zip(_WRITE_PARAMS, chunk, strict=False):
+        params.update(zip(names, values_of_row, strict=True))
+    return params
