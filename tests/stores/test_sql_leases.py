@@ -303,6 +303,8 @@ async def test_a_take_that_waited_for_the_row_lock_reports_what_is_left_after_th
     answer must be about `held_ms` short of the lease."""
     if not sql.capabilities.row_locks:
         pytest.skip("needs row locks: a SQLite take waits before its statement starts")
+    if sql.capabilities.certified_writes:
+        pytest.skip("a Galera node's row locks are its own: the holder and the take may be on two")
     import time
 
     import sqlalchemy as sa
