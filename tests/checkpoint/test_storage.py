@@ -21,7 +21,14 @@ from support.sql import explain_prefix
 
 from agboss_sql.contracts.errors import InvalidIdentifierError
 from agboss_sql.sql._base import identity_hash
-from agboss_sql.sql.checkpoint import LIST_PAGE, MAX_ROWS, SqlCheckpointSaver, _core, _writes
+from agboss_sql.sql.checkpoint import (
+    LIST_PAGE,
+    MAX_ROWS,
+    SqlCheckpointSaver,
+    _core,
+    _reads,
+    _writes,
+)
 from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, keyed_params
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
@@ -181,7 +188,14 @@ async def test_rows_of_either_format_are_read_by_either_saver(
         listed = [t async for t in reader.alist(_config(thread.thread))]
         assert [t.checkpoint["channel_values"] for t in listed] == [expected[new], expected[old]]
     with monkeypatch.context() as older:
-        older.setattr(_core, "_blob_versions", lambda body: body["channel_versions"])
+        older.setattr(
+            _reads,
+            "_value_keys",
+            lambda body: [
+                (ch, _core._channel_hash(str(ch)), str(v))
+                for ch, v in body["channel_versions"].items()
+            ],
+        )
         reader = SqlCheckpointSaver(sql)
         found = await reader.aget_tuple(_config(thread.thread))
         assert found is not None and found.checkpoint["channel_values"] == expected[new]
