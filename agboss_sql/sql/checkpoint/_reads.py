@@ -534,18 +534,12 @@ class SaverReads(SaverCore):
         SQLite; elsewhere `page_values`, a `PAGE_BLOBS` count of keys, the last repeated to
         fill it, more statements when the page reads more than `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
-        keys = list(
-            dict.fromkeys(
-                (channel_hash, version)
-                for keys_of_row in value_keys
-                for _, channel_hash, version in keys_of_row
-            )
-        )
         ids = [row[3] for row in rows]
         rows_read: Rows = {}
         writes: dict[Any, list[Sequence[Any]]] = {}
         if sql.keys_as_json:
-            keys_json = json.dumps([channel_hash + version for channel_hash, version in keys])
+            joined_keys = (c + v for of_row in value_keys for _, c, v in of_row)
+            keys_json = json.dumps(list(dict.fromkeys(joined_keys)))
             # A NUL is the one character `json_each` would not hand back as sent.
             if "\\u0000" not in keys_json:
                 params = {
@@ -555,19 +549,20 @@ class SaverReads(SaverCore):
                     "w_lo": min(ids),
                     "w_hi": max(ids),
                 }
-                for kind_of_row, *rest in (yield Exec(sql.page_values_json, params)).rows:
-                    if kind_of_row == BLOB_ROW:
-                        channel_hash, version, base, value_type, value, _, _ = rest
-                        key = (thread_hash, ns_hash, channel_hash, version)
-                        rows_read[key] = (value_type, value, base)
+                for found in (yield Exec(sql.page_values_json, params)).rows:
+                    if found[0] == BLOB_ROW:
+                        # (channel hash, version, base, value type, value)
+                        key = (thread_hash, ns_hash, found[1], found[2])
+                        rows_read[key] = (found[4], found[5], found[3])
                     else:
                         # (checkpoint id, then the write as `_tuple_of` takes it)
-                        writes.setdefault(rest[0], []).append(rest[1:])
+                        writes.setdefault(found[1], []).append(found[2:])
                 blobs = yield from self._whole(sql, rows_read)
                 return len(rows), [
-                    (row, body, blobs, writes.get(row[3], []), keys_of_row)
+                    (row, body, blobs, writes.get(row[3], ()), keys_of_row)
                     for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
                 ]
+        keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
         first = True
         for chunk in chunks(keys, PAGE_BLOBS[-1]) if keys else [[]]:
             size = next(n for n in PAGE_BLOBS if n >= len(chunk))
