@@ -1,7 +1,8 @@
 """The fenced checkpoint saver's cases of what it stores: the write limit of a put (values and
 metadata) and of a put_writes (values and channel names), appends never stored against a
-deleted base, `delete_for_runs` leaving the checkpoints that name no run, and a saver that
-keeps no value storing a growing conversation whole."""
+deleted base, `delete_for_runs` leaving the checkpoints that name no run, a saver that
+keeps no value storing a growing conversation whole, values that have no length read
+back as written, a retried task's writes, and a task's fifty writes read back."""
 
 from __future__ import annotations
 
@@ -86,8 +87,9 @@ async def put_limit(ctx: CaseContext, options: SaverOptions) -> None:
 
 async def writes_limit(ctx: CaseContext, options: SaverOptions) -> None:
     """A put_writes's values and channel names count toward `MAX_CHECKPOINT_WRITE_BYTES`:
-    writes under it are kept; a value of the limit's size with its channel's name is
-    refused before any statement and stores nothing."""
+    writes under it are kept; a value of the limit's size with its channel's name, or
+    writes each under it that together are over it, are refused before any statement and
+    store nothing."""
     a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
     first = await Thread(a, thread_id, lease).put({"ch": ["v"]})
     cfg = config(thread_id, lease, first)
@@ -96,6 +98,13 @@ async def writes_limit(ctx: CaseContext, options: SaverOptions) -> None:
     over = ESCAPED * (MAX_CHECKPOINT_WRITE_BYTES // len(ESCAPED))
     await _over_limit(
         options, a, a.aput_writes(cfg, [("ch", over)], "task-2"), "a put_writes at the limit"
+    )
+    half = ESCAPED * ((MAX_CHECKPOINT_WRITE_BYTES // 2 + 4096) // len(ESCAPED))
+    await _over_limit(
+        options,
+        a,
+        a.aput_writes(cfg, [("ch", half), ("other", half)], "task-3"),
+        "a put_writes whose writes are together over the limit",
     )
     found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
     assert found is not None
@@ -193,3 +202,57 @@ async def retried_append_no_base(ctx: CaseContext, options: SaverOptions) -> Non
     thread.versions, thread.last = dict(latest.checkpoint["channel_versions"]), ids[-1]
     more_ids, more_states = await grow(thread, states[-1], range(12, 14), tag="b ")
     await read_back(reader(ctx), thread_id, ids + more_ids, states + more_states)
+
+
+async def values_without_length(ctx: CaseContext, options: SaverOptions) -> None:
+    """Channel values that have no length (a datetime, a UUID), beside a short text and a
+    number, are read back as written, by the writer and by a reader."""
+    import datetime
+    import uuid
+
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    values = {
+        "when": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "text": "short",
+        "n": 7,
+    }
+    first = await Thread(a, thread_id, lease).put(values)
+    for saver in (a, reader(ctx)):
+        found = await saver.aget_tuple(config(thread_id, parent=first))
+        assert found is not None, "[values] the checkpoint was not stored"
+        assert found.checkpoint["channel_values"] == values, "[values] read back otherwise"
+
+
+async def retried_writes(ctx: CaseContext, options: SaverOptions) -> None:
+    """A task's writes put again (a retried task) keep their first values and add no
+    write; its writes to the special channels (an error, an interrupt) take the latest."""
+    from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    first = await Thread(a, thread_id, lease).put({"ch": "v"})
+    cfg = config(thread_id, lease, first)
+    await a.aput_writes(cfg, [("a", "b-0"), ("c", "b-1")], "task-b", "path-b")
+    await a.aput_writes(cfg, [("a", "b-0 again"), ("c", "b-1 again")], "task-b", "path-b")
+    await a.aput_writes(cfg, [(ERROR, "boom")], "task-c", "path-c")
+    await a.aput_writes(cfg, [(ERROR, "boom again"), (INTERRUPT, "ask")], "task-c", "path-c")
+    found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
+    assert found is not None
+    assert sorted(found.pending_writes) == [
+        ("task-b", "a", "b-0"),
+        ("task-b", "c", "b-1"),
+        ("task-c", ERROR, "boom again"),
+        ("task-c", INTERRUPT, "ask"),
+    ], f"[writes] a retried task's writes: {found.pending_writes}"
+
+
+async def many_writes(ctx: CaseContext, options: SaverOptions) -> None:
+    """One put_writes of fifty writes (more rows than a statement of one saver may
+    hold) is kept whole and read back in its order."""
+    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+    first = await Thread(a, thread_id, lease).put({"ch": "v"})
+    writes = [(f"ch-{i}", f"value {i}") for i in range(50)]
+    await a.aput_writes(config(thread_id, lease, first), writes, "task-1", "path-1")
+    found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
+    assert found is not None
+    assert found.pending_writes == [("task-1", c, v) for c, v in writes], "[writes] 50 writes"

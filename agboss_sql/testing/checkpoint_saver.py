@@ -80,6 +80,9 @@ CASES: tuple[SaverCase, ...] = (
     SaverCase("a version stored as an append is never a base of a retrying saver", storage.retried_append_no_base),
     SaverCase("delete_for_runs leaves the checkpoints that name no run", storage.runs_leave_unnamed),
     SaverCase("a saver that keeps no value stores a growing conversation whole", storage.keeps_nothing),
+    SaverCase("values that have no length are read back as written", storage.values_without_length),
+    SaverCase("a retried task's writes keep their first values, special ones their latest", storage.retried_writes),
+    SaverCase("a task's fifty writes are kept and read back in order", storage.many_writes),
 )  # fmt: skip
 """Every case, in the order the class runs them."""
 
