@@ -19,7 +19,8 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from support.capabilities import embedded, executed_plan_rows
 from support.sql import explain_prefix
 
-from agboss_sql.contracts.errors import InvalidIdentifierError
+from agboss_sql.contracts.errors import InvalidIdentifierError, InvalidPayloadError
+from agboss_sql.contracts.limits import MAX_CHECKPOINT_WRITE_BYTES
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint import (
     LIST_PAGE,
@@ -811,6 +812,26 @@ async def test_a_whole_thread_listed_across_namespaces_reads_each_checkpoints_ow
         t.config["configurable"]["checkpoint_id"]
         for t in saver.list({"configurable": {"thread_id": thread_id}})
     ] == [t.config["configurable"]["checkpoint_id"] for t in listed]
+
+
+async def test_a_put_writes_counted_exactly_at_the_write_limit_is_stored_one_byte_more_is_not(
+    sql: SqlConnection,
+) -> None:
+    # The saver counts a put_writes as its values' serialized bytes and its channels' names;
+    # bytes are serialized as they are, so the count here is known to the byte.
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    checkpoint_id = await thread.put({"n": 1})
+    config = _config(thread.thread, "", checkpoint_id)
+    at_limit = b"x" * (MAX_CHECKPOINT_WRITE_BYTES - len("c"))
+    await saver.aput_writes(config, [("c", at_limit)], "task-at")
+    with pytest.raises(InvalidPayloadError):
+        await saver.aput_writes(config, [("c", at_limit + b"x")], "task-over")
+    found = await saver.aget_tuple(config)
+    assert found is not None
+    assert [(task, channel, len(value)) for task, channel, value in found.pending_writes or []] == [
+        ("task-at", "c", len(at_limit))
+    ]
 
 
 # What LangGraph and its own savers accept as thread ids, namespaces, task ids and channel
