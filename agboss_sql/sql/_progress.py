@@ -38,6 +38,22 @@ async def feed(
         result = await send(cache, request.statement, request.params, raw, execute, progress)
 
 
+def sending(
+    cache: StatementCache, statement: Any, params: Mapping[str, Any], progress: Progress
+) -> tuple[Any, Any]:
+    """What goes to the driver for one statement, compiled and bound: told to the cache's
+    listeners and marked in `progress` (a write sent, a script under way) before it is sent.
+    The sender then runs it and counts it (`in_script` off, `applied` up)."""
+    compiled = cache.compiled(statement)
+    sent = cache.params(compiled, params)
+    if cache.listeners:
+        cache.notify(compiled.sql, sent)
+    if not compiled.reads_only:
+        progress.sent_write = True
+    progress.in_script = compiled.script
+    return compiled, sent
+
+
 async def send(
     cache: StatementCache,
     statement: Any,
@@ -47,13 +63,7 @@ async def send(
     progress: Progress,
 ) -> Result:
     """Send one statement through `execute` on `raw`, counting it in `progress`."""
-    compiled = cache.compiled(statement)
-    sent = cache.params(compiled, params)
-    if cache.listeners:
-        cache.notify(compiled.sql, sent)
-    if not compiled.reads_only:
-        progress.sent_write = True
-    progress.in_script = compiled.script
+    compiled, sent = sending(cache, statement, params, progress)
     rows, count = await execute(raw, compiled.sql, sent)
     progress.in_script = False
     progress.applied += 1

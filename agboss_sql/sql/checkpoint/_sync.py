@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from agboss_sql.contracts.errors import StoreTimeoutError, StoreUnavailableError
 from agboss_sql.sql._backoff import backoff_s
 from agboss_sql.sql._deadline import DeadlinePassed
-from agboss_sql.sql._progress import Progress
+from agboss_sql.sql._progress import Progress, sending
 from agboss_sql.sql._runner import Lane
 from agboss_sql.sql.checkpoint._sync_drivers import driver_for
 from agboss_sql.sql.connection import MAX_ATTEMPTS, Exec, Result, SqlBuilder, SqlConnection, Step
@@ -230,14 +230,7 @@ class SyncDatabase:
         writer: threading.Lock | None,
     ) -> Result:
         """One statement on `raw`, counted in `progress`; a write under `writer`, if given."""
-        cache = self._cache
-        compiled = cache.compiled(statement)
-        sent = cache.params(compiled, params)
-        if cache.listeners:
-            cache.notify(compiled.sql, sent)
-        if not compiled.reads_only:
-            progress.sent_write = True
-        progress.in_script = compiled.script
+        compiled, sent = sending(self._cache, statement, params, progress)
         if writer is not None and not compiled.reads_only:
             self._take(writer)
             try:
