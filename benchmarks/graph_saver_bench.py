@@ -21,7 +21,12 @@ Contestants: `SqlCheckpointSaver` (sync paths: `from_conn_string` + `with`; asyn
 with`) against `SqliteSaver` / `AsyncSqliteSaver` on SQLite (at their default durability,
 `synchronous=FULL`, and at ours, `synchronous=NORMAL`, both shown), `PostgresSaver` /
 `AsyncPostgresSaver` on PostgreSQL, and the community `PyMySQLSaver` / `AIOMySQLSaver`
-(`langgraph-checkpoint-mysql`) on MySQL/MariaDB, each when installed. Each repetition
+(`langgraph-checkpoint-mysql`) on MySQL/MariaDB, each when installed; and *the graph alone*:
+a saver that costs nothing (`FreeSaver` keeps the very objects it is given in a dict and
+hands them back, with no serializer and no database; a new instance over the same dict
+reads the cold history). The official saver's time over the graph alone is printed as the
+path's *ceiling*: the most any saver could reach there, since the graph's own work is left
+when the saver costs nothing (`--no-ceiling` leaves it out). Each repetition
 starts from empty tables (a new file on SQLite), and the contestants take turns in an order
 that alternates between repetitions. Ratio = their time / ours (above 1: ours is faster);
 the table gives the median over the repetitions and the range. `uptime`'s load is printed
@@ -64,6 +69,9 @@ from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoin
 from agboss_sql.testing.database import sync_url
 
 OURS = "SqlCheckpointSaver"
+# A saver that costs nothing (FreeSaver): the graph's own time. The official saver's time
+# over it is the most any saver could reach on a path.
+MEMORY = "graph alone"
 
 
 # --- the graphs ------------------------------------------------------------------------
@@ -136,6 +144,12 @@ class Contestant:
         self.name = name
         self.url = url
         self.normal = normal  # SQLite official savers at synchronous=NORMAL
+        # MEMORY: this repetition's tuples, which every FreeSaver of it shares (a new
+        # instance reads what an earlier one kept, as a new saver reads a database)
+        self.memory: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def _in_memory(self) -> FreeSaver:
+        return FreeSaver(self.memory)
 
     @property
     def label(self) -> str:
@@ -154,6 +168,8 @@ class Contestant:
         if self.name == OURS:
             with SqlCheckpointSaver.from_conn_string(self.url) as saver:
                 yield saver
+        elif self.name == MEMORY:
+            yield self._in_memory()
         elif backend == "sqlite":
             from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -185,6 +201,8 @@ class Contestant:
         if self.name == OURS:
             async with SqlCheckpointSaver.from_conn_string(self.url) as saver:
                 yield saver
+        elif self.name == MEMORY:
+            yield self._in_memory()
         elif backend == "sqlite":
             import aiosqlite
             from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -382,7 +400,9 @@ def installed(module: str) -> bool:
 # --- the run ------------------------------------------------------------------------------
 
 
-def measure(urls: list[URL], repetitions: int, scale: float) -> list[dict[str, Any]]:
+def measure(
+    urls: list[URL], repetitions: int, scale: float, *, ceiling: bool = True
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for url in urls:
         backend = url.get_backend_name()
@@ -394,6 +414,8 @@ def measure(urls: list[URL], repetitions: int, scale: float) -> list[dict[str, A
             theirs.append(Contestant(name, url))
             if backend == "sqlite":
                 theirs.append(Contestant(name, url, normal=True))
+        if ceiling and installed("langgraph.checkpoint.memory"):
+            theirs.append(Contestant(MEMORY, url))
         ours = Contestant(OURS, url)
         for path, unit, run in workloads(scale):
             times: dict[str, list[float]] = {c.label: [] for c in [ours, *theirs]}
@@ -401,7 +423,10 @@ def measure(urls: list[URL], repetitions: int, scale: float) -> list[dict[str, A
             for repetition in range(repetitions):
                 order = [ours, *theirs] if repetition % 2 == 0 else [*theirs, ours]
                 for contestant in order:
-                    contestant.url = fresh(url, repetition, contestant)
+                    if contestant.name == MEMORY:
+                        contestant.memory = {}
+                    else:
+                        contestant.url = fresh(url, repetition, contestant)
                     seconds, units = run(contestant)
                     times[contestant.label].append(seconds)
             row = {"database": backend, "path": path, "unit": unit, "units": units, "times": times}
@@ -423,6 +448,16 @@ def print_row(row: dict[str, Any]) -> None:
             f"| {label}: {statistics.median(theirs) * 1000 / row['units']:8.3f} ms, ratio "
             f"{statistics.median(ratios):5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
         )
+    if MEMORY in times:
+        floor = times[MEMORY]
+        ceilings = []
+        for label, theirs in times.items():
+            if label in (OURS, MEMORY):
+                continue
+            each = sorted(t / f for t, f in zip(theirs, floor, strict=True))
+            ceilings.append(f"{label} {statistics.median(each):.2f} ({each[0]:.2f}-{each[-1]:.2f})")
+        if ceilings:
+            cells.append("| ceiling (theirs / graph alone): " + ", ".join(ceilings))
     print(" ".join(cells), flush=True)
 
 
@@ -482,17 +517,91 @@ def statements_per_invoke(url: URL) -> str:
 # --- costs: what one invoke's saver calls cost, apart from the graph -----------------------
 
 
-class NullSaver(BaseCheckpointSaver[str]):
-    """Stores nothing: what a compiled graph costs with a checkpointer, the saver aside."""
+class FreeSaver(BaseCheckpointSaver[int]):
+    """A saver that costs nothing: it keeps the objects it is given, neither serialized nor
+    copied, in a dict shared by every instance made over it, and hands them back. Time with
+    it is the graph's own; no saver can go under it."""
 
-    def get_tuple(self, config: Any) -> None:
-        return None
+    def __init__(self, kept: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self.kept: dict[tuple[str, str], dict[str, Any]] = {} if kept is None else kept
+
+    @staticmethod
+    def _where(config: Any) -> tuple[tuple[str, str], str | None]:
+        c = config["configurable"]
+        return (c["thread_id"], c.get("checkpoint_ns", "")), c.get("checkpoint_id")
+
+    def get_tuple(self, config: Any) -> Any:
+        key, wanted = self._where(config)
+        tuples = self.kept.get(key)
+        if not tuples:
+            return None
+        if wanted is None:
+            return tuples[next(reversed(tuples))]
+        return tuples.get(wanted)
+
+    def list(
+        self, config: Any, *, filter: Any = None, before: Any = None, limit: int | None = None
+    ) -> Iterator[Any]:
+        from langgraph.checkpoint.base import CheckpointTuple
+
+        if config is None:
+            return
+        key, _ = self._where(config)
+        stop = before["configurable"]["checkpoint_id"] if before else None
+        passed = stop is None
+        given = 0
+        for checkpoint_id in reversed(list(self.kept.get(key, {}))):
+            if not passed:
+                passed = checkpoint_id == stop
+                continue
+            if limit is not None and given >= limit:
+                return
+            given += 1
+            found: CheckpointTuple = self.kept[key][checkpoint_id]
+            yield found
 
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        return {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
+        from langgraph.checkpoint.base import CheckpointTuple
+
+        key, parent = self._where(config)
+        saved: Any = {
+            "configurable": {
+                "thread_id": key[0],
+                "checkpoint_ns": key[1],
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+        parent_config = (
+            {"configurable": {**saved["configurable"], "checkpoint_id": parent}} if parent else None
+        )
+        self.kept.setdefault(key, {})[checkpoint["id"]] = CheckpointTuple(
+            saved, checkpoint, metadata, parent_config, []
+        )
+        return saved
 
     def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
-        return None
+        key, checkpoint_id = self._where(config)
+        found = self.kept.get(key, {}).get(checkpoint_id or "")
+        if found is not None:
+            found.pending_writes.extend((task_id, channel, value) for channel, value in writes)
+
+    async def aget_tuple(self, config: Any) -> Any:
+        return self.get_tuple(config)
+
+    async def alist(
+        self, config: Any, *, filter: Any = None, before: Any = None, limit: int | None = None
+    ) -> AsyncIterator[Any]:
+        for found in self.list(config, filter=filter, before=before, limit=limit):
+            yield found
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        return self.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        self.put_writes(config, writes, task_id, task_path)
 
 
 def _wal_frames(database: str) -> int | None:
@@ -561,7 +670,7 @@ def call_costs(c: Contestant, invokes: int) -> str:
 
 def graph_floor(invokes: int) -> str:
     """The 4-node graph's own time per sync invoke with a checkpointer that stores nothing."""
-    graph = small_graph().compile(checkpointer=NullSaver())
+    graph = small_graph().compile(checkpointer=FreeSaver())
     started, cpu = time.perf_counter(), time.process_time()
     for _ in range(invokes):
         graph.invoke(small_input(), config(str(uuid.uuid4())))
@@ -601,6 +710,12 @@ def main() -> None:
         help="first, the saver calls of one invoke made again INVOKES times apart from the "
         "graph (CPU per call, SQLite log frames), and the graph's own time (0: skip)",
     )
+    parser.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="leave out the graph alone (a saver that costs nothing), whose time gives each "
+        "path's ceiling: the official saver's time over it, the most any saver could reach",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"# load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
@@ -611,7 +726,7 @@ def main() -> None:
         print("# " + statements_per_invoke(url))
     if args.costs:
         costs(urls, args.costs)
-    measure(urls, args.repetitions, args.scale)
+    measure(urls, args.repetitions, args.scale, ceiling=not args.no_ceiling)
     print(f"# {time.perf_counter() - started:.0f} s")
 
 
