@@ -2,7 +2,8 @@
 metadata) and of a put_writes (values and channel names), appends never stored against a
 deleted base, `delete_for_runs` leaving the checkpoints that name no run, a saver that
 keeps no value storing a growing conversation whole, values that have no length read
-back as written, a retried task's writes, and a task's fifty writes read back."""
+back as written, a retried task's writes, a task's fifty writes read back, and the saver
+used without a lease keeping as much."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from agboss_sql.testing._saver_support import (
     LEASE_MS,
     READER,
     TENANT,
+    UNFENCED,
     SaverOptions,
     Thread,
     config,
     grow,
     ids_of,
+    in_thread,
     latest_of,
     new_execution,
     new_thread,
@@ -256,3 +259,31 @@ async def many_writes(ctx: CaseContext, options: SaverOptions) -> None:
     found = await reader(ctx).aget_tuple(config(thread_id, parent=first))
     assert found is not None
     assert found.pending_writes == [("task-1", c, v) for c, v in writes], "[writes] 50 writes"
+
+
+async def unfenced_writes(ctx: CaseContext, options: SaverOptions) -> None:
+    """The saver used as LangGraph uses a checkpointer, with no lease in its configs (the
+    set's `unfenced`): a put of fifty values and a task's fifty writes (async), another
+    task's forty (sync), are kept and read back, each task's writes in their order, by it
+    and by a reader."""
+    if not ctx.has(UNFENCED):
+        import pytest
+
+        pytest.skip("no `unfenced=` given: the saver used without a lease")
+    saver, thread_id = ctx.store(UNFENCED, 0), new_thread()
+    values = {f"ch-{i}": [f"value {i}"] for i in range(50)}
+    first = await Thread(saver, thread_id, None).put(values)
+    cfg = config(thread_id, parent=first)
+    writes = {
+        "task-1": [(f"ch-{i}", f"write {i}") for i in range(50)],
+        "task-2": [(f"ch-{i}", f"sync write {i}") for i in range(40)],
+    }
+    await saver.aput_writes(cfg, writes["task-1"], "task-1", "path-1")
+    await in_thread(saver.put_writes, cfg, writes["task-2"], "task-2", "path-2")
+    for by in (saver, reader(ctx)):
+        found = await by.aget_tuple(config(thread_id, parent=first))
+        assert found is not None, "[unfenced] the checkpoint was not stored"
+        assert found.checkpoint["channel_values"] == values, "[unfenced] fifty values"
+        for task, written in writes.items():
+            got = [(c, v) for t, c, v in found.pending_writes if t == task]
+            assert got == written, f"[unfenced] {task}'s {len(written)} writes: {got}"

@@ -21,6 +21,8 @@ CONTRACT = "checkpoint_saver"
 """The contract key of the cases, and of the saver's factory in their `CaseContext`."""
 READER = "checkpoint_reader"
 """The factory of a saver that keeps no value (every read goes to the backing store)."""
+UNFENCED = "checkpoint_unfenced"
+"""The factory of the same saver used without a lease, as LangGraph uses a checkpointer."""
 LEASE = "execution_lease"
 
 LEASE_KEY = "agboss_lease"

@@ -26,6 +26,8 @@ carries the writer's lease in `config["configurable"]["agboss_lease"]` (an
   same version a copy of the thread holds), nor against a version another instance
   stored as an append and this one puts again; `delete_for_runs` leaves the checkpoints that
   name no run; a saver that keeps no value (`reader=`) stores a growing conversation whole;
+- a task's fifty writes are kept in order; the saver used without a lease (`unfenced=`)
+  keeps fifty values and a task's fifty writes;
 - a graph stops at its first write after a takeover, and the new holder resumes it.
 
 pytest (with pytest-asyncio) and LangGraph are imported only when a class is built or a
@@ -45,6 +47,7 @@ from agboss_sql.testing._saver_support import (
     LEASE,
     LEASE_KEY,
     READER,
+    UNFENCED,
     SaverOptions,
     SaverStatements,
 )
@@ -83,6 +86,7 @@ CASES: tuple[SaverCase, ...] = (
     SaverCase("values that have no length are read back as written", storage.values_without_length),
     SaverCase("a retried task's writes keep their first values, special ones their latest", storage.retried_writes),
     SaverCase("a task's fifty writes are kept and read back in order", storage.many_writes),
+    SaverCase("a saver used without a lease keeps fifty values and writes", storage.unfenced_writes),
 )  # fmt: skip
 """Every case, in the order the class runs them."""
 
@@ -106,6 +110,7 @@ def checkpoint_saver_contract(
     name: str,
     reset: Reset | None = None,
     reader: Factory | None = None,
+    unfenced: Factory | None = None,
     stored_rows: Callable[[str], Awaitable[int]] | None = None,
     statements: SaverStatements | None = None,
     loop_scope: str = "session",
@@ -119,6 +124,8 @@ def checkpoint_saver_contract(
     by `seam.store_clock`). `reset` empties the backing store before each case. Optional,
     each adding what the cases can see: `reader`, a saver on the same store that keeps no
     value (every read goes to the store; it runs the keeps-no-value case and reads back);
+    `unfenced`, the same saver used without a lease, as LangGraph uses a checkpointer (no
+    lease in its configs, nothing fenced: the case of a saver used so);
     `stored_rows(thread_id)`, how many rows the store holds for a thread (a refused write
     must leave none); `statements` (`SaverStatements`), the statements a saver sends (the
     one-step case, and limits refused before any statement). A case that needs one not
@@ -127,6 +134,8 @@ def checkpoint_saver_contract(
     factories = {LEASE: as_factory(execution_lease), CONTRACT: as_factory(factory)}
     if reader is not None:
         factories[READER] = as_factory(reader)
+    if unfenced is not None:
+        factories[UNFENCED] = as_factory(unfenced)
     store_set = StoreSet(
         name=name,
         factories=factories,

@@ -90,10 +90,10 @@ async def _close(saver: SqlCheckpointSaver) -> None:
     await saver.aclose()
 
 
-def _saver(cls: type[SqlCheckpointSaver], **options: Any) -> StoreFactory:
+def _saver(cls: type[SqlCheckpointSaver], *, fenced: bool = True, **options: Any) -> StoreFactory:
     def build(seam: Seam) -> SqlCheckpointSaver:
         connection = INSTANCES.connection(seam.application.instance_id)
-        return cls(connection, fenced=True, store_clock=seam.store_clock, **options)
+        return cls(connection, fenced=fenced, store_clock=seam.store_clock, **options)
 
     return StoreFactory(build, close=_close)
 
@@ -110,6 +110,8 @@ def contract(cls: type[SqlCheckpointSaver], name: str) -> type:
         name=name,
         reset=reset,
         reader=_saver(cls, value_cache_bytes=0),
+        # The package's saver used without a lease (the broken savers' unfenced twin too).
+        unfenced=_saver(SqlCheckpointSaver, fenced=False),
         stored_rows=stored_rows,
         statements=SaverStatements(record=record, is_lease_check=is_lease_check),
     )
