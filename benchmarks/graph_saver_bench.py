@@ -427,7 +427,13 @@ def measure(
                         contestant.memory = {}
                     else:
                         contestant.url = fresh(url, repetition, contestant)
-                    seconds, units = run(contestant)
+                    seconds, ran = run(contestant)
+                    if units and ran != units:
+                        # Per-unit times of different work would not compare.
+                        raise RuntimeError(
+                            f"{path}: {contestant.label} ran {ran} units, not {units}"
+                        )
+                    units = ran
                     times[contestant.label].append(seconds)
             row = {"database": backend, "path": path, "unit": unit, "units": units, "times": times}
             rows.append(row)
