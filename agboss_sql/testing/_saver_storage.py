@@ -60,6 +60,13 @@ async def _over_limit(options: SaverOptions, saver: Any, call: Awaitable[Any], w
     raise AssertionError(f"[limit] {what} over {LIMIT} was written, not refused")
 
 
+def _need_unfenced(ctx: CaseContext) -> None:
+    if not ctx.has(UNFENCED):
+        import pytest
+
+        pytest.skip("no `unfenced=` given: the saver used without a lease")
+
+
 async def _held(ctx: CaseContext) -> Any:
     lease = await ctx.store(LEASE, 0).acquire(TENANT, new_execution(), LEASE_MS)
     assert lease is not None
@@ -115,8 +122,14 @@ async def writes_limit(ctx: CaseContext, options: SaverOptions) -> None:
     assert found.pending_writes[0][2] == kept
 
 
-async def _deleted_base(ctx: CaseContext, options: SaverOptions, *, copy: bool) -> None:
-    a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
+async def _deleted_base(
+    ctx: CaseContext, options: SaverOptions, *, copy: bool, unfenced: bool = False
+) -> None:
+    if unfenced:
+        _need_unfenced(ctx)
+        a, lease, thread_id = ctx.store(UNFENCED, 0), None, new_thread()
+    else:
+        a, lease, thread_id = ctx.store(CONTRACT, 0), await _held(ctx), new_thread()
     _, before = await grow(Thread(a, thread_id, lease), [], range(12))
     if copy:
         try:
@@ -147,6 +160,12 @@ async def deleted_base_of_a_copy(ctx: CaseContext, options: SaverOptions) -> Non
     """As above, the thread copied before the delete: the copy holds the base's very
     channel and version in another thread, which is no base of this one."""
     await _deleted_base(ctx, options, copy=True)
+
+
+async def deleted_base_unfenced(ctx: CaseContext, options: SaverOptions) -> None:
+    """As `deleted_base`, written by the saver used without a lease (the set's `unfenced`),
+    whose puts may take another path than a fenced one's."""
+    await _deleted_base(ctx, options, copy=False, unfenced=True)
 
 
 async def runs_leave_unnamed(ctx: CaseContext, options: SaverOptions) -> None:
@@ -266,10 +285,7 @@ async def unfenced_writes(ctx: CaseContext, options: SaverOptions) -> None:
     set's `unfenced`): a put of fifty values and a task's fifty writes (async), another
     task's forty (sync), are kept and read back, each task's writes in their order, by it
     and by a reader."""
-    if not ctx.has(UNFENCED):
-        import pytest
-
-        pytest.skip("no `unfenced=` given: the saver used without a lease")
+    _need_unfenced(ctx)
     saver, thread_id = ctx.store(UNFENCED, 0), new_thread()
     values = {f"ch-{i}": [f"value {i}"] for i in range(50)}
     first = await Thread(saver, thread_id, None).put(values)

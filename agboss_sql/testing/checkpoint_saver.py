@@ -27,7 +27,8 @@ carries the writer's lease in `config["configurable"]["agboss_lease"]` (an
   stored as an append and this one puts again; `delete_for_runs` leaves the checkpoints that
   name no run; a saver that keeps no value (`reader=`) stores a growing conversation whole;
 - a task's fifty writes are kept in order; the saver used without a lease (`unfenced=`)
-  keeps fifty values and a task's fifty writes;
+  keeps fifty values and a task's fifty writes, and never stores an append against a base
+  another instance deleted;
 - a graph stops at its first write after a takeover, and the new holder resumes it.
 
 pytest (with pytest-asyncio) and LangGraph are imported only when a class is built or a
@@ -80,6 +81,7 @@ CASES: tuple[SaverCase, ...] = (
     SaverCase("MAX_CHECKPOINT_WRITE_BYTES bounds put_writes with its channel names", storage.writes_limit),
     SaverCase("an append is never stored against a base another saver deleted", storage.deleted_base),
     SaverCase("an append is never stored against a deleted base a copy holds", storage.deleted_base_of_a_copy),
+    SaverCase("an append without a lease is never stored against a deleted base", storage.deleted_base_unfenced),
     SaverCase("a version stored as an append is never a base of a retrying saver", storage.retried_append_no_base),
     SaverCase("delete_for_runs leaves the checkpoints that name no run", storage.runs_leave_unnamed),
     SaverCase("a saver that keeps no value stores a growing conversation whole", storage.keeps_nothing),
