@@ -531,57 +531,59 @@ class SaverReads(SaverCore):
     ) -> Step[tuple[int, list[Found]]]:
         """The values and pending writes of a page of one thread namespace: the values by
         key, the writes by the page's range of ids, in one statement (`page_values_json` on
-        SQLite; elsewhere `page_values`, a `PAGE_BLOBS` count of keys, the last repeated to
-        fill it, more statements when the page reads more than `PAGE_BLOBS[-1]` values)."""
+        SQLite, `page_values_arrays` on PostgreSQL; elsewhere `page_values`, a `PAGE_BLOBS`
+        count of keys, the last repeated to fill it, more statements when the page reads
+        more than `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
         ids = [row[3] for row in rows]
         rows_read: Rows = {}
         writes: dict[Any, list[Sequence[Any]]] = {}
-        if sql.keys_as_json:
-            joined_keys = (c + v for of_row in value_keys for _, c, v in of_row)
-            keys_json = json.dumps(list(dict.fromkeys(joined_keys)))
+        keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
+        # Every key in one statement: (text, its key params, where a value row's type is).
+        at_once: tuple[str, dict[str, Any], int] | None = None
+        if sql.keys_as_arrays:
+            channels, versions = [c for c, _ in keys], [v for _, v in keys]
+            at_once = (sql.page_values_arrays, {"channels": channels, "versions": versions}, 6)
+        elif sql.keys_as_json:
+            keys_json = json.dumps([c + v for c, v in keys])
             # A NUL is the one character `json_each` would not hand back as sent.
             if "\\u0000" not in keys_json:
+                at_once = (sql.page_values_json, {"keys": keys_json}, 4)
+        if at_once is not None:
+            statement, params, typed = at_once
+            params.update(
+                w_thread_hash=thread_hash, w_ns_hash=ns_hash, w_lo=min(ids), w_hi=max(ids)
+            )
+            for found in (yield Exec(statement, params)).rows:
+                if found[0] == BLOB_ROW:
+                    # (channel hash, version, base, [-, -,] value type, value)
+                    key = (thread_hash, ns_hash, found[1], found[2])
+                    rows_read[key] = (found[typed], found[typed + 1], found[3])
+                else:
+                    # (checkpoint id, then the write as `_tuple_of` takes it)
+                    writes.setdefault(found[1], []).append(found[2:])
+        else:
+            first = True
+            for chunk in chunks(keys, PAGE_BLOBS[-1]) if keys else [[]]:
+                size = next(n for n in PAGE_BLOBS if n >= len(chunk))
                 params = {
-                    "keys": keys_json,
                     "w_thread_hash": thread_hash,
                     "w_ns_hash": ns_hash,
-                    "w_lo": min(ids),
-                    "w_hi": max(ids),
+                    # The writes once, in the first statement: the others' range is empty.
+                    "w_lo": min(ids) if first else "~",
+                    "w_hi": max(ids) if first else "",
                 }
-                for found in (yield Exec(sql.page_values_json, params)).rows:
-                    if found[0] == BLOB_ROW:
-                        # (channel hash, version, base, value type, value)
-                        key = (thread_hash, ns_hash, found[1], found[2])
-                        rows_read[key] = (found[4], found[5], found[3])
+                first = False
+                for i in range(size):
+                    params[f"c{i}"], params[f"v{i}"] = chunk[min(i, len(chunk) - 1)]
+                for kind_of_row, _, _, key, *rest in (
+                    yield Exec(sql.page_values(size), params)
+                ).rows:
+                    if kind_of_row == BLOB_ROW:
+                        version, base, _, _, value_type, value = rest
+                        rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
                     else:
-                        # (checkpoint id, then the write as `_tuple_of` takes it)
-                        writes.setdefault(found[1], []).append(found[2:])
-                blobs = yield from self._whole(sql, rows_read)
-                return len(rows), [
-                    (row, body, blobs, writes.get(row[3], ()), keys_of_row)
-                    for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
-                ]
-        keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
-        first = True
-        for chunk in chunks(keys, PAGE_BLOBS[-1]) if keys else [[]]:
-            size = next(n for n in PAGE_BLOBS if n >= len(chunk))
-            params = {
-                "w_thread_hash": thread_hash,
-                "w_ns_hash": ns_hash,
-                # The writes once, in the first statement: the others' range is empty.
-                "w_lo": min(ids) if first else "~",
-                "w_hi": max(ids) if first else "",
-            }
-            first = False
-            for i in range(size):
-                params[f"c{i}"], params[f"v{i}"] = chunk[min(i, len(chunk) - 1)]
-            for kind_of_row, _, _, key, *rest in (yield Exec(sql.page_values(size), params)).rows:
-                if kind_of_row == BLOB_ROW:
-                    version, base, _, _, value_type, value = rest
-                    rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
-                else:
-                    writes.setdefault(key, []).append(rest)
+                        writes.setdefault(key, []).append(rest)
         blobs = yield from self._whole(sql, rows_read)
         return len(rows), [
             (row, body, blobs, writes.get(row[3], []), keys_of_row)

@@ -52,8 +52,10 @@ class CheckpointStatements(WriteStatements):
         # its read from 525 to 1,033 us, so elsewhere each reads the latest id as a scalar
         # (`Capabilities.shared_with`).
         self._with_cte = b.capabilities.shared_with
-        # SQLite names a page's value keys in one JSON text (`page_values_json`).
+        # SQLite names a page's value keys in one JSON text (`page_values_json`), PostgreSQL
+        # in two arrays (`page_values_arrays`).
         self.keys_as_json = b.ops.NAME == "sqlite"
+        self.keys_as_arrays = b.ops.NAME == "postgresql"
         self._latest = self._latest_id()
         self.read_latest = self._latest_with_writes()
         self.read_by_id = self._with_writes(_bind("checkpoint_id", checkpoints.c.checkpoint_id))
@@ -354,6 +356,18 @@ class CheckpointStatements(WriteStatements):
         path, index, value type, value); neither repeats the thread and namespace hashes."""
         return _PAGE_VALUES_JSON
 
+    @property
+    def page_values_arrays(self) -> str:
+        """PostgreSQL: `page_values` with the keys in two parameters, `channels` and
+        `versions`, arrays of the channel hashes and the versions (element `i` of each is a
+        key), joined to the value rows by `unnest`: one short text for every page (five
+        parameters where `page_values` binds 260 in 6 kB, a text psycopg parses again at
+        every call and the server plans again), each key a probe of the primary key. Rows:
+        `BLOB_ROW` (channel hash, version, base version, `NULL`, `NULL`, value type, value)
+        and `WRITE_ROW` (checkpoint id, task id, channel, task path, index, value type,
+        value); neither repeats the thread and namespace hashes."""
+        return _PAGE_VALUES_ARRAYS
+
     def _thread_statements(self, build: Any) -> list[Any]:
         """The statements of a whole-thread change, in the order a `put` takes its locks
         (values before checkpoints); on a dialect that folds writes into `WITH`, one."""
@@ -491,6 +505,18 @@ _PAGE_VALUES_JSON = (
     "w.value_type, w.value FROM agboss_checkpoint_writes AS w "
     "WHERE w.thread_hash = :w_thread_hash AND w.ns_hash = :w_ns_hash "
     "AND w.checkpoint_id >= :w_lo AND w.checkpoint_id <= :w_hi"
+)
+
+_PAGE_VALUES_ARRAYS = (
+    f"SELECT {BLOB_ROW}, b.channel_hash, b.version, b.base_version, CAST(NULL AS text), "
+    "CAST(NULL AS integer), b.value_type, b.value "
+    "FROM unnest(CAST(%(channels)s AS text[]), CAST(%(versions)s AS text[])) AS k (c, v) "
+    "JOIN agboss_checkpoint_blobs AS b ON b.thread_hash = %(w_thread_hash)s "
+    "AND b.ns_hash = %(w_ns_hash)s AND b.channel_hash = k.c AND b.version = k.v "
+    f"UNION ALL SELECT {WRITE_ROW}, w.checkpoint_id, w.task_id, w.channel, w.task_path, w.idx, "
+    "w.value_type, w.value FROM agboss_checkpoint_writes AS w "
+    "WHERE w.thread_hash = %(w_thread_hash)s AND w.ns_hash = %(w_ns_hash)s "
+    "AND w.checkpoint_id >= %(w_lo)s AND w.checkpoint_id <= %(w_hi)s"
 )
 
 
