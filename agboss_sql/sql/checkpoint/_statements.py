@@ -245,35 +245,14 @@ class CheckpointStatements(WriteStatements):
 
     def _values_and_writes(self, blobs: int, writes: int) -> Any:
         b, w = checkpoint_blobs, checkpoint_writes
-        text_null = sa.cast(sa.null(), sa.Text)
         lookups = [
-            sa.select(
-                sa.literal_column(str(BLOB_ROW), sa.Integer),
-                b.c.thread_hash,
-                b.c.ns_hash,
-                b.c.channel_hash,
-                b.c.version,
-                sa.type_coerce(b.c.base_version, sa.Text),
-                text_null,
-                sa.cast(sa.null(), sa.Integer),
-                b.c.value_type,
-                b.c.value,
-            ).where(*(b.c[c] == _bind(f"b{i}_{c}", b.c[c]) for c in BLOB_KEY))
+            sa.select(*_VALUE_ROW).where(*(b.c[c] == _bind(f"b{i}_{c}", b.c[c]) for c in BLOB_KEY))
             for i in range(blobs)
         ]
         lookups += [
-            sa.select(
-                sa.literal_column(str(WRITE_ROW), sa.Integer),
-                w.c.thread_hash,
-                w.c.ns_hash,
-                w.c.checkpoint_id,
-                w.c.task_id,
-                w.c.channel,
-                w.c.task_path,
-                w.c.idx,
-                w.c.value_type,
-                w.c.value,
-            ).where(*(w.c[c] == _bind(f"w{i}_{c}", w.c[c]) for c in CHECKPOINT_KEY))
+            sa.select(*_WRITE_ROW).where(
+                *(w.c[c] == _bind(f"w{i}_{c}", w.c[c]) for c in CHECKPOINT_KEY)
+            )
             for i in range(writes)
         ]
         return lookups[0] if len(lookups) == 1 else sa.union_all(*lookups)
@@ -290,19 +269,7 @@ class CheckpointStatements(WriteStatements):
 
     def _page_values(self, blobs: int) -> Any:
         b, w = checkpoint_blobs, checkpoint_writes
-        text_null = sa.cast(sa.null(), sa.Text)
-        writes = sa.select(
-            sa.literal_column(str(WRITE_ROW), sa.Integer),
-            w.c.thread_hash,
-            w.c.ns_hash,
-            w.c.checkpoint_id,
-            w.c.task_id,
-            w.c.channel,
-            w.c.task_path,
-            w.c.idx,
-            w.c.value_type,
-            w.c.value,
-        ).where(
+        writes = sa.select(*_WRITE_ROW).where(
             w.c.thread_hash == _bind("w_thread_hash", w.c.thread_hash),
             w.c.ns_hash == _bind("w_ns_hash", w.c.ns_hash),
             w.c.checkpoint_id >= _bind("w_lo", w.c.checkpoint_id),
@@ -310,18 +277,7 @@ class CheckpointStatements(WriteStatements):
         )
         if not blobs:
             return writes
-        values = sa.select(
-            sa.literal_column(str(BLOB_ROW), sa.Integer),
-            b.c.thread_hash,
-            b.c.ns_hash,
-            b.c.channel_hash,
-            b.c.version,
-            sa.type_coerce(b.c.base_version, sa.Text),
-            text_null,
-            sa.cast(sa.null(), sa.Integer),
-            b.c.value_type,
-            b.c.value,
-        ).where(
+        values = sa.select(*_VALUE_ROW).where(
             b.c.thread_hash == _bind("w_thread_hash", b.c.thread_hash),
             b.c.ns_hash == _bind("w_ns_hash", b.c.ns_hash),
         )
@@ -495,6 +451,34 @@ class CheckpointStatements(WriteStatements):
             ),
         )
 
+
+# The columns of a value row and of a pending write as `values_and_writes` and `page_values`
+# answer them, aligned for their `UNION ALL`: (kind, thread hash, namespace hash, key,
+# version or task id, base version or channel, -, or task path, - or index, type, value).
+_VALUE_ROW = (
+    sa.literal_column(str(BLOB_ROW), sa.Integer),
+    checkpoint_blobs.c.thread_hash,
+    checkpoint_blobs.c.ns_hash,
+    checkpoint_blobs.c.channel_hash,
+    checkpoint_blobs.c.version,
+    sa.type_coerce(checkpoint_blobs.c.base_version, sa.Text),
+    sa.cast(sa.null(), sa.Text),
+    sa.cast(sa.null(), sa.Integer),
+    checkpoint_blobs.c.value_type,
+    checkpoint_blobs.c.value,
+)
+_WRITE_ROW = (
+    sa.literal_column(str(WRITE_ROW), sa.Integer),
+    checkpoint_writes.c.thread_hash,
+    checkpoint_writes.c.ns_hash,
+    checkpoint_writes.c.checkpoint_id,
+    checkpoint_writes.c.task_id,
+    checkpoint_writes.c.channel,
+    checkpoint_writes.c.task_path,
+    checkpoint_writes.c.idx,
+    checkpoint_writes.c.value_type,
+    checkpoint_writes.c.value,
+)
 
 _PAGE_VALUES_JSON = (
     f"SELECT {BLOB_ROW}, b.channel_hash, b.version, b.base_version, b.value_type, b.value, "
