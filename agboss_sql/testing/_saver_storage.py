@@ -33,6 +33,7 @@ from agboss_sql.testing._saver_support import (
     read_back,
     reader,
     rows_of,
+    turn,
 )
 
 ESCAPED = b"\x00'\"\\"
@@ -303,3 +304,26 @@ async def unfenced_writes(ctx: CaseContext, options: SaverOptions) -> None:
         for task, written in writes.items():
             got = [(c, v) for t, c, v in found.pending_writes if t == task]
             assert got == written, f"[unfenced] {task}'s {len(written)} writes: {got}"
+
+
+async def unfenced_appends_beside_values(ctx: CaseContext, options: SaverOptions) -> None:
+    """The saver used without a lease (the set's `unfenced`) grows a conversation while
+    another channel changes in the same puts: every put that may append carries more than
+    one new value, and each checkpoint reads back both, by it and by a reader."""
+    _need_unfenced(ctx)
+    saver, thread_id = ctx.store(UNFENCED, 0), new_thread()
+    thread, conversation = Thread(saver, thread_id, None), list[str]()
+    ids: list[str] = []
+    states: list[list[str]] = []
+    for n in range(12):
+        conversation = [*conversation, turn(n)]
+        ids.append(await thread.put({"messages": conversation, "step": [n, "step"]}))
+        states.append(conversation)
+    await read_back(reader(ctx), thread_id, ids, states)
+    for by in (saver, reader(ctx)):
+        for n, checkpoint_id in enumerate(ids):
+            found = await by.aget_tuple(config(thread_id, parent=checkpoint_id))
+            assert found is not None, f"[unfenced] checkpoint {n} is gone"
+            values = found.checkpoint["channel_values"]
+            assert values.get("step") == [n, "step"], f"[unfenced] put {n} lost a value: {values}"
+            assert values.get("messages") == states[n], f"[unfenced] put {n}'s conversation"

@@ -27,8 +27,8 @@ carries the writer's lease in `config["configurable"]["agboss_lease"]` (an
   stored as an append and this one puts again; `delete_for_runs` leaves the checkpoints that
   name no run; a saver that keeps no value (`reader=`) stores a growing conversation whole;
 - a task's fifty writes are kept in order; the saver used without a lease (`unfenced=`)
-  keeps fifty values and a task's fifty writes, and never stores an append against a base
-  another instance deleted;
+  keeps fifty values and a task's fifty writes, the values a put appends and those beside
+  them, and never stores an append against a base another instance deleted;
 - a graph stops at its first write after a takeover, and the new holder resumes it.
 
 pytest (with pytest-asyncio) and LangGraph are imported only when a class is built or a
@@ -89,6 +89,7 @@ CASES: tuple[SaverCase, ...] = (
     SaverCase("a retried task's writes keep their first values, special ones their latest", storage.retried_writes),
     SaverCase("a task's fifty writes are kept and read back in order", storage.many_writes),
     SaverCase("a saver used without a lease keeps fifty values and writes", storage.unfenced_writes),
+    SaverCase("a put without a lease keeps its appends and the values beside them", storage.unfenced_appends_beside_values),
 )  # fmt: skip
 """Every case, in the order the class runs them."""
 
