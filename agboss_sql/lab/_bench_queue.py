@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from agboss_sql.contracts.types import ApplicationContext, ChildFinish, QueuedCh
 from agboss_sql.lab._bench_floor import Floor, open_floor
 from agboss_sql.lab._bench_scale import fresh_tables
 from agboss_sql.sql._queue_batch import BatchStatements
-from agboss_sql.sql.connection import SqlConnection
+from agboss_sql.sql.connection import MAX_ATTEMPTS, SqlConnection
 from agboss_sql.sql.queue import (
     QUEUED,
     RUNNING,
@@ -149,6 +150,22 @@ async def drain_floor(connection: SqlConnection, shape: str, count: int, workers
         rows, _ = await floor.execute(c.sql, {**c.defaults, **params})
         return rows
 
+    async def transaction(floor: Floor, body: Callable[[], Awaitable[Any]]) -> Any:
+        """`body` between BEGIN and COMMIT, run again after a conflict that undid it (a
+        deadlock between two workers' finishes on MariaDB), as our store runs its own."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            await floor.text(begin)
+            try:
+                answer = await body()
+                await floor.text("COMMIT")
+            except Exception as exc:
+                if attempt == MAX_ATTEMPTS or not connection.is_transient(exc):
+                    raise
+                await floor.text("ROLLBACK")
+                continue
+            return answer
+        raise AssertionError("unreachable")
+
     async def claim(floor: Floor, name: str) -> list[Any]:
         params: dict[str, Any] = {
             "queued": QUEUED,
@@ -159,15 +176,18 @@ async def drain_floor(connection: SqlConnection, shape: str, count: int, workers
         }
         if batch.update_returning:
             return await run(floor, batch.claim, params)
-        await floor.text(begin)
-        rows = await run(floor, batch.lock_next, params)
-        if rows:
-            size = 1
-            while size < len(rows):
-                size *= 2
-            ids = {f"id_{i}": rows[min(i, len(rows) - 1)][0] for i in range(size)}
-            await run(floor, batch.claim_locked(size), {**params, **ids})
-        await floor.text("COMMIT")
+
+        async def lock_and_claim() -> list[Any]:
+            rows = await run(floor, batch.lock_next, params)
+            if rows:
+                size = 1
+                while size < len(rows):
+                    size *= 2
+                ids = {f"id_{i}": rows[min(i, len(rows) - 1)][0] for i in range(size)}
+                await run(floor, batch.claim_locked(size), {**params, **ids})
+            return rows
+
+        rows = await transaction(floor, lock_and_claim)
         # The claimed rows as the one-statement claim answers them (id last).
         return [(*row[1:], None, row[0]) for row in rows]
 
@@ -186,9 +206,9 @@ async def drain_floor(connection: SqlConnection, shape: str, count: int, workers
         # The claim answers the attempt before its increment where it cannot return rows.
         bump = 0 if batch.update_returning else 1
         entries = [(row[3], int(row[6]) + bump, "null") for row in rows]
-        await floor.text(begin)
-        results = await drive(floor, store._finish_many(entries, time.time_ns() // 1_000_000))
-        await floor.text("COMMIT")
+        results = await transaction(
+            floor, lambda: drive(floor, store._finish_many(entries, time.time_ns() // 1_000_000))
+        )
         for row, result in zip(rows, results, strict=True):
             if not result.finished:
                 raise AssertionError(f"{row[3]} did not finish")
