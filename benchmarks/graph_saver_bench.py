@@ -71,7 +71,7 @@ from agboss_sql.testing.database import sync_url
 OURS = "SqlCheckpointSaver"
 # A saver that costs nothing (FreeSaver): the graph's own time. The official saver's time
 # over it is the most any saver could reach on a path.
-MEMORY = "graph alone"
+ALONE = "graph alone"
 
 
 # --- the graphs ------------------------------------------------------------------------
@@ -144,12 +144,9 @@ class Contestant:
         self.name = name
         self.url = url
         self.normal = normal  # SQLite official savers at synchronous=NORMAL
-        # MEMORY: this repetition's tuples, which every FreeSaver of it shares (a new
+        # ALONE: this repetition's tuples, which every FreeSaver of it shares (a new
         # instance reads what an earlier one kept, as a new saver reads a database)
-        self.memory: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def _in_memory(self) -> FreeSaver:
-        return FreeSaver(self.memory)
+        self.kept: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def label(self) -> str:
@@ -168,8 +165,8 @@ class Contestant:
         if self.name == OURS:
             with SqlCheckpointSaver.from_conn_string(self.url) as saver:
                 yield saver
-        elif self.name == MEMORY:
-            yield self._in_memory()
+        elif self.name == ALONE:
+            yield FreeSaver(self.kept)
         elif backend == "sqlite":
             from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -201,8 +198,8 @@ class Contestant:
         if self.name == OURS:
             async with SqlCheckpointSaver.from_conn_string(self.url) as saver:
                 yield saver
-        elif self.name == MEMORY:
-            yield self._in_memory()
+        elif self.name == ALONE:
+            yield FreeSaver(self.kept)
         elif backend == "sqlite":
             import aiosqlite
             from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -414,8 +411,8 @@ def measure(
             theirs.append(Contestant(name, url))
             if backend == "sqlite":
                 theirs.append(Contestant(name, url, normal=True))
-        if ceiling and installed("langgraph.checkpoint.memory"):
-            theirs.append(Contestant(MEMORY, url))
+        if ceiling:
+            theirs.append(Contestant(ALONE, url))
         ours = Contestant(OURS, url)
         for path, unit, run in workloads(scale):
             times: dict[str, list[float]] = {c.label: [] for c in [ours, *theirs]}
@@ -423,8 +420,8 @@ def measure(
             for repetition in range(repetitions):
                 order = [ours, *theirs] if repetition % 2 == 0 else [*theirs, ours]
                 for contestant in order:
-                    if contestant.name == MEMORY:
-                        contestant.memory = {}
+                    if contestant.name == ALONE:
+                        contestant.kept = {}
                     else:
                         contestant.url = fresh(url, repetition, contestant)
                     seconds, ran = run(contestant)
@@ -454,11 +451,11 @@ def print_row(row: dict[str, Any]) -> None:
             f"| {label}: {statistics.median(theirs) * 1000 / row['units']:8.3f} ms, ratio "
             f"{statistics.median(ratios):5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
         )
-    if MEMORY in times:
-        floor = times[MEMORY]
+    if ALONE in times:
+        floor = times[ALONE]
         ceilings = []
         for label, theirs in times.items():
-            if label in (OURS, MEMORY):
+            if label in (OURS, ALONE):
                 continue
             each = sorted(t / f for t, f in zip(theirs, floor, strict=True))
             ceilings.append(f"{label} {statistics.median(each):.2f} ({each[0]:.2f}-{each[-1]:.2f})")

@@ -153,18 +153,18 @@ async def drain_floor(connection: SqlConnection, shape: str, count: int, workers
     async def transaction(floor: Floor, body: Callable[[], Awaitable[Any]]) -> Any:
         """`body` between BEGIN and COMMIT, run again after a conflict that undid it (a
         deadlock between two workers' finishes on MariaDB), as our store runs its own."""
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             await floor.text(begin)
             try:
                 answer = await body()
                 await floor.text("COMMIT")
+                return answer
             except Exception as exc:
-                if attempt == MAX_ATTEMPTS or not connection.is_transient(exc):
+                if attempt >= MAX_ATTEMPTS or not connection.is_transient(exc):
                     raise
                 await floor.text("ROLLBACK")
-                continue
-            return answer
-        raise AssertionError("unreachable")
 
     async def claim(floor: Floor, name: str) -> list[Any]:
         params: dict[str, Any] = {

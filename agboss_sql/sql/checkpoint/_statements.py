@@ -480,28 +480,33 @@ _WRITE_ROW = (
     checkpoint_writes.c.value,
 )
 
+
+def _page_writes(param: str) -> str:
+    """The pending writes of a page's range of ids, which both keyed page texts end with;
+    `param` is the driver's placeholder for a name (`:{}` or `%({})s`)."""
+    thread, ns, lo, hi = (param.format(n) for n in ("w_thread_hash", "w_ns_hash", "w_lo", "w_hi"))
+    return (
+        f" UNION ALL SELECT {WRITE_ROW}, w.checkpoint_id, w.task_id, w.channel, w.task_path, "
+        "w.idx, w.value_type, w.value FROM agboss_checkpoint_writes AS w "
+        f"WHERE w.thread_hash = {thread} AND w.ns_hash = {ns} "
+        f"AND w.checkpoint_id >= {lo} AND w.checkpoint_id <= {hi}"
+    )
+
+
 _PAGE_VALUES_JSON = (
     f"SELECT {BLOB_ROW}, b.channel_hash, b.version, b.base_version, b.value_type, b.value, "
     "NULL, NULL FROM json_each(:keys) AS k CROSS JOIN agboss_checkpoint_blobs AS b "
     "WHERE b.thread_hash = :w_thread_hash AND b.ns_hash = :w_ns_hash "
-    "AND b.channel_hash = substr(k.value, 1, 64) AND b.version = substr(k.value, 65) "
-    f"UNION ALL SELECT {WRITE_ROW}, w.checkpoint_id, w.task_id, w.channel, w.task_path, w.idx, "
-    "w.value_type, w.value FROM agboss_checkpoint_writes AS w "
-    "WHERE w.thread_hash = :w_thread_hash AND w.ns_hash = :w_ns_hash "
-    "AND w.checkpoint_id >= :w_lo AND w.checkpoint_id <= :w_hi"
-)
+    "AND b.channel_hash = substr(k.value, 1, 64) AND b.version = substr(k.value, 65)"
+) + _page_writes(":{}")
 
 _PAGE_VALUES_ARRAYS = (
     f"SELECT {BLOB_ROW}, b.channel_hash, b.version, b.base_version, CAST(NULL AS text), "
     "CAST(NULL AS integer), b.value_type, b.value "
     "FROM unnest(CAST(%(channels)s AS text[]), CAST(%(versions)s AS text[])) AS k (c, v) "
     "JOIN agboss_checkpoint_blobs AS b ON b.thread_hash = %(w_thread_hash)s "
-    "AND b.ns_hash = %(w_ns_hash)s AND b.channel_hash = k.c AND b.version = k.v "
-    f"UNION ALL SELECT {WRITE_ROW}, w.checkpoint_id, w.task_id, w.channel, w.task_path, w.idx, "
-    "w.value_type, w.value FROM agboss_checkpoint_writes AS w "
-    "WHERE w.thread_hash = %(w_thread_hash)s AND w.ns_hash = %(w_ns_hash)s "
-    "AND w.checkpoint_id >= %(w_lo)s AND w.checkpoint_id <= %(w_hi)s"
-)
+    "AND b.ns_hash = %(w_ns_hash)s AND b.channel_hash = k.c AND b.version = k.v"
+) + _page_writes("%({})s")
 
 
 @dataclass(frozen=True, slots=True)
