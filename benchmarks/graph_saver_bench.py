@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import sqlalchemy as sa
+from graph_saver_floor import FLOOR_TABLE, DurableFloorSaver, FreeSaver
 from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from sqlalchemy.engine import URL, make_url
@@ -72,6 +72,10 @@ OURS = "SqlCheckpointSaver"
 # A saver that costs nothing (FreeSaver): the graph's own time. The official saver's time
 # over it is the most any saver could reach on a path.
 ALONE = "graph alone"
+# The least a saver that commits each call before it returns does (DurableFloorSaver), on
+# the sync write paths: the official saver's time over it is the most such a saver could
+# reach there.
+FLOOR = "durable floor"
 
 
 # --- the graphs ------------------------------------------------------------------------
@@ -167,6 +171,12 @@ class Contestant:
                 yield saver
         elif self.name == ALONE:
             yield FreeSaver(self.kept)
+        elif self.name == FLOOR:
+            floor = DurableFloorSaver(self.url, self.kept)
+            try:
+                yield floor
+            finally:
+                floor.close()
         elif backend == "sqlite":
             from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -337,6 +347,13 @@ def tasks_ainvoke(c: Contestant, tasks: int, each: int) -> tuple[float, int]:
 Workload = Callable[[Contestant], tuple[float, int]]
 
 
+def durable_path(path: str) -> bool:
+    """A sync write path, where the durable floor is measured: its calls are sync, and
+    its time is the writes' (a cold history's is the reads', which the floor answers from
+    memory as the graph alone does)."""
+    return path.startswith(("invoke,", "chat ")) and path.endswith("(sync)")
+
+
 def workloads(scale: float) -> list[tuple[str, str, Workload]]:
     """(path, unit, run) of every path measured."""
     threads = max(1, int(600 * scale))
@@ -358,7 +375,7 @@ def workloads(scale: float) -> list[tuple[str, str, Workload]]:
 
 # --- fresh databases ----------------------------------------------------------------------
 
-OFFICIAL_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints", "writes")
+OFFICIAL_TABLES = ("checkpoint_writes", "checkpoint_blobs", "checkpoints", "writes", FLOOR_TABLE)
 
 
 def fresh(url: URL, repetition: int, contestant: Contestant) -> URL:
@@ -413,16 +430,18 @@ def measure(
                 theirs.append(Contestant(name, url, normal=True))
         if ceiling:
             theirs.append(Contestant(ALONE, url))
+            theirs.append(Contestant(FLOOR, url))
         ours = Contestant(OURS, url)
         for path, unit, run in workloads(scale):
-            times: dict[str, list[float]] = {c.label: [] for c in [ours, *theirs]}
+            here = [c for c in theirs if c.name != FLOOR or durable_path(path)]
+            times: dict[str, list[float]] = {c.label: [] for c in [ours, *here]}
             units = 0
             for repetition in range(repetitions):
-                order = [ours, *theirs] if repetition % 2 == 0 else [*theirs, ours]
+                order = [ours, *here] if repetition % 2 == 0 else [*here, ours]
                 for contestant in order:
-                    if contestant.name == ALONE:
+                    if contestant.name in (ALONE, FLOOR):
                         contestant.kept = {}
-                    else:
+                    if contestant.name != ALONE:
                         contestant.url = fresh(url, repetition, contestant)
                     seconds, ran = run(contestant)
                     if units and ran != units:
@@ -451,16 +470,20 @@ def print_row(row: dict[str, Any]) -> None:
             f"| {label}: {statistics.median(theirs) * 1000 / row['units']:8.3f} ms, ratio "
             f"{statistics.median(ratios):5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
         )
-    if ALONE in times:
-        floor = times[ALONE]
+    for under, heading in (
+        (ALONE, "ceiling (theirs / graph alone)"),
+        (FLOOR, "durable ceiling (theirs / durable floor)"),
+    ):
+        if under not in times:
+            continue
         ceilings = []
         for label, theirs in times.items():
-            if label in (OURS, ALONE):
+            if label in (OURS, ALONE, FLOOR):
                 continue
-            each = sorted(t / f for t, f in zip(theirs, floor, strict=True))
+            each = sorted(t / f for t, f in zip(theirs, times[under], strict=True))
             ceilings.append(f"{label} {statistics.median(each):.2f} ({each[0]:.2f}-{each[-1]:.2f})")
         if ceilings:
-            cells.append("| ceiling (theirs / graph alone): " + ", ".join(ceilings))
+            cells.append(f"| {heading}: " + ", ".join(ceilings))
     print(" ".join(cells), flush=True)
 
 
@@ -518,93 +541,6 @@ def statements_per_invoke(url: URL) -> str:
 
 
 # --- costs: what one invoke's saver calls cost, apart from the graph -----------------------
-
-
-class FreeSaver(BaseCheckpointSaver[int]):
-    """A saver that costs nothing: it keeps the objects it is given, neither serialized nor
-    copied, in a dict shared by every instance made over it, and hands them back. Time with
-    it is the graph's own; no saver can go under it."""
-
-    def __init__(self, kept: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
-        super().__init__()
-        self.kept: dict[tuple[str, str], dict[str, Any]] = {} if kept is None else kept
-
-    @staticmethod
-    def _where(config: Any) -> tuple[tuple[str, str], str | None]:
-        c = config["configurable"]
-        return (c["thread_id"], c.get("checkpoint_ns", "")), c.get("checkpoint_id")
-
-    def get_tuple(self, config: Any) -> Any:
-        key, wanted = self._where(config)
-        tuples = self.kept.get(key)
-        if not tuples:
-            return None
-        if wanted is None:
-            return tuples[next(reversed(tuples))]
-        return tuples.get(wanted)
-
-    def list(
-        self, config: Any, *, filter: Any = None, before: Any = None, limit: int | None = None
-    ) -> Iterator[Any]:
-        from langgraph.checkpoint.base import CheckpointTuple
-
-        if config is None:
-            return
-        key, _ = self._where(config)
-        stop = before["configurable"]["checkpoint_id"] if before else None
-        passed = stop is None
-        given = 0
-        for checkpoint_id in reversed(list(self.kept.get(key, {}))):
-            if not passed:
-                passed = checkpoint_id == stop
-                continue
-            if limit is not None and given >= limit:
-                return
-            given += 1
-            found: CheckpointTuple = self.kept[key][checkpoint_id]
-            yield found
-
-    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        from langgraph.checkpoint.base import CheckpointTuple
-
-        key, parent = self._where(config)
-        saved: Any = {
-            "configurable": {
-                "thread_id": key[0],
-                "checkpoint_ns": key[1],
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
-        parent_config = (
-            {"configurable": {**saved["configurable"], "checkpoint_id": parent}} if parent else None
-        )
-        self.kept.setdefault(key, {})[checkpoint["id"]] = CheckpointTuple(
-            saved, checkpoint, metadata, parent_config, []
-        )
-        return saved
-
-    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
-        key, checkpoint_id = self._where(config)
-        found = self.kept.get(key, {}).get(checkpoint_id or "")
-        if found is not None:
-            found.pending_writes.extend((task_id, channel, value) for channel, value in writes)
-
-    async def aget_tuple(self, config: Any) -> Any:
-        return self.get_tuple(config)
-
-    async def alist(
-        self, config: Any, *, filter: Any = None, before: Any = None, limit: int | None = None
-    ) -> AsyncIterator[Any]:
-        for found in self.list(config, filter=filter, before=before, limit=limit):
-            yield found
-
-    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        return self.put(config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self, config: Any, writes: Any, task_id: str, task_path: str = ""
-    ) -> None:
-        self.put_writes(config, writes, task_id, task_path)
 
 
 def _wal_frames(database: str) -> int | None:
@@ -689,6 +625,7 @@ def costs(urls: list[URL], invokes: int) -> None:
         for name, module in official_names(url):
             if installed(module):
                 contestants.append(Contestant(name, url, normal=url.get_backend_name() == "sqlite"))
+        contestants.append(Contestant(FLOOR, url))
         for c in contestants:
             c.url = fresh(url, 0, c)
             print(f"# costs: {url.get_backend_name()} {call_costs(c, invokes)}", flush=True)

@@ -1,14 +1,17 @@
 """`benchmarks/graph_saver_bench.py` runs end to end on a SQLite file at a smoke size: every
 path measured for our saver and the official one at both durabilities, the statements of
 one invoke counted by kind of call, the costs per call of each saver apart from the graph, a
-ratio per contestant, and each path's ceiling (the official saver's time over the graph's own,
-with a saver that costs nothing)."""
+ratio per contestant, each path's ceiling (the official saver's time over the graph's own,
+with a saver that costs nothing), and on the sync write paths the durable ceiling (the
+official saver's time over the least a saver that commits each call does)."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "graph_saver_bench.py"
@@ -39,13 +42,24 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
     assert len(rows) == 9, done.stdout
+    durable = 0
     for row in rows:
         assert "| SqliteSaver:" in row and "| SqliteSaver (NORMAL):" in row, row
         # The graph alone (a saver that costs nothing), and the ceiling it gives each
         # official saver: their time over it.
-        assert "| graph alone:" in row and row.count("ratio") == 3, row
-        ceiling = row.split("| ceiling (theirs / graph alone): ")[1]
+        assert "| graph alone:" in row, row
+        ceiling = row.split("| ceiling (theirs / graph alone): ")[1].split(" | ")[0]
         assert ceiling.startswith("SqliteSaver ") and ", SqliteSaver (NORMAL) " in ceiling, row
+        if "(sync)" in row and ("invoke" in row or "chat" in row) and "history" not in row:
+            # The durable floor (one commit a write call, reads from memory) on the sync
+            # write paths, and the durable ceiling it gives each official saver.
+            durable += 1
+            assert "| durable floor:" in row and row.count("ratio") == 4, row
+            floor = row.split("| durable ceiling (theirs / durable floor): ")[1]
+            assert floor.startswith("SqliteSaver ") and ", SqliteSaver (NORMAL) " in floor, row
+        else:
+            assert "durable" not in row and row.count("ratio") == 3, row
+    assert durable == 2, done.stdout
     counted = next(line for line in done.stdout.splitlines() if line.startswith("# sqlite: "))
     # The input's checkpoint and one per node's step; a put_writes per task (__start__ and
     # the four nodes); the get_tuple that starts the run.
@@ -55,3 +69,52 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
     assert len(costs) == 3 and "storing nothing" in costs[0], done.stdout
     for line in costs[1:]:
         assert "put_writes" in line and "frames" in line, line
+
+
+def test_the_durable_floor_commits_every_write_call_before_it_returns(tmp_path: Path) -> None:
+    """The durable floor is a floor only if it does what a durable saver must: what each
+    `put` and `put_writes` of a sync invoke was given is in the database, serialized, when
+    the call returns (read on a connection of the test's own)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import graph_saver_bench as bench
+        from graph_saver_floor import FLOOR_TABLE, DurableFloorSaver
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from sqlalchemy.engine import make_url
+
+    database = tmp_path / "floor.sqlite"
+    floor = DurableFloorSaver(make_url(f"sqlite:///{database}"))
+    found: list[tuple[str, int, int]] = []  # (call, rows given, rows read back at its return)
+    put, put_writes = floor.put, floor.put_writes
+
+    def stored(checkpoint_id: str, task_id: str) -> int:
+        with sqlite3.connect(database) as reader:
+            row = reader.execute(
+                f"SELECT count(*) FROM {FLOOR_TABLE} WHERE checkpoint_id = ? AND task_id = ?",
+                (checkpoint_id, task_id),
+            ).fetchone()
+        return int(row[0])
+
+    def checked_put(config: Any, checkpoint: Any, *args: Any) -> Any:
+        answer = put(config, checkpoint, *args)
+        found.append(("put", 1, stored(checkpoint["id"], "")))
+        return answer
+
+    def checked_writes(config: Any, writes: Any, task_id: str, *args: Any) -> None:
+        put_writes(config, writes, task_id, *args)
+        checkpoint_id = config["configurable"]["checkpoint_id"]
+        found.append(("put_writes", len(writes), stored(checkpoint_id, task_id)))
+
+    floor.put, floor.put_writes = checked_put, checked_writes  # type: ignore[method-assign]
+    try:
+        graph = bench.small_graph().compile(checkpointer=floor)
+        graph.invoke(bench.small_input(), bench.config("t"))
+    finally:
+        floor.close()
+    assert sorted({call for call, _, _ in found}) == ["put", "put_writes"], found
+    assert sum(1 for call, _, _ in found if call == "put") == 6, found
+    assert all(given == read for _, given, read in found), found
+    with sqlite3.connect(database) as reader:
+        bodies = reader.execute(f"SELECT body FROM {FLOOR_TABLE} WHERE idx = -1").fetchall()
+    assert len(bodies) == 6 and all(body.startswith(b"msgpack\0") for (body,) in bodies)
