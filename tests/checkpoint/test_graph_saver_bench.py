@@ -66,7 +66,9 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
     assert "6 put: " in counted and "5 put_writes: " in counted, counted
     assert "1 get_tuple: " in counted and "per super-step" in counted, counted
     costs = [line for line in done.stdout.splitlines() if line.startswith("# costs: ")]
-    assert len(costs) == 3 and "storing nothing" in costs[0], done.stdout
+    # The graph alone's time, then ours, SqliteSaver's at NORMAL and the durable floor's calls.
+    assert len(costs) == 4 and "storing nothing" in costs[0], done.stdout
+    assert "durable floor: " in costs[3], costs
     for line in costs[1:]:
         assert "put_writes" in line and "frames" in line, line
 
@@ -118,3 +120,32 @@ def test_the_durable_floor_commits_every_write_call_before_it_returns(tmp_path: 
     with sqlite3.connect(database) as reader:
         bodies = reader.execute(f"SELECT body FROM {FLOOR_TABLE} WHERE idx = -1").fetchall()
     assert len(bodies) == 6 and all(body.startswith(b"msgpack\0") for (body,) in bodies)
+
+
+def test_the_history_read_floor_prints_the_budget_and_the_floor() -> None:
+    """`benchmarks/history_read_floor.py` times the graph alone, `SqliteSaver` and the read
+    floor on one history, and says whether the floor is within the budget 1.5x leaves."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "history_read_floor.py"),
+            "--invokes",
+            "2",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    for name in ("graph alone", "SqliteSaver", "read floor"):
+        line = next(line for line in lines if line.startswith(name))
+        # 2 invokes of the 4-node graph: the input's checkpoint and one a step, each.
+        assert "ms a checkpoint (12 checkpoints)" in line, line
+    verdict = lines[-1]
+    assert verdict.startswith("budget at 1.5x SqliteSaver: "), verdict
+    assert verdict.endswith(("the read floor is over it", "the read floor is within it")), verdict
