@@ -26,7 +26,11 @@ a saver that costs nothing (`FreeSaver` keeps the very objects it is given in a 
 hands them back, with no serializer and no database; a new instance over the same dict
 reads the cold history). The official saver's time over the graph alone is printed as the
 path's *ceiling*: the most any saver could reach there, since the graph's own work is left
-when the saver costs nothing (`--no-ceiling` leaves it out). Each repetition
+when the saver costs nothing. On the two sync write paths, *the durable floor* too
+(`DurableFloorSaver`, `graph_saver_floor.py`): one raw `INSERT` committed per write call,
+what it was given serialized as the official savers do, reads from memory. The official
+saver's time over it is the path's *durable ceiling*: the most a saver that commits each
+call before it returns could reach there (`--no-ceiling` leaves both out). Each repetition
 starts from empty tables (a new file on SQLite), and the contestants take turns in an order
 that alternates between repetitions. Ratio = their time / ours (above 1: ours is faster);
 the table gives the median over the repetitions and the range. `uptime`'s load is printed
@@ -653,8 +657,9 @@ def main() -> None:
     parser.add_argument(
         "--no-ceiling",
         action="store_true",
-        help="leave out the graph alone (a saver that costs nothing), whose time gives each "
-        "path's ceiling: the official saver's time over it, the most any saver could reach",
+        help="leave out the graph alone (a saver that costs nothing) and the durable floor (one "
+        "raw INSERT committed per write call), whose times give each path's ceiling and, on "
+        "the sync write paths, its durable ceiling: the official saver's time over theirs",
     )
     args = parser.parse_args()
     load = os.getloadavg()
