@@ -51,17 +51,21 @@ def main() -> None:
     parser.add_argument("--invokes", type=int, default=35, help="6 checkpoints each")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="read-floor-") as folder:
+        measure(str(Path(folder) / "history.sqlite"), args.invokes, args.rounds)
+
+
+def measure(database: str, invokes: int, rounds: int) -> None:
+    """Write the history to `database`, then time the three reads of it (the docstring)."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    folder = Path(tempfile.mkdtemp(prefix="read-floor-"))
-    database = str(folder / "history.sqlite")
     thread = str(uuid.uuid4())
     kept: dict[tuple[str, str], dict[str, object]] = {}
     with SqliteSaver.from_conn_string(database) as saver:
         saver.conn.execute("PRAGMA synchronous=NORMAL")
         graph = small_graph().compile(checkpointer=saver)
         alone = small_graph().compile(checkpointer=FreeSaver(kept))
-        for _ in range(args.invokes):
+        for _ in range(invokes):
             graph.invoke(small_input(), config(thread))
             alone.invoke(small_input(), config(thread))
 
@@ -102,7 +106,7 @@ def main() -> None:
         ("SqliteSaver", official),
         ("read floor", read_floor),
     ):
-        seconds, count = best(run, args.rounds)
+        seconds, count = best(run, rounds)
         figures[name] = seconds * 1000 / count
         print(f"{name:<12} {figures[name]:.4f} ms a checkpoint ({count} checkpoints)")
     budget = figures["SqliteSaver"] / 1.5 - figures["graph alone"]
