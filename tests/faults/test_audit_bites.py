@@ -21,6 +21,7 @@ from agboss_sql.lab.faults import (
     format_report,
     run_scenario,
 )
+from agboss_sql.lab.faults.audit import never_submitted
 
 BROKEN = "broken_pieces"
 
@@ -190,3 +191,25 @@ def test_no_hang_forgives_a_frozen_pod_only_while_frozen() -> None:
     frozen = AuditFacts(trees=[], children_per_tree=0, freezes=[("pod-1", 50, 10_000)])
     assert audit(StoreHistory(), [slow], frozen) == []
     assert [v.rule for v in audit(StoreHistory(), [slow], FACTS)] == ["no-hang"]
+
+
+def test_a_tree_is_excused_only_when_its_killed_pod_never_submitted_it() -> None:
+    """A tree whose pod was killed before its record committed was never promised; one with
+    a record, one an event names, or one of a pod that was not killed, still is."""
+    owners = {"tree-1-0": "pod-1", "tree-1-1": "pod-1", "tree-2-0": "pod-2"}
+    events = [{"kind": "tree-run", "pod": "pod-1", "tree": "tree-1-0"}]
+    assert never_submitted(owners, owners, {"pod-1"}, set(), events) == ["tree-1-1"]
+    assert never_submitted(owners, owners, {"pod-1"}, {"tree-1-1"}, events) == []
+    assert never_submitted(owners, owners, set(), set(), events) == []
+
+    excused = AuditFacts(trees=["tree-1-1"], children_per_tree=2, unsubmitted=["tree-1-1"])
+    assert audit(StoreHistory(), [], excused) == []
+    # The audit checks the excuse again on the final rows and events.
+    recorded = StoreHistory(records=[{"execution_id": "tree-1-1", "status": "running"}])
+    assert [v.rule for v in audit(recorded, [], excused)] == ["child-once"] * 2 + ["tree-ends"]
+    named = [{"kind": "tree-run", "pod": "pod-2", "tree": "tree-1-1"}]
+    assert {v.rule for v in audit(StoreHistory(), named, excused)} == {"child-once", "tree-ends"}
+    unexcused = AuditFacts(trees=["tree-1-1"], children_per_tree=2)
+    assert [v.rule for v in audit(StoreHistory(), [], unexcused)] == ["child-once"] * 2 + [
+        "tree-ends"
+    ]

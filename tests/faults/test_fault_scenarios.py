@@ -6,8 +6,39 @@ from __future__ import annotations
 import pytest
 from fault_support import fault_url
 
-from agboss_sql.lab.faults import SHORT_SET, fault_suite
+from agboss_sql.lab.faults import SHORT_SET, FaultSettings, fault_suite, format_report, run_scenario
+from agboss_sql.lab.faults.holds import AFTER_WORK, StoreHoldPoint
+from agboss_sql.lab.faults.run import ScenarioRun
+from agboss_sql.lab.faults.scenarios import FIRST_TREE, Hold, Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.database]
 
 TestSqlFaults = fault_suite(name="SQL", url=fault_url, scenarios=SHORT_SET, time_scale=10)
+
+
+def _kill_with_a_tree_unsubmitted(run: ScenarioRun) -> None:
+    run.held("unsubmitted", exclusive=False)
+    held = run.held("work", exclusive=False)
+    run.cluster.kill(run.cluster.pods[held["pod_index"]])
+    run.release_everywhere("work")
+
+
+def test_a_tree_its_killed_pod_never_submitted_is_not_expected() -> None:
+    """pod-1's second tree is held before its record is saved while its first is held
+    after its work, inside the transaction; pod-1 is then killed. The second tree was
+    never submitted (its submit never returned): the run neither waits for it nor expects
+    it, and every promise of the rest holds (the first tree taken over and ended)."""
+    scenario = Scenario(
+        name="kill-with-a-tree-unsubmitted",
+        doc="SIGKILL a pod after its first tree's work, its second tree's record unsaved",
+        act=_kill_with_a_tree_unsubmitted,
+        holds=(
+            Hold("work", AFTER_WORK, f"{FIRST_TREE}/s1/", pod=0),
+            Hold(
+                "unsubmitted", StoreHoldPoint("execution_record.save", "before"), "tree-1-1", pod=0
+            ),
+        ),
+    )
+    result = run_scenario(fault_url(), scenario, settings=FaultSettings(time_scale=10))
+    assert result.passed, format_report([result])
+    assert result.unsubmitted == ["tree-1-1"], result

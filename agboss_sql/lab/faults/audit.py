@@ -18,7 +18,9 @@ Rules (each violation names its rule):
 - `no-undo-on-handover`: no tree was compensated: the workload never fails, so an undo
   can only come from a hand-over mistaken for a failure.
 - `tree-ends`: every tree's record succeeded within the bound, and its outbound call is
-  completed.
+  completed. A tree whose pod the scenario killed before its submit returned (no record,
+  and no pod's event names it: `never_submitted`) was never promised, and is not
+  expected; `child-once` expects no children of it either.
 - `no-hang`: every pod operation ended, in a result or a typed error (an `AgbossError`:
   a raw driver error says nothing of what was applied), within its bound (time a pod was
   frozen or held by the harness not counted), and every pod stopped within the shutdown
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,42 @@ class AuditFacts:
     slow_stops: Sequence[str] = ()
     terminated: Sequence[str] = ()
     op_bound_ms: int = 15_000
+    unsubmitted: Sequence[str] = ()
+    """Trees whose pod was killed before their submit returned (`never_submitted`): not
+    expected to end, as long as the rows and the events still show nothing of them."""
+
+
+def never_submitted(
+    trees: Iterable[str],
+    owners: Mapping[str, str],
+    killed: Collection[str],
+    recorded: Collection[str],
+    events: Iterable[dict[str, Any]],
+) -> list[str]:
+    """The trees a killed pod never submitted: their pod (`owners`) was killed before their
+    record committed (not in `recorded`), and no pod's event names them. Nothing was
+    promised for such a tree: its submit never returned, and no other pod can know of it
+    (on SQLite, a pod held inside a write transaction keeps its other trees' records
+    waiting for the database's one writer)."""
+    named = {event.get("tree") for event in events}
+    return [
+        tree
+        for tree in trees
+        if owners.get(tree) in killed and tree not in recorded and tree not in named
+    ]
+
+
+def _expected_trees(
+    history: StoreHistory, events: list[dict[str, Any]], facts: AuditFacts
+) -> list[str]:
+    """`facts.trees` but those never submitted, checked again on the final rows and events
+    (a tree with a record, or named by an event, is expected whatever the harness said)."""
+    if not facts.unsubmitted:
+        return list(facts.trees)
+    recorded = {r["execution_id"] for r in history.records}
+    named = {event.get("tree") for event in events}
+    excused = {t for t in facts.unsubmitted if t not in recorded and t not in named}
+    return [tree for tree in facts.trees if tree not in excused]
 
 
 def audit(
@@ -154,7 +192,7 @@ def audit(
     found += _charged_once(history, events)
     found += _child_once(history, events, facts)
     found += _no_undo(history, events)
-    found += _tree_ends(history, facts)
+    found += _tree_ends(history, events, facts)
     found += _no_hang(events, facts)
     found += _graceful_stop(history, events, facts)
     found += _zombie_fenced(history, events, facts)
@@ -310,7 +348,11 @@ def _child_once(
 ) -> list[Violation]:
     found = []
     rows = {r["child_execution_id"]: r for r in history.children}
-    expected = {f"{tree}.c{i}" for tree in facts.trees for i in range(facts.children_per_tree)}
+    expected = {
+        f"{tree}.c{i}"
+        for tree in _expected_trees(history, events, facts)
+        for i in range(facts.children_per_tree)
+    }
     for child in sorted(expected - set(rows)):
         found.append(Violation("child-once", f"child {child} was never queued"))
     finishes: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -367,10 +409,12 @@ def _no_undo(history: StoreHistory, events: list[dict[str, Any]]) -> list[Violat
     return found
 
 
-def _tree_ends(history: StoreHistory, facts: AuditFacts) -> list[Violation]:
+def _tree_ends(
+    history: StoreHistory, events: list[dict[str, Any]], facts: AuditFacts
+) -> list[Violation]:
     found = []
     records = {r["execution_id"]: r for r in history.records}
-    for tree in facts.trees:
+    for tree in _expected_trees(history, events, facts):
         row = records.get(tree)
         if row is None or row["status"] != "succeeded":
             status = None if row is None else row["status"]

@@ -85,6 +85,8 @@ class Cluster:
     pods: list[Pod] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
+    killed: list[str] = field(default_factory=list)
+    """The pods SIGKILLed by `kill`, in order."""
     notes: list[str] = field(default_factory=list)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
@@ -242,6 +244,7 @@ class Cluster:
 
     def kill(self, pod: Pod) -> None:
         """SIGKILL the pod and reap it."""
+        self.killed.append(pod.instance_id)
         self.signal(pod, signal.SIGKILL)
         if pod.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):

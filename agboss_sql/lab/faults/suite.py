@@ -16,7 +16,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agboss_sql.lab.faults.audit import AuditFacts, Violation, audit, read_sql_history
+from agboss_sql.lab.faults.audit import (
+    AuditFacts,
+    Violation,
+    audit,
+    never_submitted,
+    read_sql_history,
+)
 from agboss_sql.lab.faults.harness import (
     Cluster,
     UrlForPod,
@@ -41,6 +47,9 @@ class ScenarioResult:
     run_dir: Path | None = None
     pids: list[int] = field(default_factory=list)
     """The pods' process ids (every one ended before the result was made)."""
+    unsubmitted: list[str] = field(default_factory=list)
+    """Trees whose pod the scenario killed before their submit returned: never promised,
+    so neither waited for nor expected (`never_submitted`)."""
 
     @property
     def passed(self) -> bool:
@@ -104,6 +113,24 @@ def _wait_for_trees(cluster: Cluster, url: str, trees: list[str], bound_s: float
     finally:
         engine.dispose()
     return missing
+
+
+def _recorded(url: str, trees: list[str]) -> set[str]:
+    """Those of `trees` that have an execution record."""
+    from agboss_sql.sql.migrate import sync_url
+    from agboss_sql.sql.schema import execution_records
+
+    engine = sa.create_engine(sync_url(url))
+    try:
+        with engine.connect() as connection:
+            found = connection.execute(
+                sa.select(execution_records.c.execution_id).where(
+                    execution_records.c.execution_id.in_(sorted(trees))
+                )
+            )
+            return {row[0] for row in found}
+    finally:
+        engine.dispose()
 
 
 def _configs(settings: FaultSettings, stores: str, scenario: Scenario) -> list[dict[str, Any]]:
@@ -178,6 +205,7 @@ def run_scenario(
     began = time.monotonic()
     violations: list[Violation] = []
     unfinished: set[str] = set()
+    unsubmitted: list[str] = []
     try:
         cluster.start()
         try:
@@ -186,7 +214,17 @@ def run_scenario(
             violations.append(Violation("no-hang", f"{scenario.name}: {error}"))
         for hold in scenario.holds:
             run.release_everywhere(hold.hold_id)
-        unfinished = _wait_for_trees(cluster, url, trees, settings.tree_bound_s)
+        # A tree whose pod the scenario killed before its record committed was never
+        # submitted: no pod can take it over, so it is not waited for (nor expected).
+        killed = set(cluster.killed)
+        if killed:
+            owners = {tree: c["instance_id"] for c in configs for tree in c["trees"]}
+            unsubmitted = never_submitted(
+                trees, owners, killed, _recorded(url, trees), cluster.snapshot()
+            )
+        unfinished = _wait_for_trees(
+            cluster, url, [t for t in trees if t not in unsubmitted], settings.tree_bound_s
+        )
         for pod in cluster.pods:
             if pod.alive and not cluster.stop(pod, settings.shutdown_s):
                 run.slow_stops.append(pod.instance_id)
@@ -205,6 +243,7 @@ def run_scenario(
         slow_stops=run.slow_stops,
         terminated=run.terminated,
         op_bound_ms=settings.op_bound_ms,
+        unsubmitted=unsubmitted,
     )
     violations += audit(history, events, facts)
     errors = [e for e in events if e.get("kind") == "op-error"]
@@ -215,6 +254,7 @@ def run_scenario(
         time_to_error_ms=[float(e["ms"]) for e in errors],
         untyped_errors=sorted({f"{e['op']}: {e['error']}" for e in errors if not e.get("typed")}),
         pids=[p.process.pid for p in cluster.pods if p.process is not None],
+        unsubmitted=unsubmitted,
     )
     if (violations or keep) and dump:
         target = Path(dump) / f"{scenario.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
