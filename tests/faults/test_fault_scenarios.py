@@ -27,7 +27,9 @@ def test_a_tree_its_killed_pod_never_submitted_is_not_expected() -> None:
     """pod-1's second tree is held before its record is saved while its first is held
     after its work, inside the transaction; pod-1 is then killed. The second tree was
     never submitted (its submit never returned): the run neither waits for it nor expects
-    it, and every promise of the rest holds (the first tree taken over and ended)."""
+    it, and every promise of the rest holds (the first tree taken over and ended). (A pod
+    stopped by SIGTERM is excused alike, but a stop releases its held calls, so the second
+    record is saved then: the rule itself is tested in test_audit_bites.py.)"""
     scenario = Scenario(
         name="kill-with-a-tree-unsubmitted",
         doc="SIGKILL a pod after its first tree's work, its second tree's record unsaved",
@@ -35,7 +37,10 @@ def test_a_tree_its_killed_pod_never_submitted_is_not_expected() -> None:
         holds=(
             Hold("work", AFTER_WORK, f"{FIRST_TREE}/s1/", pod=0),
             Hold(
-                "unsubmitted", StoreHoldPoint("execution_record.save", "before"), "tree-1-1", pod=0
+                "unsubmitted",
+                StoreHoldPoint("execution_record.save", "before"),
+                "tree-1-1",
+                pod=0,
             ),
         ),
     )

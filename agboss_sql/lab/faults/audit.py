@@ -18,9 +18,9 @@ Rules (each violation names its rule):
 - `no-undo-on-handover`: no tree was compensated: the workload never fails, so an undo
   can only come from a hand-over mistaken for a failure.
 - `tree-ends`: every tree's record succeeded within the bound, and its outbound call is
-  completed. A tree whose pod the scenario killed before its submit returned (no record,
-  and no pod's event names it: `never_submitted`) was never promised, and is not
-  expected; `child-once` expects no children of it either.
+  completed. A tree whose pod the scenario killed or stopped before its submit returned
+  (no record, and no pod's event names it: `never_submitted`) was never promised, and is
+  not expected; `child-once` expects no children of it either.
 - `no-hang`: every pod operation ended, in a result or a typed error (an `AgbossError`:
   a raw driver error says nothing of what was applied), within its bound (time a pod was
   frozen or held by the harness not counted), and every pod stopped within the shutdown
@@ -143,27 +143,28 @@ class AuditFacts:
     terminated: Sequence[str] = ()
     op_bound_ms: int = 15_000
     unsubmitted: Sequence[str] = ()
-    """Trees whose pod was killed before their submit returned (`never_submitted`): not
-    expected to end, as long as the rows and the events still show nothing of them."""
+    """Trees whose pod was killed or stopped before their submit returned
+    (`never_submitted`): not expected to end, as long as the rows and the events still
+    show nothing of them."""
 
 
 def never_submitted(
     trees: Iterable[str],
     owners: Mapping[str, str],
-    killed: Collection[str],
+    ended: Collection[str],
     recorded: Collection[str],
     events: Iterable[dict[str, Any]],
 ) -> list[str]:
-    """The trees a killed pod never submitted: their pod (`owners`) was killed before their
-    record committed (not in `recorded`), and no pod's event names them. Nothing was
-    promised for such a tree: its submit never returned, and no other pod can know of it
-    (on SQLite, a pod held inside a write transaction keeps its other trees' records
-    waiting for the database's one writer)."""
+    """The trees an ended pod never submitted: their pod (`owners`) was killed or stopped
+    (`ended`) before their record committed (not in `recorded`), and no pod's event names
+    them. Nothing was promised for such a tree: its submit never returned, and no other
+    pod can know of it (on SQLite, a pod held inside a store call keeps its other trees'
+    records waiting for the database's one writer)."""
     named = {event.get("tree") for event in events}
     return [
         tree
         for tree in trees
-        if owners.get(tree) in killed and tree not in recorded and tree not in named
+        if owners.get(tree) in ended and tree not in recorded and tree not in named
     ]
 
 

@@ -48,8 +48,8 @@ class ScenarioResult:
     pids: list[int] = field(default_factory=list)
     """The pods' process ids (every one ended before the result was made)."""
     unsubmitted: list[str] = field(default_factory=list)
-    """Trees whose pod the scenario killed before their submit returned: never promised,
-    so neither waited for nor expected (`never_submitted`)."""
+    """Trees whose pod the scenario killed or stopped before their submit returned: never
+    promised, so neither waited for nor expected (`never_submitted`)."""
 
     @property
     def passed(self) -> bool:
@@ -214,13 +214,13 @@ def run_scenario(
             violations.append(Violation("no-hang", f"{scenario.name}: {error}"))
         for hold in scenario.holds:
             run.release_everywhere(hold.hold_id)
-        # A tree whose pod the scenario killed before its record committed was never
-        # submitted: no pod can take it over, so it is not waited for (nor expected).
-        killed = set(cluster.killed)
-        if killed:
+        # A tree whose pod the scenario killed or stopped before its record committed was
+        # never submitted: no pod can take it over, so it is not waited for (nor expected).
+        ended = set(cluster.killed) | set(run.terminated)
+        if ended:
             owners = {tree: c["instance_id"] for c in configs for tree in c["trees"]}
             unsubmitted = never_submitted(
-                trees, owners, killed, _recorded(url, trees), cluster.snapshot()
+                trees, owners, ended, _recorded(url, trees), cluster.snapshot()
             )
         unfinished = _wait_for_trees(
             cluster, url, [t for t in trees if t not in unsubmitted], settings.tree_bound_s
