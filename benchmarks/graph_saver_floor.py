@@ -171,7 +171,9 @@ class DurableFloorSaver(FreeSaver):
             import psycopg
 
             plain = self.url.set(drivername="postgresql")
-            raw = psycopg.connect(plain.render_as_string(hide_password=False), autocommit=True)
+            raw = psycopg.connect(
+                plain.render_as_string(hide_password=False), autocommit=True, connect_timeout=10
+            )
             if create:
                 raw.execute(table)
         else:
@@ -185,6 +187,9 @@ class DurableFloorSaver(FreeSaver):
                 database=self.url.database,
                 autocommit=True,
                 binary_prefix=True,
+                connect_timeout=10,
+                read_timeout=60,
+                write_timeout=60,
             )
             if create:
                 with raw.cursor() as cursor:

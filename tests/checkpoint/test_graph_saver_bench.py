@@ -17,22 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "graph_saver_bench.py"
 
 
-def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
-    tmp_path: Path,
-) -> None:
+def _ran(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`script` run with `args` from the checkout, asserted to have exited 0."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--url",
-            f"sqlite:///{tmp_path / 'bench.sqlite'}",
-            "--scale",
-            "0.02",
-            "--repetitions",
-            "1",
-            "--costs",
-            "3",
-        ],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -40,6 +28,17 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
+    tmp_path: Path,
+) -> None:
+    done = _ran(
+        SCRIPT,
+        *("--url", f"sqlite:///{tmp_path / 'bench.sqlite'}", "--scale", "0.02"),
+        *("--repetitions", "1", "--costs", "3"),
+    )
     rows = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
     assert len(rows) == 9, done.stdout
     durable = 0
@@ -125,22 +124,7 @@ def test_the_durable_floor_commits_every_write_call_before_it_returns(tmp_path: 
 def test_the_history_read_floor_prints_the_budget_and_the_floor() -> None:
     """`benchmarks/history_read_floor.py` times the graph alone, `SqliteSaver` and the read
     floor on one history, and says whether the floor is within the budget 1.5x leaves."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "history_read_floor.py"),
-            "--invokes",
-            "2",
-            "--rounds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _ran(ROOT / "benchmarks" / "history_read_floor.py", "--invokes", "2", "--rounds", "1")
     lines = done.stdout.splitlines()
     for name in ("graph alone", "SqliteSaver", "read floor"):
         line = next(line for line in lines if line.startswith(name))
