@@ -113,7 +113,7 @@ async def test_what_a_fenced_write_and_its_refusal_send(
     sent: list[str] = []
     stop = sql.add_statement_listener(lambda text, _params: sent.append(text))
     try:
-        first = await _put(a.saver, _config(thread, lease), {"n": [1]})
+        first = await _put(a.saver, _config(thread, lease), {"n": {1}})  # a value row
         put = list(sent)
         sent.clear()
         await a.saver.aput_writes(_config(thread, lease, first), [("n", 2)], "task-1")

@@ -98,10 +98,10 @@ async def test_a_channel_value_is_stored_once_per_version_and_each_checkpoint_re
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     messages = [HumanMessage(content="hi", id="1"), AIMessage(content="hello", id="2")]
-    # Lists, not scalars: a small scalar is kept in the body, not in a value row.
-    first = await thread.put({"messages": messages, "topic": ["billing"], "counter": [1]})
-    second = await thread.put({"counter": [2]})
-    third = await thread.put({"counter": [3], "topic": ["refunds"]})
+    # Sets, not scalars or short lists of them, which are kept in the body, not in value rows.
+    first = await thread.put({"messages": messages, "topic": {"billing"}, "counter": {1}})
+    second = await thread.put({"counter": {2}})
+    third = await thread.put({"counter": {3}, "topic": {"refunds"}})
 
     # 3 channels at the first put, then only the changed ones: 3 + 1 + 2 rows.
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 6
@@ -114,8 +114,8 @@ async def test_a_channel_value_is_stored_once_per_version_and_each_checkpoint_re
         assert found is not None
         assert found.checkpoint["channel_values"] == {
             "messages": messages,
-            "topic": [topic],
-            "counter": [counter],
+            "topic": {topic},
+            "counter": {counter},
         }
     latest = await saver.aget_tuple(_config(thread.thread))
     assert latest is not None and latest.config["configurable"]["checkpoint_id"] == third
@@ -128,33 +128,70 @@ class Colour(enum.StrEnum):
     RED = "red"
 
 
-async def test_small_scalars_are_kept_in_the_body_and_read_by_every_path(
+async def _body_types(sql: SqlConnection, thread: str) -> dict[str, str]:
+    """The stored serde type of each checkpoint body of `thread`, by checkpoint id."""
+    rows = (
+        await sql.execute(
+            sa.select(checkpoints.c.checkpoint_id, checkpoints.c.checkpoint_type).where(
+                checkpoints.c.thread_hash == identity_hash(thread)
+            )
+        )
+    ).rows
+    return {str(row[0]): str(row[1]) for row in rows}
+
+
+async def test_small_scalars_and_short_lists_are_kept_in_the_body_and_read_by_every_path(
     sql: SqlConnection,
 ) -> None:
-    """None, bools, floats, 64-bit ints and texts of at most `INLINE_TEXT` characters are kept
-    in the body of every checkpoint that reads them (no value row, no look-up); anything else
-    (a subclass of those types too: an enum keeps its type) is a value row once per
-    version."""
+    """None, bools, floats, 64-bit ints, texts of at most `INLINE_TEXT` characters and lists
+    of at most `INLINE_ITEMS` such scalars (texts of at most `INLINE_ITEM_TEXT`) are kept in
+    the body of every checkpoint that reads them (no value row, no look-up), and a body that
+    keeps a list has its type marked; anything else (a subclass of those types too: an enum
+    keeps its type) is a value row once per version."""
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     long_text = "x" * (_writes.INLINE_TEXT + 1)
-    inline = {"n": 1, "s": "short", "f": 1.5, "yes": True, "none": None, "text": "é" * 1024}
-    rows = {"long": long_text, "dict": {"k": 1}, "list": [1], "colour": Colour.RED}
+    inline = {
+        "n": 1,
+        "s": "short",
+        "f": 1.5,
+        "yes": True,
+        "none": None,
+        "text": "é" * 1024,
+        "log": ["a", 2, 2.5, None, False, "é" * _writes.INLINE_ITEM_TEXT],
+        "full": list(range(_writes.INLINE_ITEMS)),
+        "empty": [],
+    }
+    rows = {
+        "long": long_text,
+        "dict": {"k": 1},
+        "set": {1},
+        "colour": Colour.RED,
+        "longer": list(range(_writes.INLINE_ITEMS + 1)),
+        "long item": ["x" * (_writes.INLINE_ITEM_TEXT + 1)],
+        "nested": [[1]],
+        "enum item": [Colour.RED],
+        "big int item": [2**63],
+    }
     first = await thread.put({**inline, **rows})
-    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 4
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 9
     sent, stop = _statements(sql)
     try:
-        second = await thread.put({"n": 2})  # scalars only: the checkpoint alone
+        second = await thread.put({"n": 2, "log": ["b"]})  # kept inline: the checkpoint alone
     finally:
         stop()
     assert len(sent) == 1, sent
-    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 4
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 9
+    assert set((await _body_types(sql, thread.thread)).values()) == {
+        _writes.BODY_HOLDS_LISTS + "msgpack"
+    }
 
-    later = {**inline, **rows, "n": 2}
+    later = {**inline, **rows, "n": 2, "log": ["b"]}
     for reader in (saver, SqlCheckpointSaver(sql)):
         found = await reader.aget_tuple(_config(thread.thread))
         assert found is not None and found.checkpoint["channel_values"] == later
         assert type(found.checkpoint["channel_values"]["colour"]) is Colour
+        assert type(found.checkpoint["channel_values"]["enum item"][0]) is Colour
         by_id = await reader.aget_tuple(_config(thread.thread, checkpoint_id=first))
         assert by_id is not None and by_id.checkpoint["channel_values"] == {**inline, **rows}
         listed = [t async for t in reader.alist(_config(thread.thread))]
@@ -164,24 +201,76 @@ async def test_small_scalars_are_kept_in_the_body_and_read_by_every_path(
     await saver.aprune([thread.thread])
     kept = await saver.aget_tuple(_config(thread.thread))
     assert kept is not None and kept.checkpoint["channel_values"] == later
+    copy = _thread()
+    await saver.acopy_thread(thread.thread, copy)
+    copied = await SqlCheckpointSaver(sql).aget_tuple(_config(copy))
+    assert copied is not None and copied.checkpoint["channel_values"] == later
+
+
+async def test_a_body_that_keeps_no_list_keeps_the_serde_type_unmarked(
+    sql: SqlConnection,
+) -> None:
+    """Only a body that keeps a versioned list inline is marked: one of scalars alone, or
+    whose lists are value rows, is stored with the serde's own type, as releases before
+    lists were kept inline wrote and read it."""
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    scalars = await thread.put({"n": 1, "s": "x"})
+    rows = await thread.put({"long": list(range(_writes.INLINE_ITEMS + 1))})
+    listed = await thread.put({"log": ["a"]})
+    emptied = await thread.put({"log": {"a"}})
+    assert await _body_types(sql, thread.thread) == {
+        scalars: "msgpack",
+        rows: "msgpack",
+        listed: _writes.BODY_HOLDS_LISTS + "msgpack",
+        emptied: "msgpack",
+    }
+
+
+async def test_a_saver_that_does_not_know_lists_kept_inline_refuses_their_bodies(
+    sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release before short lists were kept inline decoded a body with the serde's
+    `loads_typed` on the stored type: the marked type makes it raise, rather than answer the
+    checkpoint without its lists (and then write a later one naming a value row that nobody
+    wrote). Checkpoints of the thread without a kept list still read."""
+    saver = SqlCheckpointSaver(sql)
+    thread = Thread(saver, _thread())
+    plain = await thread.put({"n": 1})
+    await thread.put({"log": ["a"]})
+
+    def older_loads(self: Any, kind: Any, data: Any) -> Any:
+        return self.serde.loads_typed((_core._text(kind), data))
+
+    monkeypatch.setattr(_core.SaverCore, "_loads", older_loads)
+    older = SqlCheckpointSaver(sql)
+    with pytest.raises(NotImplementedError, match="agboss-lists:msgpack"):
+        await older.aget_tuple(_config(thread.thread))
+    with pytest.raises(NotImplementedError, match="agboss-lists:msgpack"):
+        [t async for t in older.alist(_config(thread.thread))]
+    found = await older.aget_tuple(_config(thread.thread, checkpoint_id=plain))
+    assert found is not None and found.checkpoint["channel_values"] == {"n": 1}
 
 
 async def test_rows_of_either_format_are_read_by_either_saver(
     sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Checkpoints written before small scalars were inlined (every versioned value a row) are
+    """Checkpoints written before small values were inlined (every versioned value a row) are
     read as before, mixed with newer ones in one thread; and a saver that reads the older way
     (a look-up for every version, over the body's values) reads the newer rows."""
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     with monkeypatch.context() as older:
         older.setattr(_writes, "_inlined", lambda value: False)
-        old = await thread.put({"n": 1, "s": "kept", "list": [1]})
-    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 3
-    new = await thread.put({"n": 2, "list": [2]})  # "s" unchanged: inlined now
+        old = await thread.put({"n": 1, "s": "kept", "list": [1], "set": {1}})
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 4
+    new = await thread.put({"n": 2, "set": {2}})  # "s", "list" unchanged: inlined now
+    assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 5
 
-    expected = {old: {"n": 1, "s": "kept", "list": [1]}, new: {"n": 2, "s": "kept", "list": [2]}}
+    expected = {
+        old: {"n": 1, "s": "kept", "list": [1], "set": {1}},
+        new: {"n": 2, "s": "kept", "list": [1], "set": {2}},
+    }
     for reader in (saver, SqlCheckpointSaver(sql)):
         for checkpoint_id, values in expected.items():
             found = await reader.aget_tuple(_config(thread.thread, checkpoint_id=checkpoint_id))
@@ -296,7 +385,7 @@ async def test_statements_per_operation(sql: SqlConnection) -> None:
     await thread.put({"a": 1})
     sent, stop = _statements(sql)
     try:
-        checkpoint_id = await thread.put({"a": [2], "b": ["x"]})
+        checkpoint_id = await thread.put({"a": {2}, "b": {"x"}})
         put_with_values = list(sent)
         sent.clear()
         await thread.put({})
@@ -345,28 +434,28 @@ async def test_a_stale_guess_of_the_values_read_never_answers_wrong_values(
     was guessed."""
     ours, other = SqlCheckpointSaver(sql), SqlCheckpointSaver(sql)
     thread = Thread(ours, _thread())
-    await thread.put({"a": ["first"], "b": ["kept"], "c": ["gone later"]})
+    await thread.put({"a": {"first"}, "b": {"kept"}, "c": {"gone later"}})
     assert (await ours.aget_tuple(_config(thread.thread))) is not None
     # Another saver forks from the first checkpoint: a new "a", no "c", a new "d".
     fork = Thread(other, thread.thread)
     fork.last, fork.versions = thread.last, {"b": thread.versions["b"]}
-    fork.values = {"b": ["kept"]}
-    await fork.put({"a": ["second"], "d": ["new"]})
+    fork.values = {"b": {"kept"}}
+    await fork.put({"a": {"second"}, "d": {"new"}})
     sent, stop = _statements(sql)
     try:
         found = await ours.aget_tuple(_config(thread.thread))
     finally:
         stop()
     assert found is not None and found.config["configurable"]["checkpoint_id"] == fork.last
-    assert found.checkpoint["channel_values"] == {"a": ["second"], "b": ["kept"], "d": ["new"]}
+    assert found.checkpoint["channel_values"] == {"a": {"second"}, "b": {"kept"}, "d": {"new"}}
     assert len(sent) == 2, sent  # the guess missed "a" and "d": read after
     # By id, an older checkpoint, with the latest's values guessed.
     first = await ours.aget_tuple(_config(thread.thread, checkpoint_id=thread.last))
     assert first is not None
     assert first.checkpoint["channel_values"] == {
-        "a": ["first"],
-        "b": ["kept"],
-        "c": ["gone later"],
+        "a": {"first"},
+        "b": {"kept"},
+        "c": {"gone later"},
     }
     # A guessed value whose row is gone (the thread deleted and written again) is not used.
     await other.adelete_thread(thread.thread)
@@ -386,7 +475,7 @@ async def test_the_remembered_values_are_bounded(
     saver = SqlCheckpointSaver(sql, value_cache_bytes=0)
     threads = [Thread(saver, _thread()) for _ in range(5)]
     for thread in threads:
-        await thread.put({"a": [thread.thread]})
+        await thread.put({"a": {thread.thread}})
     assert len(saver._expected) == 3
     # The oldest were forgotten: their reads take the second statement, and still answer.
     sent, stop = _statements(sql)
@@ -394,7 +483,7 @@ async def test_the_remembered_values_are_bounded(
         found = await saver.aget_tuple(_config(threads[0].thread))
     finally:
         stop()
-    assert found is not None and found.checkpoint["channel_values"] == {"a": [threads[0].thread]}
+    assert found is not None and found.checkpoint["channel_values"] == {"a": {threads[0].thread}}
     assert len(sent) == 2, sent
 
 
@@ -407,7 +496,7 @@ async def test_a_read_takes_the_values_its_saver_wrote_or_read_without_fetching_
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     conversation = [HumanMessage(content="hi " * 400, id="1"), AIMessage(content="yo", id="2")]
-    await thread.put({"messages": conversation, "topic": ["billing"]})
+    await thread.put({"messages": conversation, "topic": {"billing"}})
     sent, stop = _statements(sql)
     try:
         found = await saver.aget_tuple(_config(thread.thread))
@@ -424,7 +513,7 @@ async def test_a_read_takes_the_values_its_saver_wrote_or_read_without_fetching_
         reader_again = list(sent)
     finally:
         stop()
-    expected = {"messages": conversation, "topic": ["billing"]}
+    expected = {"messages": conversation, "topic": {"billing"}}
     for answer in (found, cold, again):
         assert answer is not None and answer.checkpoint["channel_values"] == expected
     blobs = checkpoint_blobs.name
@@ -447,7 +536,7 @@ async def test_kept_values_are_only_those_no_other_value_can_take_the_key_of(
 
         async def put(
             saver: SqlCheckpointSaver,
-            value: list[str],
+            value: set[str],
             made_up: bool = made_up,
             thread: str = thread,
         ) -> None:
@@ -457,13 +546,13 @@ async def test_kept_values_are_only_those_no_other_value_can_take_the_key_of(
             checkpoint["channel_versions"] = {"a": version}
             await saver.aput(_config(thread), checkpoint, {"source": "loop"}, {"a": version})
 
-        await put(ours, ["old"])
+        await put(ours, {"old"})
         first = await ours.aget_tuple(_config(thread))
-        assert first is not None and first.checkpoint["channel_values"] == {"a": ["old"]}
+        assert first is not None and first.checkpoint["channel_values"] == {"a": {"old"}}
         await other.adelete_thread(thread)
-        await put(other, ["new"])
+        await put(other, {"new"})
         found = await ours.aget_tuple(_config(thread))
-        assert found is not None and found.checkpoint["channel_values"] == {"a": ["new"]}
+        assert found is not None and found.checkpoint["channel_values"] == {"a": {"new"}}
         # Made up: nothing kept. Else: what it wrote (now unreachable) and what it read.
         assert len(ours._values) == (0 if made_up else 2)
 
@@ -523,14 +612,14 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
     for step in range(300):
         checkpoint_id = await busy.put(
             # Lists: value rows (a small scalar would be kept in the body).
-            {"step": [step], "text": [f"t{step}"]}
+            {"step": {step}, "text": {f"t{step}"}}
             if step % 3
-            else {"step": [step], "note": [f"n{step}"]}
+            else {"step": {step}, "note": {f"n{step}"}}
         )
         config = _config(busy.thread, checkpoint_id=checkpoint_id)
         await saver.aput_writes(config, [("step", step), ("note", "w")], f"task-{step}")
     for _ in range(20):
-        await Thread(saver, _thread()).put({"step": [0]})
+        await Thread(saver, _thread()).put({"step": {0}})
     if executed_plan_rows(sql):
         # Before statistics catch up with the thread's growth too: no step of the read
         # touches more than a few rows (a `max()` of the ids aggregated all 300).
@@ -925,13 +1014,13 @@ async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_value
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     kept_first = await thread.put(
-        {"a": ["a1"], "b": ["b1"]}, metadata={"run_id": "run-1", "step": 0}
+        {"a": {"a1"}, "b": {"b1"}}, metadata={"run_id": "run-1", "step": 0}
     )
-    gone = await thread.put({"a": ["a2"]}, metadata={"run_id": "run-2", "step": 1})
+    gone = await thread.put({"a": {"a2"}}, metadata={"run_id": "run-2", "step": 1})
     await saver.aput_writes(_config(thread.thread, checkpoint_id=gone), [("a", "w")], "task")
-    kept_last = await thread.put({"b": ["b3"]}, metadata={"run_id": "run-3", "step": 2})
+    kept_last = await thread.put({"b": {"b3"}}, metadata={"run_id": "run-3", "step": 2})
     other = Thread(saver, _thread())
-    await other.put({"a": ["x"]}, metadata={"run_id": "run-2", "step": 0})
+    await other.put({"a": {"x"}}, metadata={"run_id": "run-2", "step": 0})
 
     await saver.adelete_for_runs(["run-2", "run-unknown"])
 
@@ -943,17 +1032,17 @@ async def test_delete_for_runs_removes_their_checkpoints_writes_and_unread_value
     assert await _count(sql, checkpoint_writes) == 0
     # a2 was read by run-2's checkpoint and by run-3's (it did not change a): kept.
     last = await saver.aget_tuple(_config(thread.thread))
-    assert last is not None and last.checkpoint["channel_values"] == {"a": ["a2"], "b": ["b3"]}
+    assert last is not None and last.checkpoint["channel_values"] == {"a": {"a2"}, "b": {"b3"}}
     first = await saver.aget_tuple(_config(thread.thread, checkpoint_id=kept_first))
-    assert first is not None and first.checkpoint["channel_values"] == {"a": ["a1"], "b": ["b1"]}
+    assert first is not None and first.checkpoint["channel_values"] == {"a": {"a1"}, "b": {"b1"}}
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(thread.thread)) == 4
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(other.thread)) == 0
 
     # A value only the deleted run read is deleted with it.
     lone = Thread(saver, _thread())
-    await lone.put({"a": ["a1"]}, metadata={"run_id": "run-4"})
-    await lone.put({"a": ["a2"]}, metadata={"run_id": "run-5"})
-    await saver.adelete_for_runs(["run-5"])
+    await lone.put({"a": {"a1"}}, metadata={"run_id": "run-4"})
+    await lone.put({"a": {"a2"}}, metadata={"run_id": "run-5"})
+    await saver.adelete_for_runs({"run-5"})
     assert await _count(sql, checkpoint_blobs, thread_hash=identity_hash(lone.thread)) == 1
 
 
@@ -965,8 +1054,8 @@ async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
     root = Thread(saver, thread_id)
     child = Thread(saver, thread_id, "child:1")
     for i in range(4):
-        await root.put({"n": [i]} if i else {"n": [i], "fixed": ["kept since step 0"]})
-        await child.put({"m": [i]})
+        await root.put({"n": {i}} if i else {"n": [i], "fixed": {"kept since step 0"}})
+        await child.put({"m": {i}})
     await saver.aput_writes(_config(thread_id, checkpoint_id=root.last), [("n", "pending")], "task")
     untouched = Thread(saver, _thread())
     await untouched.put({"n": 1})
@@ -980,7 +1069,7 @@ async def test_prune_keeps_each_namespace_latest_with_its_values_and_writes(
     )
     latest = await saver.aget_tuple(_config(thread_id))
     assert latest is not None
-    assert latest.checkpoint["channel_values"] == {"n": [3], "fixed": ["kept since step 0"]}
+    assert latest.checkpoint["channel_values"] == {"n": {3}, "fixed": {"kept since step 0"}}
     assert latest.pending_writes == [("task", "n", "pending")]
     assert latest.parent_config is None
     # Only the values the kept checkpoints read remain: n, fixed (root) and m (child).
@@ -1009,8 +1098,8 @@ async def test_prune_refuses_a_thread_that_uses_a_delta_channel(sql: SqlConnecti
 async def test_copy_thread_copies_history_values_and_writes(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     source = Thread(saver, _thread())
-    await source.put({"a": [1], "b": [1, 2]})
-    last = await source.put({"a": [2]})
+    await source.put({"a": {1}, "b": {1, 2}})
+    last = await source.put({"a": {2}})
     await saver.aput_writes(_config(source.thread, checkpoint_id=last), [("a", 3)], "task")
     target = _thread()
 
@@ -1023,8 +1112,8 @@ async def test_copy_thread_copies_history_values_and_writes(sql: SqlConnection) 
         t.config["configurable"]["checkpoint_id"] for t in original
     ]
     assert [t.checkpoint["channel_values"] for t in copied] == [
-        {"a": [2], "b": [1, 2]},
-        {"a": [1], "b": [1, 2]},
+        {"a": {2}, "b": {1, 2}},
+        {"a": {1}, "b": {1, 2}},
     ]
     assert copied[0].pending_writes == [("task", "a", 3)]
     assert copied[0].parent_config is not None

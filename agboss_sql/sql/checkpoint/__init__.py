@@ -9,9 +9,14 @@ a checkpoint row holds the checkpoint without its channel values; each channel v
 stored once per channel version, written by the `put` that introduced the version and
 shared by every later checkpoint that still reads it. Small scalars (None, bools, floats,
 64-bit ints, texts of at most `INLINE_TEXT` characters) are the exception, as in
-LangGraph's own savers: they stay in the body of every checkpoint that reads them, so they
-cost no row and no look-up (a body's `channel_values` names them; rows written before
-they were inlined hold none there, and read the same way). Values, bodies and pending writes
+LangGraph's own savers, and so are short lists of them (at most `INLINE_ITEMS`, texts of at
+most `INLINE_ITEM_TEXT`: a `list[str]` channel under `operator.add`, say): they stay in the
+body of every checkpoint that reads them, so they cost no row and no look-up, and a put
+whose new versions are all such values is one statement with no transaction (a body's
+`channel_values` names them; rows written before they were inlined hold none there, and
+read the same way). A body that keeps a list is stored with its serde type prefixed
+(`BODY_HOLDS_LISTS`): a saver of a release before lists were kept inline refuses it with
+its serde's error rather than reading the thread without the list. Values, bodies and pending writes
 are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default);
 metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
 (checkpoint, task, index): a retried task does not duplicate it.

@@ -36,6 +36,7 @@ from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql._fence import fence_params, fenced
 from agboss_sql.sql.checkpoint._bridge import SyncBridge
 from agboss_sql.sql.checkpoint._decoded import DecodedLists
+from agboss_sql.sql.checkpoint._layout import BODY_HOLDS_LISTS
 from agboss_sql.sql.checkpoint._lease import CheckpointLease
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._sync import SyncDatabase
@@ -298,9 +299,13 @@ class SaverCore(BaseCheckpointSaver[str]):
         return kind, data
 
     def _loads(self, kind: Any, data: Any) -> Any:
+        """A checkpoint body as the serde wrote it (its type's `BODY_HOLDS_LISTS` left out)."""
         if isinstance(data, memoryview):
             data = bytes(data)
-        return self.serde.loads_typed((_text(kind), data))
+        kind = _text(kind)
+        if kind.startswith(BODY_HOLDS_LISTS):
+            kind = kind[len(BODY_HOLDS_LISTS) :]
+        return self.serde.loads_typed((kind, data))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """The next version of a channel: an increasing counter with a random fraction, so two

@@ -21,6 +21,15 @@ MAX_CHECKPOINT_ID = 64
 """Characters of a checkpoint id (the width of its columns)."""
 MAX_VERSION = 128
 """Characters of a channel version (the width of its column)."""
+MAX_BODY_TYPE = 64
+"""Characters of a checkpoint body's serde type (the width of its column)."""
+
+BODY_HOLDS_LISTS = "agboss-lists:"
+"""Prefix of the serde type of a checkpoint body that keeps lists inline (`_writes._inlined`),
+whose versions have no value row. A reader strips it (`_core.SaverCore._loads`); a saver of
+a release before lists were kept inline does not know the type and refuses the body with its
+serde's error, rather than resuming the thread without those lists or writing a later
+checkpoint that names a value row nobody wrote."""
 
 CHECKPOINT_KEY = ("thread_hash", "ns_hash", "checkpoint_id")
 BLOB_KEY = ("thread_hash", "ns_hash", "channel_hash", "version")

@@ -37,6 +37,8 @@ from agboss_sql.sql.checkpoint._core import (
 )
 from agboss_sql.sql.checkpoint._layout import (
     BLOB_VALUES,
+    BODY_HOLDS_LISTS,
+    MAX_BODY_TYPE,
     MAX_CHECKPOINT_ID,
     MAX_ROWS,
     MAX_VERSION,
@@ -50,20 +52,39 @@ from agboss_sql.sql.connection import Exec
 INLINE_TEXT = 1024
 """Characters of the longest text value kept in the checkpoint body rather than a blob row."""
 
+INLINE_ITEMS = 16
+"""Elements of the longest list kept in the checkpoint body (`_inlined`)."""
+
+INLINE_ITEM_TEXT = 64
+"""Characters of the longest text element of a list kept in the checkpoint body."""
+
 _INT64 = (-(2**63), 2**63)
 
 
-def _inlined(value: Any) -> bool:
-    """Whether a channel value is a small scalar kept in the checkpoint body (as LangGraph's
-    own savers keep them): None, a bool, a float, a 64-bit int, or a text of at most
-    `INLINE_TEXT` characters; exact types only, so a subclass (an enum, say) keeps the type
-    its serde records in a blob."""
+def _scalar(value: Any, text: int) -> bool:
     kind = type(value)
     if value is None or kind is bool or kind is float:
         return True
     if kind is int:
         return bool(_INT64[0] <= value < _INT64[1])
-    return kind is str and len(value) <= INLINE_TEXT
+    return kind is str and len(value) <= text
+
+
+def _inlined(value: Any) -> bool:
+    """Whether a channel value is kept in the checkpoint body rather than a value row: a
+    small scalar (None, a bool, a float, a 64-bit int, a text of at most `INLINE_TEXT`
+    characters, as LangGraph's own savers keep them) or a short list of such scalars (at
+    most `INLINE_ITEMS`, texts of at most `INLINE_ITEM_TEXT` characters); exact types only,
+    so a subclass (an enum, say) keeps the type its serde records in a blob.
+
+    A checkpoint that reads a version kept inline holds it in its body, and that version
+    has no row: every put decides again from the value alone, so a later checkpoint that
+    still reads the version keeps it in its body too. These bounds are part of what is
+    stored: raising them is safe, lowering them is not (a put would then look for a row
+    that was never written)."""
+    if type(value) is list:
+        return len(value) <= INLINE_ITEMS and all(_scalar(item, INLINE_ITEM_TEXT) for item in value)
+    return _scalar(value, INLINE_TEXT)
 
 
 # Values that are not JSON (a UUID run id, say) are kept as their text, as the serializable
@@ -128,6 +149,8 @@ class _NewValues(NamedTuple):
     """Those values as the serde wrote them, to keep (`_values`)."""
     bases: dict[str, str]
     """The base version each append names, by channel hash."""
+    lists: bool
+    """Whether the body keeps a versioned list inline (`BODY_HOLDS_LISTS`)."""
 
 
 def _blob_params(chunk: Sequence[BlobRow], params: dict[str, Any]) -> None:
@@ -183,7 +206,7 @@ class SaverWrites(SaverCore):
         keys = self._put_keys(config, checkpoint)
         lease = lease_of(config) if self.fenced else None
         new = self._new_values(keys, checkpoint, new_versions, appends)
-        row = self._checkpoint_row(keys, config, metadata, new.body)
+        row = self._checkpoint_row(keys, config, metadata, new.body, new.lists)
         _checked_write_bytes(
             "a put",
             len(row["p_checkpoint"] or b"")
@@ -230,21 +253,26 @@ class SaverWrites(SaverCore):
         versions = checkpoint["channel_versions"]
         body = dict(checkpoint)
         # Values of versioned channels live in the blobs, once per version, but for small
-        # scalars (`_inlined`), which stay in the body of every checkpoint that reads them,
-        # as does a value whose channel has no version (not LangGraph's way).
+        # scalars and short lists of them (`_inlined`), which stay in the body of every
+        # checkpoint that reads them, as does a value whose channel has no version (not
+        # LangGraph's way).
         inline = {k: v for k, v in values.items() if k not in versions or _inlined(v)}
         body["channel_values"] = inline
+        lists = any(type(v) is list and k in versions for k, v in inline.items())
         rows: list[BlobRow] = []
         whole: list[tuple[ValueKey, Stored]] = []
         bases: dict[str, str] = {}
         for channel, version in new_versions.items():
+            # Checked whether or not the value is a row: the limit is the same for every
+            # version, wherever its value is kept.
+            checked = _checked_key("channel version", str(version), MAX_VERSION)
             if channel in values and channel not in inline:
                 kind, data = self._dumps(values[channel])
                 key: ValueKey = (
                     keys.thread_hash,
                     keys.ns_hash,
                     _written_channel_hash(channel),
-                    _checked_key("channel version", str(version), MAX_VERSION),
+                    checked,
                 )
                 whole.append((key, (kind, data)))
                 append = self._as_append(key, kind, data) if appends else None
@@ -253,7 +281,7 @@ class SaverWrites(SaverCore):
                 else:
                     rows.append((key[2], key[3], kind, append[0], append[1]))
                     bases[key[2]] = append[1]
-        return _NewValues(body, rows, whole, bases)
+        return _NewValues(body, rows, whole, bases, lists)
 
     def _checkpoint_row(
         self,
@@ -261,9 +289,19 @@ class SaverWrites(SaverCore):
         config: RunnableConfig,
         metadata: CheckpointMetadata,
         body: dict[str, Any],
+        lists: bool = False,
     ) -> dict[str, Any]:
-        """The checkpoint row, named as the statements bind it (`p_<column>`)."""
+        """The checkpoint row, named as the statements bind it (`p_<column>`); its type marked
+        when the body keeps lists inline (`BODY_HOLDS_LISTS`)."""
         body_kind, body_data = self._dumps(body)
+        if lists:
+            body_kind = BODY_HOLDS_LISTS + body_kind
+            if len(body_kind) > MAX_BODY_TYPE:
+                raise ValueError(
+                    f"the serde's type {body_kind[len(BODY_HOLDS_LISTS) :]!r} is too long: a "
+                    f"checkpoint body's type is at most {MAX_BODY_TYPE - len(BODY_HOLDS_LISTS)} "
+                    "characters"
+                )
         stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
         run_id = stored_metadata.get("run_id")
         return {
