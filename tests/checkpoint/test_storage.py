@@ -30,7 +30,13 @@ from agboss_sql.sql.checkpoint import (
     _reads,
     _writes,
 )
-from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, keyed_params
+from agboss_sql.sql.checkpoint._layout import (
+    BLOB_KEY,
+    BODY_HOLDS_LISTS,
+    CHECKPOINT_KEY,
+    MAX_BODY_TYPE,
+    keyed_params,
+)
 from agboss_sql.sql.connection import SqlConnection
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
@@ -326,6 +332,37 @@ async def test_values_bodies_and_writes_use_the_saver_serde(sql: SqlConnection) 
     ]:
         kinds |= {row[0] for row in (await sql.execute(sa.select(table.c[column]))).rows}
     assert kinds and all(kind.startswith("tagged-") for kind in kinds)
+
+
+async def test_a_serde_type_too_long_to_mark_refuses_a_body_that_keeps_a_list(
+    sql: SqlConnection,
+) -> None:
+    """A body that keeps a list is stored with its serde type marked: a serde whose type
+    leaves no room for the mark gets a `ValueError` before any statement, and nothing is
+    written; a body that keeps no list is stored with that type as it is."""
+    room = MAX_BODY_TYPE - len(BODY_HOLDS_LISTS)
+
+    class LongTypeSerde(JsonPlusSerializer):
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            kind, data = super().dumps_typed(obj)
+            return kind + "-" * (room + 1 - len(kind)), data
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return super().loads_typed((data[0].rstrip("-"), data[1]))
+
+    saver = SqlCheckpointSaver(sql, serde=LongTypeSerde())
+    thread = Thread(saver, _thread())
+    plain = await thread.put({"n": 1})
+    sent, stop = _statements(sql)
+    try:
+        with pytest.raises(ValueError, match="too long"):
+            await thread.put({"log": ["a"]})
+    finally:
+        stop()
+    assert sent == []
+    found = await saver.aget_tuple(_config(thread.thread))
+    assert found is not None and found.config["configurable"]["checkpoint_id"] == plain
+    assert found.checkpoint["channel_values"] == {"n": 1}
 
 
 async def test_pending_writes_are_not_duplicated_by_a_retry_and_come_back_in_task_order(
