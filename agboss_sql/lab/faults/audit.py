@@ -160,12 +160,15 @@ def never_submitted(
     them. Nothing was promised for such a tree: its submit never returned, and no other
     pod can know of it (on SQLite, a pod held inside a store call keeps its other trees'
     records waiting for the database's one writer)."""
+    return _unseen((tree for tree in trees if owners.get(tree) in ended), recorded, events)
+
+
+def _unseen(
+    trees: Iterable[str], recorded: Collection[str], events: Iterable[dict[str, Any]]
+) -> list[str]:
+    """Those of `trees` with no record that no event names."""
     named = {event.get("tree") for event in events}
-    return [
-        tree
-        for tree in trees
-        if owners.get(tree) in ended and tree not in recorded and tree not in named
-    ]
+    return [tree for tree in trees if tree not in recorded and tree not in named]
 
 
 def _expected_trees(
@@ -176,8 +179,7 @@ def _expected_trees(
     if not facts.unsubmitted:
         return list(facts.trees)
     recorded = {r["execution_id"] for r in history.records}
-    named = {event.get("tree") for event in events}
-    excused = {t for t in facts.unsubmitted if t not in recorded and t not in named}
+    excused = set(_unseen(facts.unsubmitted, recorded, events))
     return [tree for tree in facts.trees if tree not in excused]
 
 
@@ -191,9 +193,10 @@ def audit(
     found += _one_holder_reported(events)
     found += _result_and_row(history)
     found += _charged_once(history, events)
-    found += _child_once(history, events, facts)
+    expected = _expected_trees(history, events, facts)
+    found += _child_once(history, events, facts, expected)
     found += _no_undo(history, events)
-    found += _tree_ends(history, events, facts)
+    found += _tree_ends(history, facts, expected)
     found += _no_hang(events, facts)
     found += _graceful_stop(history, events, facts)
     found += _zombie_fenced(history, events, facts)
@@ -345,15 +348,14 @@ def _charged_once(history: StoreHistory, events: list[dict[str, Any]]) -> list[V
 
 
 def _child_once(
-    history: StoreHistory, events: list[dict[str, Any]], facts: AuditFacts
+    history: StoreHistory,
+    events: list[dict[str, Any]],
+    facts: AuditFacts,
+    trees: list[str],
 ) -> list[Violation]:
     found = []
     rows = {r["child_execution_id"]: r for r in history.children}
-    expected = {
-        f"{tree}.c{i}"
-        for tree in _expected_trees(history, events, facts)
-        for i in range(facts.children_per_tree)
-    }
+    expected = {f"{tree}.c{i}" for tree in trees for i in range(facts.children_per_tree)}
     for child in sorted(expected - set(rows)):
         found.append(Violation("child-once", f"child {child} was never queued"))
     finishes: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -410,12 +412,10 @@ def _no_undo(history: StoreHistory, events: list[dict[str, Any]]) -> list[Violat
     return found
 
 
-def _tree_ends(
-    history: StoreHistory, events: list[dict[str, Any]], facts: AuditFacts
-) -> list[Violation]:
+def _tree_ends(history: StoreHistory, facts: AuditFacts, expected: list[str]) -> list[Violation]:
     found = []
     records = {r["execution_id"]: r for r in history.records}
-    for tree in _expected_trees(history, events, facts):
+    for tree in expected:
         row = records.get(tree)
         if row is None or row["status"] != "succeeded":
             status = None if row is None else row["status"]

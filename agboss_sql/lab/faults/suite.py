@@ -85,7 +85,6 @@ def _wait_for_trees(cluster: Cluster, url: str, trees: list[str], bound_s: float
     the COMMIT that completed a tree never reports it, and the database is what the audit
     trusts."""
     from agboss_sql.sql.migrate import sync_url
-    from agboss_sql.sql.schema import execution_records
 
     deadline = time.monotonic() + bound_s
     missing = set(trees)
@@ -100,14 +99,7 @@ def _wait_for_trees(cluster: Cluster, url: str, trees: list[str], bound_s: float
                 "every tree to end",
             )
             if missing:
-                with engine.connect() as connection:
-                    ended = connection.execute(
-                        sa.select(execution_records.c.execution_id).where(
-                            execution_records.c.execution_id.in_(sorted(missing)),
-                            execution_records.c.status == "succeeded",
-                        )
-                    )
-                    missing -= {row[0] for row in ended}
+                missing -= _records_of(engine, missing, status="succeeded")
             if time.monotonic() >= deadline:
                 break
     finally:
@@ -115,20 +107,26 @@ def _wait_for_trees(cluster: Cluster, url: str, trees: list[str], bound_s: float
     return missing
 
 
+def _records_of(engine: sa.Engine, trees: Iterable[str], status: str | None = None) -> set[str]:
+    """Those of `trees` that have an execution record (in `status`, if given)."""
+    from agboss_sql.sql.schema import execution_records
+
+    query = sa.select(execution_records.c.execution_id).where(
+        execution_records.c.execution_id.in_(sorted(trees))
+    )
+    if status is not None:
+        query = query.where(execution_records.c.status == status)
+    with engine.connect() as connection:
+        return {row[0] for row in connection.execute(query)}
+
+
 def _recorded(url: str, trees: list[str]) -> set[str]:
     """Those of `trees` that have an execution record."""
     from agboss_sql.sql.migrate import sync_url
-    from agboss_sql.sql.schema import execution_records
 
     engine = sa.create_engine(sync_url(url))
     try:
-        with engine.connect() as connection:
-            found = connection.execute(
-                sa.select(execution_records.c.execution_id).where(
-                    execution_records.c.execution_id.in_(sorted(trees))
-                )
-            )
-            return {row[0] for row in found}
+        return _records_of(engine, trees)
     finally:
         engine.dispose()
 

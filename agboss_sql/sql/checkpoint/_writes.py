@@ -289,7 +289,7 @@ class SaverWrites(SaverCore):
         config: RunnableConfig,
         metadata: CheckpointMetadata,
         body: dict[str, Any],
-        lists: bool = False,
+        lists: bool,
     ) -> dict[str, Any]:
         """The checkpoint row, named as the statements bind it (`p_<column>`); its type marked
         when the body keeps lists inline (`BODY_HOLDS_LISTS`)."""
