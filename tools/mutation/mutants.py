@@ -204,6 +204,10 @@ NOT_MUTATED: dict[str, str] = {
     "agboss_sql.sql.checkpoint._sync": "the saver's synchronous database, unfenced",
     "agboss_sql.sql.checkpoint._sync_drivers": "the saver's synchronous drivers, unfenced",
     "agboss_sql.sql.checkpoint._values": "the saver's value rows, unfenced",
+    "agboss_sql.sql.checkpoint.importing": (
+        "threads brought over from another saver through the saver's public methods, "
+        "unfenced (tests/checkpoint/test_import.py)"
+    ),
 }
 """The modules under `STORE_PACKAGES` not mutated, each with why: none is a store's
 decision (its conditions are not what a store guarantees, or they are proven elsewhere)."""

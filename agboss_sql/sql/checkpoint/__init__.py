@@ -110,13 +110,30 @@ Modules: `saver` (the saver: its synchronous methods and lifecycle on the async 
 statements: the reads, listing and deletes, on `_write_statements`; the rows as they bind
 in `_layout`), `_appends` (values stored as appends), `_values` (kept values), `_decoded`
 (decoded lists), `_lease` (the writer's lease in a config), `_bridge` (a connection per
-event loop), `_sync` and `_sync_drivers` (the synchronous methods' connections).
+event loop), `_sync` and `_sync_drivers` (the synchronous methods' connections),
+`importing` (`import_threads`, `aimport_threads`: every thread of another LangGraph saver
+brought over, checked).
 """
 
 from __future__ import annotations
 
 from agboss_sql.sql.checkpoint._layout import LIST_PAGE, MAX_ROWS
 from agboss_sql.sql.checkpoint._lease import LEASE_KEY
+from agboss_sql.sql.checkpoint.importing import (
+    ImportMismatchError,
+    ImportReport,
+    aimport_threads,
+    import_threads,
+)
 from agboss_sql.sql.checkpoint.saver import SqlCheckpointSaver
 
-__all__ = ["LEASE_KEY", "LIST_PAGE", "MAX_ROWS", "SqlCheckpointSaver"]
+__all__ = [
+    "LEASE_KEY",
+    "LIST_PAGE",
+    "MAX_ROWS",
+    "ImportMismatchError",
+    "ImportReport",
+    "SqlCheckpointSaver",
+    "aimport_threads",
+    "import_threads",
+]
