@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import pytest
+import sqlalchemy as sa
 from checkpoint_graphs import approval_graph, request
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
@@ -200,3 +201,50 @@ async def test_a_target_that_loses_pending_writes_is_caught_by_the_check(
     with pytest.raises(ImportMismatchError, match=thread_id):
         import_threads(official, target, [thread_id])
     assert import_threads(official, target, [thread_id], verify=False).writes > 0
+
+
+async def test_threads_of_postgres_saver_come_over_and_resume_here(
+    sql: SqlConnection, sql_url: str
+) -> None:
+    """From the official saver a PostgreSQL team is most likely to leave, on a schema of its
+    own (dropped after)."""
+    url = sa.make_url(sql_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("PostgresSaver, the official saver imported from here, runs on PostgreSQL")
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    dsn = url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+    schema = f"official_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        with psycopg.connect(
+            dsn,
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-c search_path={schema}",
+        ) as conn:
+            source = PostgresSaver(conn)  # type: ignore[arg-type]
+            source.setup()
+            threads = _written_by(source)
+            target = SqlCheckpointSaver(sql)
+
+            report = import_threads(source, target)
+
+            assert report.threads == len(threads)
+            serde = target.serde
+            for kind, thread_id in threads.items():
+                assert _history(target, serde, thread_id) == _history(source, serde, thread_id), (
+                    kind
+                )
+        approval = approval_graph().compile(checkpointer=target)
+        done = approval.invoke(Command(resume="yes"), _config(threads["paused"]))
+        assert done["steps"] == ["draft", "approve", "send"]
+        nested = _nested_graph().compile(checkpointer=target)
+        assert nested.invoke(Command(resume="pro"), _config(threads["nested"]))["done"] is True
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -20,6 +20,10 @@ NAMING = {"dialect_name", "drivername", "NAME", "get_backend_name"}
 
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "checkpoint/test_import.py",
+        'if url.get_backend_name() != "postgresql":',
+    ): "the official PostgresSaver, imported from there, runs on PostgreSQL alone",
+    (
         "stores/test_mysql_failover.py",
         'if url.get_backend_name() not in ("mysql", "mariadb"):',
     ): "a URL's failover alternates are read by the MySQL/MariaDB dialect alone",
