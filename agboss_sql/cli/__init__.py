@@ -23,6 +23,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from agboss_sql.cli._checkpoints import _import, _import_arguments
 from agboss_sql.cli._common import (
     FAILED,
     INTERRUPTED,
@@ -145,6 +146,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "the child queue: depth by state, oldest waiting, claims per instance (read-only)",
         _queue_arguments,
         _queue,
+    ),
+    "import-threads": Subcommand(
+        "bring LangGraph threads over from the saver that wrote them (SqliteSaver, "
+        "PostgresSaver, PyMySQLSaver, or agboss-sql on another database) into the "
+        "checkpoint saver on --url, every checkpoint and pending write, checked",
+        _import_arguments,
+        _import,
     ),
     "bench": Subcommand(
         "benchmark the hot operations beside the raw driver on the same database (it is "

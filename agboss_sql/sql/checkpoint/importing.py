@@ -57,6 +57,8 @@ class ImportMismatchError(AgbossError):
     otherwise than the source: another checkpoint, other values, versions, metadata or
     pending writes (compared as the target's serializer writes them)."""
 
+    code = "agboss.checkpoint_import_mismatch"
+
 
 @dataclass(frozen=True)
 class _Put:
