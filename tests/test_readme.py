@@ -220,13 +220,15 @@ def test_the_server_cluster_runs_as_written(database_url: str, tmp_path: Path) -
 
 
 def test_the_test_command_is_what_ci_runs_over_every_env_tox_lists() -> None:
-    """README's test command is `tox`; `.ci/run` runs it with no env named (so tox's
+    """README's test command is `tox -p 2`; `.ci/run` runs it with no env named (so tox's
     env_list), and the README names every env of that list."""
     (command,) = [b.text.strip() for b in blocks(README) if b.mark == TEST_COMMAND_MARK]
-    assert command == "tox"
+    assert command == "tox -p 2"
     ci = (REPOSITORY / ".ci" / "run").read_text()
     assert re.search(r"^\s*tox \"\$@\"$", ci, re.M), "run_tox no longer runs tox"
-    assert re.search(r"^run_tox$", ci, re.M), ".ci/run no longer runs the default tox run"
+    assert re.search(r"^run_tox -p 2( --parallel-live)?$", ci, re.M), (
+        ".ci/run no longer runs the default tox run two envs at a time"
+    )
     tox = configparser.ConfigParser()
     tox.read(REPOSITORY / "tox.ini")
     envs = [e.strip() for e in tox["tox"]["env_list"].split(",")]

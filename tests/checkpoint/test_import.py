@@ -248,3 +248,14 @@ async def test_threads_of_postgres_saver_come_over_and_resume_here(
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+async def test_one_thread_id_given_as_a_string_is_refused_and_unknown_threads_are_not_counted(
+    sql: SqlConnection, official: SqliteSaver
+) -> None:
+    target = SqlCheckpointSaver(sql)
+    with pytest.raises(TypeError, match="an iterable of thread ids"):
+        import_threads(official, target, "support-1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="an iterable of thread ids"):
+        await aimport_threads(official, target, "support-1")  # type: ignore[arg-type]
+    assert import_threads(official, target, ["nobody"]) == ImportReport(0, 0, 0)

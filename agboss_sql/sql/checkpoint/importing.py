@@ -118,7 +118,16 @@ def _plan(thread_id: str, found: Sequence[CheckpointTuple]) -> list[_Put]:
 
 
 def _written(puts: Sequence[_Put]) -> ImportReport:
-    return ImportReport(1, len(puts), sum(len(writes) for p in puts for _, writes in p.writes))
+    """What the puts wrote; a thread the source has no checkpoint of is not counted."""
+    return ImportReport(
+        1 if puts else 0, len(puts), sum(len(writes) for p in puts for _, writes in p.writes)
+    )
+
+
+def _threads_given(thread_ids: Iterable[str]) -> list[str]:
+    if isinstance(thread_ids, str | bytes):
+        raise TypeError(f"thread_ids: an iterable of thread ids, not one ({thread_ids!r})")
+    return list(dict.fromkeys(thread_ids))
 
 
 def _target_config(thread_id: str, put: _Put) -> RunnableConfig:
@@ -213,11 +222,10 @@ def import_threads(
     With `verify`, each thread's newest checkpoint of each namespace is read back from
     `target` and compared with the source's: `ImportMismatchError` if they differ. Errors
     of either saver propagate as they are raised; the threads written before stay written.
-    One thread's checkpoints are held in memory at a time."""
+    One thread's checkpoints are held in memory at a time; a thread the source has none of
+    is not counted. `thread_ids` given as one string is a `TypeError`, before anything is read."""
     threads = (
-        list(dict.fromkeys(thread_ids))
-        if thread_ids is not None
-        else _threads_in(source.list(None))
+        _threads_given(thread_ids) if thread_ids is not None else _threads_in(source.list(None))
     )
     report = ImportReport()
     for thread_id in threads:
@@ -256,7 +264,7 @@ async def aimport_threads(
     """`import_threads` through the savers' async methods (`AsyncPostgresSaver`,
     `AsyncSqliteSaver`, the community `AIOMySQLSaver`, ...)."""
     threads = (
-        list(dict.fromkeys(thread_ids))
+        _threads_given(thread_ids)
         if thread_ids is not None
         else await _athreads_in(source.alist(None))
     )
