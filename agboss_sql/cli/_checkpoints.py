@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from agboss_sql._timeouts import Timeouts
 from agboss_sql.cli._common import (
     MISUSED,
     CommandFailed,
@@ -87,6 +88,9 @@ def _langgraph_saver(url: str) -> Iterator[Any]:
             f"installed): `pip install {package}`",
             MISUSED,
         ) from exc
+    from agboss_sql.sql.checkpoint._sync_drivers import driver_for
+
+    bounds = Timeouts()
     if backend == "sqlite":
         import sqlite3
         from pathlib import Path
@@ -94,19 +98,31 @@ def _langgraph_saver(url: str) -> Iterator[Any]:
         path = parsed.database or ""
         if not path or path == ":memory:" or not Path(path).is_file():
             raise CommandFailed(f"--from {shown(url)}: no SQLite file there")
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=bounds.lock_ms / 1000
+        )
         try:
             yield saver_class(conn)
         finally:
             conn.close()
         return
-    plain = parsed.set(drivername=backend).render_as_string(hide_password=False)
-    with contextlib.ExitStack() as stack:
-        try:
-            saver = stack.enter_context(saver_class.from_conn_string(plain))
-        except Exception as exc:
-            raise _unreadable(url, exc) from exc
-        yield saver
+    # The saver's own synchronous driver: the connection's, statements' and locks' waits
+    # bounded by `Timeouts` as the project's own connections are (LangGraph's
+    # `from_conn_string` bounds none of them).
+    driver = driver_for(parsed, bounds)
+    try:
+        raw = driver.connect()
+    except Exception as exc:
+        raise _unreadable(url, exc) from exc
+    try:
+        if backend == "postgresql":
+            from psycopg.rows import dict_row
+
+            raw.row_factory = dict_row  # as PostgresSaver.from_conn_string opens it
+            raw.prepare_threshold = 0
+        yield saver_class(raw)
+    finally:
+        driver.close(raw)
 
 
 @contextlib.contextmanager

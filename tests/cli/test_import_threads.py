@@ -4,6 +4,7 @@ not readable, refused before anything is written, naming it."""
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import sys
 from pathlib import Path
@@ -112,3 +113,23 @@ def test_a_source_url_of_another_database_kind_is_a_misuse(
     )
     assert status == 2
     assert "--from oracle://host/db: not a SQLite, PostgreSQL or MySQL URL" in err
+
+
+def test_a_server_source_that_never_answers_ends_within_the_connect_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listener that accepts the connection and says nothing: the source's connect is
+    bounded by `Timeouts.connect_ms` (LangGraph's own `from_conn_string` would wait on)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        status, out, err = _run(
+            capsys,
+            "--from", f"postgresql://nobody@127.0.0.1:{port}/db",
+            "--url", f"sqlite:///{tmp_path / 'target.sqlite'}",
+        )  # fmt: skip
+    assert (status, out) == (1, "")
+    assert f"cannot read the threads on --from postgresql://nobody@127.0.0.1:{port}/db" in err
+    assert "StoreTimeoutError" in err and "Timeouts.connect_ms" in err
+    assert not (tmp_path / "target.sqlite").exists()
