@@ -192,6 +192,10 @@ NOT_MUTATED: dict[str, str] = {
         "tests/checkpoint and LangGraph's own saver suite (tests/langgraph_suite)"
     ),
     "agboss_sql.sql.checkpoint._reads": "the saver's reads, unfenced (tests/checkpoint)",
+    "agboss_sql.sql.checkpoint._delta": (
+        "the saver's DeltaChannel history: unfenced reads, checked against the base class's "
+        "walk for every checkpoint of a forked thread (tests/checkpoint/test_delta.py)"
+    ),
     "agboss_sql.sql.checkpoint._statements": (
         "the saver's read, list, delete and copy statements, unfenced (the fenced writes are "
         "`_write_statements`)"

@@ -10,15 +10,15 @@ from typing import Any
 
 from agboss_sql.sql._base import identity_hash
 from agboss_sql.sql.checkpoint._core import Database, _key_text, _text
+from agboss_sql.sql.checkpoint._delta import SaverDeltaHistory
 from agboss_sql.sql.checkpoint._layout import BLOB_KEY, CHECKPOINT_KEY, chunks, keyed_params
-from agboss_sql.sql.checkpoint._reads import SaverReads
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._writes import SaverWrites
 from agboss_sql.sql.connection import Exec, Step
 from agboss_sql.sql.schema import checkpoint_blobs, checkpoint_writes, checkpoints
 
 
-class AsyncSaver(SaverWrites, SaverReads):
+class AsyncSaver(SaverWrites, SaverDeltaHistory):
     """Every async method of the saver (see `saver.SqlCheckpointSaver` for the promises)."""
 
     # --- deleting, copying, pruning ------------------------------------------------------

@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base import BaseCheckpointSaver, writes_sort_key
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agboss_sql.contracts.clocks import StoreClock
@@ -128,6 +128,14 @@ def _utf8_size(what: str, text: str) -> int:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidPayloadError(f"{what} holds a lone surrogate: no UTF-8 form") from None
+
+
+def _write_order(write: Sequence[Any]) -> tuple[str, str, int]:
+    """`writes_sort_key` of a pending write as read (task id, channel, task path, index, …)."""
+    task_id, _, task_path, idx = write[0], write[1], write[2], write[3]
+    if type(task_path) is str and type(task_id) is str and type(idx) is int:
+        return writes_sort_key(task_path, task_id, idx)
+    return writes_sort_key(_text(task_path), _text(task_id), int(idx))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -266,6 +274,9 @@ class SaverCore(BaseCheckpointSaver[str]):
         # Per channel, the list this saver decoded last, kept to decode the channel's next
         # value from (`_decoded`): a growing conversation decodes only what it added.
         self._decoded = DecodedLists(value_cache_bytes)
+        # What a `DeltaChannel` history walk needs of each checkpoint body it read (`_delta`),
+        # by checkpoint key, with the stored bytes it was decoded from.
+        self._delta_bodies: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
 
     def _statements(self, connection: Database) -> CheckpointStatements:
         return connection.prepared(

@@ -14,7 +14,6 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     PendingWrite,
     get_checkpoint_id,
-    writes_sort_key,
 )
 
 from agboss_sql.contracts.rules import checked_int
@@ -29,6 +28,7 @@ from agboss_sql.sql.checkpoint._core import (
     _key_hash,
     _text,
     _value_keys,
+    _write_order,
 )
 from agboss_sql.sql.checkpoint._layout import (
     BLOB_KEY,
@@ -84,14 +84,6 @@ def _json_value(value: Any) -> Any:
 
 Rows = dict[tuple[Any, Any, Any, Any], tuple[Any, Any, Any]]
 """Value rows as read, by key: (value type, value, base version)."""
-
-
-def _write_order(write: Sequence[Any]) -> tuple[str, str, int]:
-    """`writes_sort_key` of a pending write as read (task id, channel, task path, index, …)."""
-    task_id, _, task_path, idx = write[0], write[1], write[2], write[3]
-    if type(task_path) is str and type(task_id) is str and type(idx) is int:
-        return writes_sort_key(task_path, task_id, idx)
-    return writes_sort_key(_text(task_path), _text(task_id), int(idx))
 
 
 class SaverReads(SaverCore):
@@ -536,9 +528,30 @@ class SaverReads(SaverCore):
         more than `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
         ids = [row[3] for row in rows]
+        keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
+        rows_read, writes = yield from self._range_rows(
+            sql, thread_hash, ns_hash, keys, min(ids), max(ids)
+        )
+        blobs = yield from self._whole(sql, rows_read)
+        return len(rows), [
+            (row, body, blobs, writes.get(row[3], []), keys_of_row)
+            for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
+        ]
+
+    def _range_rows(
+        self,
+        sql: CheckpointStatements,
+        thread_hash: str,
+        ns_hash: str,
+        keys: Sequence[tuple[str, str]],
+        lo: Any,
+        hi: Any,
+    ) -> Step[tuple[Rows, dict[Any, list[Sequence[Any]]]]]:
+        """The value rows of one thread namespace under `keys` (channel hash, version), and
+        the pending writes of its checkpoints whose ids are in [`lo`, `hi`], by checkpoint
+        id, in one statement where the database takes every key at once (`_page_by_range`)."""
         rows_read: Rows = {}
         writes: dict[Any, list[Sequence[Any]]] = {}
-        keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
         # Every key in one statement: (text, its key params, where a value row's type is).
         at_once: tuple[str, dict[str, Any], int] | None = None
         if sql.keys_as_arrays:
@@ -551,9 +564,7 @@ class SaverReads(SaverCore):
                 at_once = (sql.page_values_json, {"keys": keys_json}, 4)
         if at_once is not None:
             statement, params, typed = at_once
-            params.update(
-                w_thread_hash=thread_hash, w_ns_hash=ns_hash, w_lo=min(ids), w_hi=max(ids)
-            )
+            params.update(w_thread_hash=thread_hash, w_ns_hash=ns_hash, w_lo=lo, w_hi=hi)
             for found in (yield Exec(statement, params)).rows:
                 if found[0] == BLOB_ROW:
                     # (channel hash, version, base, [-, -,] value type, value)
@@ -570,8 +581,8 @@ class SaverReads(SaverCore):
                     "w_thread_hash": thread_hash,
                     "w_ns_hash": ns_hash,
                     # The writes once, in the first statement: the others' range is empty.
-                    "w_lo": min(ids) if first else "~",
-                    "w_hi": max(ids) if first else "",
+                    "w_lo": lo if first else "~",
+                    "w_hi": hi if first else "",
                 }
                 first = False
                 for i in range(size):
@@ -584,8 +595,4 @@ class SaverReads(SaverCore):
                         rows_read[(thread_hash, ns_hash, key, version)] = (value_type, value, base)
                     else:
                         writes.setdefault(key, []).append(rest)
-        blobs = yield from self._whole(sql, rows_read)
-        return len(rows), [
-            (row, body, blobs, writes.get(row[3], []), keys_of_row)
-            for row, body, keys_of_row in zip(rows, bodies, value_keys, strict=True)
-        ]
+        return rows_read, writes

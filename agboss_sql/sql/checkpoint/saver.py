@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from sqlalchemy.engine import URL
@@ -180,6 +181,12 @@ class SqlCheckpointSaver(AsyncSaver):
         finally:
             with contextlib.suppress(StopAsyncIteration, RuntimeError):
                 run_sync(pages.aclose())
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """`aget_delta_channel_history`, from synchronous code."""
+        return run_sync(self._delta_history(self._native, config, channels))
 
     def delete_thread(self, thread_id: str) -> None:
         """`adelete_thread`, from synchronous code."""
