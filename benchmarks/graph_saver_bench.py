@@ -11,6 +11,10 @@ from outside the saver:
   each of 300 threads, sync (`invoke`) and async (`ainvoke`);
 - `chat 60 turns`: a chat graph (`messages` under `add_messages`, one reply node) on one
   thread, 60 turns, sync and async;
+- `delta chat 60 turns`: the same chat with `messages` a `DeltaChannel` (LangGraph's
+  `_messages_delta_reducer`, a snapshot every 100 updates): each checkpoint stores the turn's
+  messages as pending writes only, and each turn's load rebuilds the list from the nearest
+  snapshot and the writes since (`get_delta_channel_history`), sync and async;
 - `history cold`: a thread of about 210 checkpoints (the chat graph, and the small
   4-node graph) written by one saver, then read back whole by `get_state_history` /
   `aget_state_history` through a new saver instance on a new connection (what a new
@@ -64,8 +68,9 @@ from typing import Annotated, Any, TypedDict
 import sqlalchemy as sa
 from graph_saver_floor import FLOOR_TABLE, DurableFloorSaver, FreeSaver
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
+from langgraph.graph.message import _messages_delta_reducer, add_messages
 from sqlalchemy.engine import URL, make_url
 
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
@@ -114,8 +119,13 @@ class Chat(TypedDict):
     messages: Annotated[list[Any], add_messages]
 
 
-def chat_graph() -> StateGraph:
-    def reply(state: Chat) -> dict[str, Any]:
+class DeltaChat(TypedDict):
+    messages: Annotated[list[Any], DeltaChannel(_messages_delta_reducer)]
+
+
+def chat_graph(delta: bool = False) -> StateGraph:
+    # `Any`: LangGraph would take an annotated state as the node's input schema.
+    def reply(state: Any) -> dict[str, Any]:
         last = state["messages"][-1].content
         return {
             "messages": [
@@ -123,7 +133,7 @@ def chat_graph() -> StateGraph:
             ]
         }
 
-    builder = StateGraph(Chat)
+    builder = StateGraph(DeltaChat if delta else Chat)
     builder.add_node("reply", reply)
     builder.add_edge(START, "reply")
     builder.add_edge("reply", END)
@@ -275,9 +285,9 @@ def ainvoke_threads(c: Contestant, threads: int) -> tuple[float, int]:
     return asyncio.run(go()), threads
 
 
-def chat_turns(c: Contestant, turns: int) -> tuple[float, int]:
+def chat_turns(c: Contestant, turns: int, delta: bool = False) -> tuple[float, int]:
     with c.sync_saver() as saver:
-        graph = chat_graph().compile(checkpointer=saver)
+        graph = chat_graph(delta).compile(checkpointer=saver)
         cfg = config(str(uuid.uuid4()))
         started = time.perf_counter()
         for turn in range(turns):
@@ -285,10 +295,10 @@ def chat_turns(c: Contestant, turns: int) -> tuple[float, int]:
         return time.perf_counter() - started, turns
 
 
-def achat_turns(c: Contestant, turns: int) -> tuple[float, int]:
+def achat_turns(c: Contestant, turns: int, delta: bool = False) -> tuple[float, int]:
     async def go() -> float:
         async with c.async_saver() as saver:
-            graph = chat_graph().compile(checkpointer=saver)
+            graph = chat_graph(delta).compile(checkpointer=saver)
             cfg = config(str(uuid.uuid4()))
             started = time.perf_counter()
             for turn in range(turns):
@@ -369,6 +379,8 @@ def workloads(scale: float) -> list[tuple[str, str, Workload]]:
         (f"ainvoke, 4-node graph x {threads} threads", "invoke", lambda c: ainvoke_threads(c, threads)),
         (f"chat add_messages, {turns} turns (sync)", "turn", lambda c: chat_turns(c, turns)),
         (f"chat add_messages, {turns} turns (async)", "turn", lambda c: achat_turns(c, turns)),
+        (f"delta chat DeltaChannel, {turns} turns (sync)", "turn", lambda c: chat_turns(c, turns, True)),
+        (f"delta chat DeltaChannel, {turns} turns (async)", "turn", lambda c: achat_turns(c, turns, True)),
         (f"get_state_history cold, chat ~{history} (sync)", "checkpoint", lambda c: history_cold(c, True, history)),
         (f"get_state_history cold, small ~{history} (sync)", "checkpoint", lambda c: history_cold(c, False, history)),
         (f"aget_state_history cold, chat ~{history}", "checkpoint", lambda c: ahistory_cold(c, True, history)),
@@ -419,7 +431,12 @@ def installed(module: str) -> bool:
 
 
 def measure(
-    urls: list[URL], repetitions: int, scale: float, *, ceiling: bool = True
+    urls: list[URL],
+    repetitions: int,
+    scale: float,
+    *,
+    ceiling: bool = True,
+    paths: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for url in urls:
@@ -437,6 +454,8 @@ def measure(
             theirs.append(Contestant(FLOOR, url))
         ours = Contestant(OURS, url)
         for path, unit, run in workloads(scale):
+            if paths and not any(p in path for p in paths):
+                continue
             here = [c for c in theirs if c.name != FLOOR or durable_path(path)]
             times: dict[str, list[float]] = {c.label: [] for c in [ours, *here]}
             units = 0
@@ -661,6 +680,13 @@ def main() -> None:
         "raw INSERT committed per write call), whose times give each path's ceiling and, on "
         "the sync write paths, its durable ceiling: the official saver's time over theirs",
     )
+    parser.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="measure only the paths whose name holds TEXT (repeat for more; e.g. 'delta')",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"# load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
@@ -671,7 +697,7 @@ def main() -> None:
         print("# " + statements_per_invoke(url))
     if args.costs:
         costs(urls, args.costs)
-    measure(urls, args.repetitions, args.scale, ceiling=not args.no_ceiling)
+    measure(urls, args.repetitions, args.scale, ceiling=not args.no_ceiling, paths=args.path)
     print(f"# {time.perf_counter() - started:.0f} s")
 
 

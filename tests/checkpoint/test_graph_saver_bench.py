@@ -40,7 +40,7 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
         *("--repetitions", "1", "--costs", "3"),
     )
     rows = [line for line in done.stdout.splitlines() if line.startswith("sqlite ")]
-    assert len(rows) == 9, done.stdout
+    assert len(rows) == 11, done.stdout
     durable = 0
     for row in rows:
         assert "| SqliteSaver:" in row and "| SqliteSaver (NORMAL):" in row, row
@@ -49,7 +49,8 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
         assert "| graph alone:" in row, row
         ceiling = row.split("| ceiling (theirs / graph alone): ")[1].split(" | ")[0]
         assert ceiling.startswith("SqliteSaver ") and ", SqliteSaver (NORMAL) " in ceiling, row
-        if "(sync)" in row and ("invoke" in row or "chat" in row) and "history" not in row:
+        durable_path = ("invoke" in row or "chat " in row) and "delta" not in row
+        if "(sync)" in row and durable_path and "history" not in row:
             # The durable floor (one commit a write call, reads from memory) on the sync
             # write paths, and the durable ceiling it gives each official saver.
             durable += 1
@@ -59,6 +60,8 @@ def test_every_path_is_measured_against_the_official_saver_at_both_durabilities(
         else:
             assert "durable" not in row and row.count("ratio") == 3, row
     assert durable == 2, done.stdout
+    # The chat with `messages` a DeltaChannel, sync and async.
+    assert sum("delta chat DeltaChannel" in row for row in rows) == 2, done.stdout
     counted = next(line for line in done.stdout.splitlines() if line.startswith("# sqlite: "))
     # The input's checkpoint and one per node's step; a put_writes per task (__start__ and
     # the four nodes); the get_tuple that starts the run.
