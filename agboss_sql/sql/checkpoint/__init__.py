@@ -58,7 +58,7 @@ statements, on their own connections (`_sync`).
 | `aput`, fenced | 1 (lease fence folded in) | BEGIN + 3 + COMMIT |
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
 | `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others, 3 when an append's base is neither read nor kept | 1 to 3 |
-| `alist`, per page | 2: checkpoints, then their values (a row-value `IN` of keys, `PAGE_BLOBS[-1]` per statement; on SQLite one JSON array of every key, on PostgreSQL two arrays) with the writes of the page's range of ids, in one statement (a page of one thread namespace; wider listings read values and writes by key, `MAX_LOOKUPS` per statement); 3 when an append's base is read by no checkpoint of the page | 2 or 3 |
+| `alist`, per page | 2: checkpoints, then their values (a row-value `IN` of keys, `PAGE_BLOBS[-1]` per statement; on SQLite and PostgreSQL one JSON array of every key) with the writes of the page's range of ids, in one statement (a page of one thread namespace; wider listings read values and writes by key, `MAX_LOOKUPS` per statement); 3 when an append's base is read by no checkpoint of the page | 2 or 3 |
 | `adelete_thread`, `acopy_thread` | 1 | BEGIN + 3 + COMMIT |
 
 A refused fenced write reads why in its transaction (the fence's diagnosis) and rolls

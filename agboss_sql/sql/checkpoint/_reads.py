@@ -523,7 +523,7 @@ class SaverReads(SaverCore):
     ) -> Step[tuple[int, list[Found]]]:
         """The values and pending writes of a page of one thread namespace: the values by
         key, the writes by the page's range of ids, in one statement (`page_values_json` on
-        SQLite, `page_values_arrays` on PostgreSQL; elsewhere `page_values`, a `PAGE_BLOBS`
+        SQLite and PostgreSQL; elsewhere `page_values`, a `PAGE_BLOBS`
         count of keys, the last repeated to fill it, more statements when the page reads
         more than `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
@@ -554,14 +554,11 @@ class SaverReads(SaverCore):
         writes: dict[Any, list[Sequence[Any]]] = {}
         # Every key in one statement: (text, its key params, where a value row's type is).
         at_once: tuple[str, dict[str, Any], int] | None = None
-        if sql.keys_as_arrays:
-            channels, versions = [c for c, _ in keys], [v for _, v in keys]
-            at_once = (sql.page_values_arrays, {"channels": channels, "versions": versions}, 6)
-        elif sql.keys_as_json:
+        if sql.keys_as_json:
             keys_json = json.dumps([c + v for c, v in keys])
-            # A NUL is the one character `json_each` would not hand back as sent.
+            # A NUL is the one character the databases' JSON would not hand back as sent.
             if "\\u0000" not in keys_json:
-                at_once = (sql.page_values_json, {"keys": keys_json}, 4)
+                at_once = (sql.page_values_json, {"keys": keys_json}, sql.json_typed)
         if at_once is not None:
             statement, params, typed = at_once
             params.update(w_thread_hash=thread_hash, w_ns_hash=ns_hash, w_lo=lo, w_hi=hi)
