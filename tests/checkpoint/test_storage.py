@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import enum
+import json
 import re
 import threading
 import uuid
@@ -715,6 +716,33 @@ async def test_reading_the_latest_checkpoint_probes_keys_whatever_the_history(
             assert not (row[2].startswith("agboss_checkpoint") and row[3] == "ALL"), read_text
         probes = [row for row in values if row[2] == "agboss_checkpoint_blobs"]
         assert len(probes) == 3 and all(row[3] == "const" for row in probes), values_text
+    if saver._sql.keys_as_json:
+        # A listing page's values, every key in one JSON text: a probe of the primary key
+        # each, whatever the statistics of the value rows say (PostgreSQL hashed a scan of
+        # the namespace's rows for a join with the keys).
+        await sql.execute(sql.ops.analyze_sql("agboss_checkpoint_blobs"))
+        versions = await sql.execute(
+            sa.select(checkpoint_blobs.c.channel_hash, checkpoint_blobs.c.version).where(
+                checkpoint_blobs.c.thread_hash == thread_hash
+            )
+        )
+        page_params = {
+            "keys": json.dumps([channel_hash + version for channel_hash, version in versions.rows]),
+            "w_thread_hash": thread_hash,
+            "w_ns_hash": ns_hash,
+            "w_lo": busy.last,
+            "w_hi": busy.last,
+        }
+        assert len(json.loads(page_params["keys"])) > 100
+        page_plan = await sql.execute(
+            explain_prefix(sql) + saver._sql.page_values_json, page_params
+        )
+        page_text = "\n".join(" | ".join(str(cell) for cell in row) for row in page_plan.rows)
+        if sql.dialect_name == "sqlite":
+            assert "SCAN b " not in page_text and "SEARCH b USING INDEX" in page_text, page_text
+        else:
+            assert "Seq Scan" not in page_text and "Hash" not in page_text, page_text
+            assert "Index Scan using pk_agboss_checkpoint_blobs" in page_text, page_text
 
 
 async def test_list_filters_metadata_in_sql_by_exact_json_value(sql: SqlConnection) -> None:
