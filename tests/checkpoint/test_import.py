@@ -9,16 +9,18 @@ import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 import sqlalchemy as sa
 from checkpoint_graphs import approval_graph, request
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, StateGraph
+from langgraph.graph.message import _messages_delta_reducer
 from langgraph.types import Command, interrupt
 
 from agboss_sql.sql.checkpoint import (
@@ -153,6 +155,46 @@ async def test_every_thread_of_another_saver_comes_over_and_resumes_here(
     }
     forked = approval.get_state(_config(threads["forked"]))
     assert [m.content for m in forked.values["messages"]] == ["close ticket 7", "again"]
+
+
+class _DeltaChat(TypedDict, total=False):
+    messages: Annotated[list[Any], DeltaChannel(_messages_delta_reducer, snapshot_frequency=4)]
+
+
+def _delta_chat(saver: BaseCheckpointSaver[Any]) -> Any:
+    def reply(state: _DeltaChat) -> dict[str, Any]:
+        count = len(state["messages"])
+        return {"messages": [AIMessage(f"reply to {count}", id=f"reply-{count}")]}
+
+    graph = StateGraph(_DeltaChat)
+    graph.add_node("reply", reply)
+    graph.add_edge(START, "reply")
+    return graph.compile(checkpointer=saver)
+
+
+async def test_a_thread_whose_messages_are_a_delta_channel_comes_over_and_goes_on(
+    sql: SqlConnection, official: SqliteSaver
+) -> None:
+    """A `DeltaChannel` stores its value only at snapshots: the rest is rebuilt from the
+    pending writes since, which come over checkpoint by checkpoint."""
+    thread_id = f"delta-{uuid.uuid4()}"
+    there = _delta_chat(official)
+    for turn in range(7):
+        there.invoke(
+            {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}, _config(thread_id)
+        )
+    target = SqlCheckpointSaver(sql)
+
+    import_threads(official, target, [thread_id])
+
+    here = _delta_chat(target)
+    assert here.get_state(_config(thread_id)).values == there.get_state(_config(thread_id)).values
+    assert [s.values for s in here.get_state_history(_config(thread_id))] == [
+        s.values for s in there.get_state_history(_config(thread_id))
+    ]
+    inputs = {"messages": [HumanMessage("one more", id="h7")]}
+    assert here.invoke(inputs, _config(thread_id)) == there.invoke(inputs, _config(thread_id))
+    assert len(here.get_state(_config(thread_id)).values["messages"]) == 16
 
 
 async def test_an_async_source_comes_over_through_the_async_methods(sql: SqlConnection) -> None:

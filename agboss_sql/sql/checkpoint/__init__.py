@@ -59,6 +59,7 @@ statements, on their own connections (`_sync`).
 | `aput_writes` | 1 (fenced too) | 1 (fenced: BEGIN + 2 + COMMIT) |
 | `aget_tuple` | 1: the checkpoint with its writes and the values it is expected to read; 2 when it reads others, 3 when an append's base is neither read nor kept | 1 to 3 |
 | `alist`, per page | 2: checkpoints, then their values (a row-value `IN` of keys, `PAGE_BLOBS[-1]` per statement; on SQLite and PostgreSQL one JSON array of every key) with the writes of the page's range of ids, in one statement (a page of one thread namespace; wider listings read values and writes by key, `MAX_LOOKUPS` per statement); 3 when an append's base is read by no checkpoint of the page | 2 or 3 |
+| `aget_delta_channel_history` | 2 per `DELTA_PAGE` checkpoints walked: a range of the namespace's checkpoints from the target down (parent links followed by the saver), then the values that may seed the channels with the writes of the walked range (as a listing's page reads them); one more for an append's base | 2 or more |
 | `adelete_thread`, `acopy_thread` | 1 | BEGIN + 3 + COMMIT |
 
 A refused fenced write reads why in its transaction (the fence's diagnosis) and rolls
