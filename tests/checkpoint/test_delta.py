@@ -228,6 +228,33 @@ async def test_a_parent_no_longer_stored_ends_the_walk_as_it_ends_the_base_walk(
     assert "seed" not in ours["notes"] and ours["messages"]["writes"] == []
 
 
+async def test_a_body_put_again_under_its_id_is_walked_as_it_is_now(sql: SqlConnection) -> None:
+    """The saver keeps what it decoded of each body it walked, with the bytes it came from:
+    a body put again under its id (LangGraph may save one id again) is read as it is now."""
+    saver = SqlCheckpointSaver(sql)
+    thread_id = f"again-{uuid.uuid4()}"
+    stored = saver.get_next_version(None, None)
+    first = empty_checkpoint()
+    first["channel_values"] = {"x": ["the seed", "x" * 2000]}  # a value row, not inline
+    first["channel_versions"] = {"x": stored}
+    at_first = await saver.aput(_config(thread_id), first, {}, {"x": stored})
+    await saver.aput_writes(at_first, [("x", "after the seed")], "task")
+    second = empty_checkpoint()
+    second["channel_versions"] = {"x": saver.get_next_version(stored, None)}
+    at_second = await saver.aput(at_first, second, {}, {})
+    walked = await saver.aget_delta_channel_history(config=at_second, channels=["x"])
+    assert walked == {
+        "x": {"writes": [("task", "x", "after the seed")], "seed": ["the seed", "x" * 2000]}
+    }
+    # The first checkpoint again, now naming a version of x that no row holds.
+    first["channel_values"] = {}
+    first["channel_versions"] = {"x": "00000000000000000000000000000001.5"}
+    await saver.aput(_config(thread_id), first, {}, {})
+    assert await saver.aget_delta_channel_history(config=at_second, channels=["x"]) == {
+        "x": {"writes": [("task", "x", "after the seed")]}
+    }
+
+
 async def test_what_there_is_no_history_of(sql: SqlConnection) -> None:
     saver = SqlCheckpointSaver(sql)
     unknown = _config(f"unknown-{uuid.uuid4()}")
