@@ -17,7 +17,9 @@ whose new versions are all such values is one statement with no transaction (a b
 read the same way). A body that keeps a list is stored with its serde type prefixed
 (`BODY_HOLDS_LISTS`): a saver of a release before lists were kept inline refuses it with
 its serde's error rather than reading the thread without the list. Values, bodies and pending writes
-are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default);
+are serialised with the saver's LangGraph serde (`JsonPlusSerializer` by default; with
+LangGraph's `EncryptedSerializer` all three are stored encrypted, and a growing list is then
+stored whole at each version, since only bytes the msgpack serde wrote are appended to);
 metadata is JSON text, so `list` filters it in SQL. A pending write is keyed by
 (checkpoint, task, index): a retried task does not duplicate it.
 
