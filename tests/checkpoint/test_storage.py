@@ -875,7 +875,11 @@ async def test_a_new_saver_reads_versions_of_any_text_and_pending_writes_in_task
     assert sync_listed == expected
 
 
-async def test_list_pages_through_a_long_history_newest_first(sql: SqlConnection) -> None:
+async def test_list_pages_through_a_long_history_newest_first(
+    sql: SqlConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Later pages of 50: the first page, then three more (the last short).
+    monkeypatch.setattr(_reads, "LIST_PAGE_MORE", 50)
     saver = SqlCheckpointSaver(sql)
     thread = Thread(saver, _thread())
     total = LIST_PAGE * 2 + 7

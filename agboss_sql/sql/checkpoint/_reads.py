@@ -36,6 +36,7 @@ from agboss_sql.sql.checkpoint._layout import (
     CHECKPOINT_KEY,
     CHECKPOINT_ROW,
     LIST_PAGE,
+    LIST_PAGE_MORE,
     MAX_LOOKUPS,
     MAX_ROWS,
     PAGE_BLOBS,
@@ -399,14 +400,17 @@ class SaverReads(SaverCore):
         self, connection: Database, plan: _ListPlan
     ) -> AsyncGenerator[list[Found], None]:
         """The listing's checkpoints as read, a page at a time (one namespace of one thread
-        is read in pages off its key; anything wider at once). Their values and pending
+        is read in pages off its key, `LIST_PAGE` then `LIST_PAGE_MORE` each; anything wider
+        at once). Their values and pending
         writes are decoded as each is taken (`_tuple_of`)."""
         paged = plan.namespace and not plan.checkpoint_id
         # Without a recheck every checkpoint read is answered: the limit bounds the pages.
         remaining = plan.limit if not plan.recheck else None
         cursor = plan.before
+        first = True
         while True:
-            page = LIST_PAGE if paged else None
+            page = (LIST_PAGE if first else LIST_PAGE_MORE) if paged else None
+            first = False
             if remaining is not None:
                 page = remaining if page is None else min(page, remaining)
             shape = ListShape(
