@@ -401,8 +401,8 @@ class SaverReads(SaverCore):
     ) -> AsyncGenerator[list[Found], None]:
         """The listing's checkpoints as read, a page at a time (one namespace of one thread
         is read in pages off its key, `LIST_PAGE` then `LIST_PAGE_MORE` each; anything wider
-        at once). Their values and pending
-        writes are decoded as each is taken (`_tuple_of`)."""
+        at once). Their values and pending writes are decoded as each is taken
+        (`_tuple_of`)."""
         paged = plan.namespace and not plan.checkpoint_id
         # Without a recheck every checkpoint read is answered: the limit bounds the pages.
         remaining = plan.limit if not plan.recheck else None
@@ -527,9 +527,9 @@ class SaverReads(SaverCore):
     ) -> Step[tuple[int, list[Found]]]:
         """The values and pending writes of a page of one thread namespace: the values by
         key, the writes by the page's range of ids, in one statement (`page_values_json` on
-        SQLite and PostgreSQL; elsewhere `page_values`, a `PAGE_BLOBS`
-        count of keys, the last repeated to fill it, more statements when the page reads
-        more than `PAGE_BLOBS[-1]` values)."""
+        SQLite and PostgreSQL; elsewhere `page_values`, a `PAGE_BLOBS` count of keys, the
+        last repeated to fill it, more statements when the page reads more than
+        `PAGE_BLOBS[-1]` values)."""
         thread_hash, ns_hash = rows[0][8], rows[0][2]
         ids = [row[3] for row in rows]
         keys = list(dict.fromkeys((c, v) for of_row in value_keys for _, c, v in of_row))
