@@ -6,6 +6,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
@@ -57,3 +58,18 @@ def approval_graph() -> StateGraph[ApprovalState]:
 
 def request(text: str) -> dict[str, Any]:
     return {"messages": [HumanMessage(content=text, id="request")]}
+
+
+def reply_chat(saver: BaseCheckpointSaver[Any], state: Any, reply_id: str) -> Any:
+    """A chat of one node on `state` (a `messages` channel of any kind): each turn adds a
+    reply whose id is `reply_id` followed by the count of messages it answered."""
+
+    # `Any`: LangGraph would take an annotated state as the node's input schema.
+    def reply(current: Any) -> dict[str, Any]:
+        count = len(current["messages"])
+        return {"messages": [AIMessage(f"reply to {count}", id=f"{reply_id}{count}")]}
+
+    graph = StateGraph(state)
+    graph.add_node("reply", reply)
+    graph.add_edge(START, "reply")
+    return graph.compile(checkpointer=saver)

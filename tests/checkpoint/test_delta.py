@@ -87,7 +87,7 @@ def _forked_thread(saver: SqlCheckpointSaver) -> str:
     history = list(graph.get_state_history(_config(thread_id)))
     fork = graph.update_state(history[11].config, _say("a fork"), as_node="reply")
     for turn in range(3):
-        fork = graph.invoke(_say(f"fork turn {turn}"), fork)
+        graph.invoke(_say(f"fork turn {turn}"), fork)
         fork = graph.get_state(_config(thread_id)).config
     return thread_id
 

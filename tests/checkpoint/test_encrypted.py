@@ -9,10 +9,10 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from checkpoint_graphs import approval_graph, request
-from langchain_core.messages import AIMessage, HumanMessage
+from checkpoint_graphs import approval_graph, reply_chat, request
+from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import MessagesState
 from langgraph.types import Command
 
 from agboss_sql.sql._base import identity_hash
@@ -36,14 +36,7 @@ class _Xor:
 
 
 def _chat(saver: SqlCheckpointSaver) -> Any:
-    def reply(state: MessagesState) -> dict[str, Any]:
-        count = len(state["messages"])
-        return {"messages": [AIMessage(f"noted {count}", id=f"a{count}")]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("reply", reply)
-    graph.add_edge(START, "reply")
-    return graph.compile(checkpointer=saver)
+    return reply_chat(saver, MessagesState, "a")
 
 
 async def test_nothing_readable_is_stored_and_the_thread_resumes_elsewhere(

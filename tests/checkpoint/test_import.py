@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 import sqlalchemy as sa
-from checkpoint_graphs import approval_graph, request
-from langchain_core.messages import AIMessage, HumanMessage
+from checkpoint_graphs import approval_graph, reply_chat, request
+from langchain_core.messages import HumanMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
@@ -162,14 +162,7 @@ class _DeltaChat(TypedDict, total=False):
 
 
 def _delta_chat(saver: BaseCheckpointSaver[Any]) -> Any:
-    def reply(state: _DeltaChat) -> dict[str, Any]:
-        count = len(state["messages"])
-        return {"messages": [AIMessage(f"reply to {count}", id=f"reply-{count}")]}
-
-    graph = StateGraph(_DeltaChat)
-    graph.add_node("reply", reply)
-    graph.add_edge(START, "reply")
-    return graph.compile(checkpointer=saver)
+    return reply_chat(saver, _DeltaChat, "reply-")
 
 
 async def test_a_thread_whose_messages_are_a_delta_channel_comes_over_and_goes_on(

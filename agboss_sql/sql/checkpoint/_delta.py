@@ -20,6 +20,7 @@ each checkpoint's `pending_writes` order, and the seed's value when one was foun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -55,6 +56,19 @@ DELTA_BODIES = 2048
 _Seed = tuple[bool, Any]
 """How a channel's seed was found: (True, the value decoded from the body that holds it)
 or (False, the key of its value row)."""
+
+
+@dataclass(slots=True)
+class _Walk:
+    """What a walk has found so far, added to as each run of ancestors is settled."""
+
+    active: dict[str, str]
+    """The channels still without a seed, with their hashes."""
+    chains: dict[str, list[Any]]
+    """Each channel's walked ancestors, nearest first, through its seed's."""
+    found: dict[str, _Seed] = field(default_factory=dict)
+    rows_read: Rows = field(default_factory=dict)
+    writes_of: dict[Any, list[Sequence[Any]]] = field(default_factory=dict)
 
 
 class SaverDeltaHistory(SaverReads):
@@ -122,29 +136,23 @@ class SaverDeltaHistory(SaverReads):
         read: dict[str, tuple[Any, Any, Any]] = {}
         if not (yield from self._ancestors_from(sql, base, target, read)):
             return {}, {}
-        active = {channel: _channel_hash(channel) for channel in channels}
-        # Each channel's walked ancestors, nearest first, through its seed's.
-        chains: dict[str, list[Any]] = {channel: [] for channel in channels}
-        found: dict[str, _Seed] = {}
-        rows_read: Rows = {}
-        writes_of: dict[Any, list[Sequence[Any]]] = {}
+        walk = _Walk(
+            {channel: _channel_hash(channel) for channel in channels},
+            {channel: [] for channel in channels},
+        )
         walked = {target}
         run: list[_Walked] = []
         current = target
-        while active:
+        while walk.active:
             parent = read[current][0]
             if parent is None or parent in walked:
                 # The root, or a parent link that loops back (no put makes one).
                 break
             if parent not in read:
                 if run:
-                    page_rows, page_writes = yield from self._seed_page(
-                        sql, thread_hash, ns_hash, run, active, chains, found
-                    )
-                    rows_read.update(page_rows)
-                    writes_of.update(page_writes)
+                    yield from self._seed_page(sql, thread_hash, ns_hash, run, walk)
                     run = []
-                    if not active:
+                    if not walk.active:
                         break
                 # The next range starts at the parent; none does if it is not stored
                 # (deleted). A parent written by a process whose clock ran behind has an id
@@ -155,14 +163,10 @@ class SaverDeltaHistory(SaverReads):
             _, kind, data = read[parent]
             run.append((parent, *self._body_keys((thread_hash, ns_hash, parent), kind, data)))
             current = parent
-        if run and active:
-            page_rows, page_writes = yield from self._seed_page(
-                sql, thread_hash, ns_hash, run, active, chains, found
-            )
-            rows_read.update(page_rows)
-            writes_of.update(page_writes)
-        seeds = yield from self._seeds(sql, thread_hash, ns_hash, found, rows_read)
-        return seeds, self._channel_writes(chains, writes_of)
+        if run and walk.active:
+            yield from self._seed_page(sql, thread_hash, ns_hash, run, walk)
+        seeds = yield from self._seeds(sql, thread_hash, ns_hash, walk.found, walk.rows_read)
+        return seeds, self._channel_writes(walk.chains, walk.writes_of)
 
     @staticmethod
     def _ancestors_from(
@@ -211,14 +215,12 @@ class SaverDeltaHistory(SaverReads):
         thread_hash: str,
         ns_hash: str,
         page: list[_Walked],
-        active: dict[str, str],
-        chains: dict[str, list[Any]],
-        found: dict[str, _Seed],
-    ) -> Step[tuple[Rows, dict[Any, list[Sequence[Any]]]]]:
+        walk: _Walk,
+    ) -> Step[None]:
         """Walk one page of ancestors (nearest first) for the channels still `active`: the
         value rows their versions name and the page's writes in one statement, then each
-        channel's chain up to the first ancestor that holds its value. Answers the rows and
-        writes read."""
+        channel's chain up to the first ancestor that holds its value, all added to `walk`."""
+        active, chains, found = walk.active, walk.chains, walk.found
         keys: dict[tuple[str, str], None] = {}
         for _, inline, versions, _, _ in page:
             for channel, channel_hash in active.items():
@@ -252,7 +254,8 @@ class SaverDeltaHistory(SaverReads):
                 else:
                     continue
                 del active[channel]
-        return rows, writes
+        walk.rows_read.update(rows)
+        walk.writes_of.update(writes)
 
     def _seeds(
         self,
