@@ -36,7 +36,10 @@ what it was given serialized as the official savers do, reads from memory. The o
 saver's time over it is the path's *durable ceiling*: the most a saver that commits each
 call before it returns could reach there (`--no-ceiling` leaves both out). Each repetition
 starts from empty tables (a new file on SQLite), and the contestants take turns in an order
-that alternates between repetitions. Ratio = their time / ours (above 1: ours is faster);
+that alternates between repetitions. Each timed part starts after a full collection of the
+garbage collector, and a row says how many full collections each contestant met while timed
+when any did: one takes some 100 ms in this process, more than a whole chat turn, and
+without the collection first a contestant could pay for one its predecessor made due. Ratio = their time / ours (above 1: ours is faster);
 the table gives the median over the repetitions and the range. `uptime`'s load is printed
 first: figures taken on a loaded machine say so.
 
@@ -51,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import gc
 import itertools
 import operator
 import os
@@ -263,11 +267,28 @@ def official_names(url: URL) -> list[tuple[str, str]]:
 
 # --- workloads: each answers seconds (and how many units it ran) -------------------------
 
+_clock = {"full": 0}
+
+
+def start_clock() -> float:
+    """Where a workload's timed part starts: after a full collection of the cyclic garbage
+    collector, so that no contestant pays for one its predecessor made due (in this process,
+    with LangGraph's imports, a full collection walks about 160,000 objects and takes some
+    100 ms; reading a chat history back starts one every few hundred checkpoints)."""
+    gc.collect()
+    _clock["full"] = gc.get_stats()[2]["collections"]
+    return time.perf_counter()
+
+
+def full_collections() -> int:
+    """The full collections since the latest `start_clock`."""
+    return gc.get_stats()[2]["collections"] - _clock["full"]
+
 
 def invoke_threads(c: Contestant, threads: int) -> tuple[float, int]:
     with c.sync_saver() as saver:
         graph = small_graph().compile(checkpointer=saver)
-        started = time.perf_counter()
+        started = start_clock()
         for _ in range(threads):
             graph.invoke(small_input(), config(str(uuid.uuid4())))
         return time.perf_counter() - started, threads
@@ -277,7 +298,7 @@ def ainvoke_threads(c: Contestant, threads: int) -> tuple[float, int]:
     async def go() -> float:
         async with c.async_saver() as saver:
             graph = small_graph().compile(checkpointer=saver)
-            started = time.perf_counter()
+            started = start_clock()
             for _ in range(threads):
                 await graph.ainvoke(small_input(), config(str(uuid.uuid4())))
             return time.perf_counter() - started
@@ -289,7 +310,7 @@ def chat_turns(c: Contestant, turns: int, delta: bool = False) -> tuple[float, i
     with c.sync_saver() as saver:
         graph = chat_graph(delta).compile(checkpointer=saver)
         cfg = config(str(uuid.uuid4()))
-        started = time.perf_counter()
+        started = start_clock()
         for turn in range(turns):
             graph.invoke(chat_input(turn), cfg)
         return time.perf_counter() - started, turns
@@ -300,7 +321,7 @@ def achat_turns(c: Contestant, turns: int, delta: bool = False) -> tuple[float, 
         async with c.async_saver() as saver:
             graph = chat_graph(delta).compile(checkpointer=saver)
             cfg = config(str(uuid.uuid4()))
-            started = time.perf_counter()
+            started = start_clock()
             for turn in range(turns):
                 await graph.ainvoke(chat_input(turn), cfg)
             return time.perf_counter() - started
@@ -320,7 +341,7 @@ def _write_history(c: Contestant, chat: bool, checkpoints_wanted: int) -> str:
 
 def history_cold(c: Contestant, chat: bool, wanted: int) -> tuple[float, int]:
     thread = _write_history(c, chat, wanted)
-    started = time.perf_counter()
+    started = start_clock()
     with c.sync_saver() as saver:
         graph = (chat_graph() if chat else small_graph()).compile(checkpointer=saver)
         count = sum(1 for _ in graph.get_state_history(config(thread)))
@@ -331,7 +352,7 @@ def ahistory_cold(c: Contestant, chat: bool, wanted: int) -> tuple[float, int]:
     thread = _write_history(c, chat, wanted)
 
     async def go() -> tuple[float, int]:
-        started = time.perf_counter()
+        started = start_clock()
         async with c.async_saver() as saver:
             graph = (chat_graph() if chat else small_graph()).compile(checkpointer=saver)
             count = 0
@@ -351,7 +372,7 @@ def tasks_ainvoke(c: Contestant, tasks: int, each: int) -> tuple[float, int]:
                 for _ in range(each):
                     await graph.ainvoke(small_input(), config(str(uuid.uuid4())))
 
-            started = time.perf_counter()
+            started = start_clock()
             await asyncio.gather(*(task() for _ in range(tasks)))
             return time.perf_counter() - started
 
@@ -458,6 +479,7 @@ def measure(
                 continue
             here = [c for c in theirs if c.name != FLOOR or durable_path(path)]
             times: dict[str, list[float]] = {c.label: [] for c in [ours, *here]}
+            full: dict[str, list[int]] = {c.label: [] for c in [ours, *here]}
             units = 0
             for repetition in range(repetitions):
                 order = [ours, *here] if repetition % 2 == 0 else [*here, ours]
@@ -467,6 +489,7 @@ def measure(
                     if contestant.name != ALONE:
                         contestant.url = fresh(url, repetition, contestant)
                     seconds, ran = run(contestant)
+                    full[contestant.label].append(full_collections())
                     if units and ran != units:
                         # Per-unit times of different work would not compare.
                         raise RuntimeError(
@@ -474,7 +497,14 @@ def measure(
                         )
                     units = ran
                     times[contestant.label].append(seconds)
-            row = {"database": backend, "path": path, "unit": unit, "units": units, "times": times}
+            row = {
+                "database": backend,
+                "path": path,
+                "unit": unit,
+                "units": units,
+                "times": times,
+                "full collections": full,
+            }
             rows.append(row)
             print_row(row)
     return rows
@@ -507,6 +537,12 @@ def print_row(row: dict[str, Any]) -> None:
             ceilings.append(f"{label} {statistics.median(each):.2f} ({each[0]:.2f}-{each[-1]:.2f})")
         if ceilings:
             cells.append(f"| {heading}: " + ", ".join(ceilings))
+    full: dict[str, list[int]] = row.get("full collections", {})
+    if any(any(counts) for counts in full.values()):
+        cells.append(
+            "| full collections (each repetition): "
+            + ", ".join(f"{label} {'/'.join(map(str, counts))}" for label, counts in full.items())
+        )
     print(" ".join(cells), flush=True)
 
 

@@ -7,9 +7,13 @@ official saver's time over the least a saver that commits each call does)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import sqlite3
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +140,45 @@ def test_the_history_read_floor_prints_the_budget_and_the_floor() -> None:
     verdict = lines[-1]
     assert verdict.startswith("budget at 1.5x SqliteSaver: "), verdict
     assert verdict.endswith(("the read floor is over it", "the read floor is within it")), verdict
+
+
+def test_each_timed_part_starts_after_a_full_collection_and_a_row_counts_those_met() -> None:
+    """A contestant's timed part starts with no garbage of a cycle left by the one before it
+    (a full collection takes some 100 ms beside LangGraph's imports), and a row says how many
+    full collections each contestant met while timed, when any did."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import graph_saver_bench as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class Node:
+        me: Any = None
+
+    left = Node()
+    left.me = left
+    gone = weakref.ref(left)
+    del left
+    bench.start_clock()
+    assert gone() is None
+    assert bench.full_collections() == 0
+    gc.collect()
+    assert bench.full_collections() == 1
+    row: dict[str, Any] = {
+        "database": "sqlite",
+        "path": "history",
+        "unit": "checkpoint",
+        "units": 2,
+        "times": {bench.OURS: [1.0, 1.0], "SqliteSaver": [2.0, 3.0]},
+        "full collections": {bench.OURS: [0, 0], "SqliteSaver": [0, 0]},
+    }
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        bench.print_row(row)
+        row["full collections"] = {bench.OURS: [2, 1], "SqliteSaver": [2, 2]}
+        bench.print_row(row)
+    quiet, counted = printed.getvalue().splitlines()
+    assert "ratio  2.50 (2.00-3.00)" in quiet and "full collections" not in quiet, quiet
+    assert counted.endswith(
+        f"| full collections (each repetition): {bench.OURS} 2/1, SqliteSaver 2/2"
+    ), counted
