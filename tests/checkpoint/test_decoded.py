@@ -5,7 +5,10 @@ type for type, and never shares an object with another read."""
 from __future__ import annotations
 
 import datetime
+import gc
+import pickle
 import random
+import threading
 import uuid
 from typing import Any
 
@@ -307,3 +310,90 @@ async def test_a_conversation_read_each_turn_is_the_callers_own_and_the_stored_o
     same(latest.checkpoint["channel_values"]["messages"], expected)
     same(again.checkpoint["channel_values"]["messages"], expected)
     await saver.adelete_thread(thread_id)
+
+
+def _kept_conversation() -> tuple[DecodedLists, JsonPlusSerializer, tuple[str, bytes]]:
+    """Lists with a conversation kept as a pickle: its next read loads the pickle."""
+    serde = JsonPlusSerializer()
+    lists = DecodedLists(8 * 1024 * 1024)
+    data = serde.dumps_typed([m for turn in range(30) for m in _turn(turn)])
+    lists.decode(serde, CHANNEL, *data)
+    lists.decode(serde, CHANNEL, *data)
+    return lists, serde, data
+
+
+def test_a_pickle_loads_with_the_collector_paused_and_running_again_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A load makes a few thousand young objects at once, none of them garbage: the cyclic
+    collector is paused while it runs (so it is not stopped every 700 objects to move the
+    half-made list a generation older), and runs again once it ends, or fails."""
+    lists, serde, data = _kept_conversation()
+    seen: list[bool] = []
+    loads = pickle.loads
+
+    def watched(pickled: bytes) -> Any:
+        seen.append(gc.isenabled())
+        return loads(pickled)
+
+    monkeypatch.setattr(pickle, "loads", watched)
+    assert gc.isenabled()
+    same(lists.decode(serde, CHANNEL, *data), JsonPlusSerializer().loads_typed(data))
+    assert seen == [False] and gc.isenabled()
+
+    def failing(pickled: bytes) -> Any:
+        raise pickle.UnpicklingError("truncated")
+
+    monkeypatch.setattr(pickle, "loads", failing)
+    with pytest.raises(pickle.UnpicklingError):
+        lists.decode(serde, CHANNEL, *data)
+    assert gc.isenabled()
+
+
+def test_a_collector_the_application_paused_stays_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    lists, serde, data = _kept_conversation()
+    gc.disable()
+    try:
+        lists.decode(serde, CHANNEL, *data)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_overlapping_loads_in_two_threads_resume_the_collector_only_when_both_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lists, serde, data = _kept_conversation()
+    loads = pickle.loads
+    both_in = threading.Barrier(2, timeout=60)
+    first_out = threading.Event()
+    still_paused: list[bool] = []
+
+    def overlapping(pickled: bytes) -> Any:
+        both_in.wait()
+        if threading.current_thread().name == "second":
+            # Bounded: a load that never comes back fails the test, not the run.
+            assert first_out.wait(60)
+            still_paused.append(not gc.isenabled())
+        return loads(pickled)
+
+    monkeypatch.setattr(pickle, "loads", overlapping)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            lists.decode(serde, CHANNEL, *data)
+            if threading.current_thread().name == "first":
+                first_out.set()
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+            first_out.set()
+
+    threads = [threading.Thread(target=read, name=name) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive()
+    assert not errors, errors
+    assert still_paused == [True] and gc.isenabled()
