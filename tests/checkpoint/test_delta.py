@@ -265,3 +265,34 @@ async def test_what_there_is_no_history_of(sql: SqlConnection) -> None:
     assert saver.get_delta_channel_history(config=unknown, channels=[]) == {}
     with pytest.raises(TypeError):
         await saver.aget_delta_channel_history(config=unknown, channels="messages")
+
+
+@pytest.mark.parametrize("limit", [0, 6_000])
+async def test_the_bodies_a_walk_keeps_stay_within_value_cache_bytes(
+    sql: SqlConnection, limit: int
+) -> None:
+    """What the walks keep of the bodies they decoded is bounded as the saver's other kept
+    things are, by `value_cache_bytes` (0 keeps none), least recently used out first, and
+    the answers stay the base walk's; deleting the thread drops its bodies."""
+    saver = SqlCheckpointSaver(sql, value_cache_bytes=limit)
+    thread_id = _forked_thread(saver)
+    listed = list(saver.list(_config(thread_id)))
+    for checkpoint in listed:
+        assert saver.get_delta_channel_history(
+            config=checkpoint.config, channels=CHANNELS
+        ) == BaseCheckpointSaver.get_delta_channel_history(
+            saver, config=checkpoint.config, channels=CHANNELS
+        )
+        assert saver._delta_bodies.size <= limit
+    kept = len(saver._delta_bodies)
+    if limit:
+        # Some bodies, not all of the thread's.
+        assert 0 < kept < len(listed), (kept, len(listed))
+    else:
+        assert kept == 0
+    # Unbounded but for the default, every body a walk read is kept.
+    everything = SqlCheckpointSaver(sql)
+    everything.get_delta_channel_history(config=listed[0].config, channels=CHANNELS)
+    assert len(everything._delta_bodies) > kept
+    await everything.adelete_thread(thread_id)
+    assert len(everything._delta_bodies) == 0

@@ -33,6 +33,7 @@ class AsyncSaver(SaverWrites, SaverDeltaHistory):
         await self._write(connection, [Exec(s, params) for s in sql.delete_thread])
         self._values.forget_thread(params["thread_hash"])
         self._decoded.forget_thread(params["thread_hash"])
+        self._delta_bodies.forget_thread(params["thread_hash"])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, pending write and value of one thread to another, atomically

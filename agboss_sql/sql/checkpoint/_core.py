@@ -40,7 +40,12 @@ from agboss_sql.sql.checkpoint._layout import BODY_HOLDS_LISTS
 from agboss_sql.sql.checkpoint._lease import CheckpointLease
 from agboss_sql.sql.checkpoint._statements import CheckpointStatements
 from agboss_sql.sql.checkpoint._sync import SyncDatabase
-from agboss_sql.sql.checkpoint._values import DEFAULT_VALUE_CACHE_BYTES, ValueCache, ValueKey
+from agboss_sql.sql.checkpoint._values import (
+    DEFAULT_VALUE_CACHE_BYTES,
+    BoundedCache,
+    ValueCache,
+    ValueKey,
+)
 from agboss_sql.sql.connection import Exec, SqlConnection, Step
 
 Database = SqlConnection | SyncDatabase
@@ -275,8 +280,10 @@ class SaverCore(BaseCheckpointSaver[str]):
         # value from (`_decoded`): a growing conversation decodes only what it added.
         self._decoded = DecodedLists(value_cache_bytes)
         # What a `DeltaChannel` history walk needs of each checkpoint body it read (`_delta`),
-        # by checkpoint key, with the stored bytes it was decoded from.
-        self._delta_bodies: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
+        # by checkpoint key, with the stored bytes it was decoded from; within the same bound.
+        self._delta_bodies: BoundedCache[tuple[str, str, str], tuple[Any, Any, Any, Any]] = (
+            BoundedCache(value_cache_bytes)
+        )
 
     def _statements(self, connection: Database) -> CheckpointStatements:
         return connection.prepared(

@@ -50,8 +50,12 @@ _Walked = tuple[str, frozenset[Any], Mapping[Any, Any], Any, Any]
 """An ancestor walked: its id, the channels its body holds values of, its channel versions,
 and its body (type and bytes) as stored."""
 
-DELTA_BODIES = 2048
-"""Checkpoint bodies whose channel names and versions a saver keeps for later walks."""
+BODY_OVERHEAD = 400
+"""Bytes counted per kept body beside its stored bytes: its key, the entry, the set of its
+channels (`VERSION_COST` more a channel version)."""
+
+VERSION_COST = 120
+"""Bytes counted per channel version a kept body holds: a dictionary slot and two texts."""
 
 _Seed = tuple[bool, Any]
 """How a channel's seed was found: (True, the value decoded from the body that holds it)
@@ -197,16 +201,11 @@ class SaverDeltaHistory(SaverReads):
         if known is not None and known[2] == kind and known[3] == data:
             return known
         body = self._loads(kind, data)
-        walked = (
-            frozenset(body.get("channel_values") or ()),
-            body.get("channel_versions") or {},
-            kind,
-            data,
-        )
-        bodies = self._delta_bodies
-        if len(bodies) >= DELTA_BODIES:
-            bodies.clear()
-        bodies[key] = walked
+        values = frozenset(body.get("channel_values") or ())
+        versions = body.get("channel_versions") or {}
+        walked = (values, versions, kind, data)
+        cost = BODY_OVERHEAD + len(data or b"") + VERSION_COST * (len(versions) + len(values))
+        self._delta_bodies.put(((key, walked, cost),))
         return walked
 
     def _seed_page(

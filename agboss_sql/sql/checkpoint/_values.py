@@ -66,6 +66,17 @@ class BoundedCache(Generic[K, V]):
                 _, (_, cost) = self._entries.popitem(last=False)
                 self.size -= cost
 
+    def get(self, key: K) -> V | None:
+        """The value kept under `key`, if any (one `found`, without its dictionary)."""
+        if not self._entries:
+            return None
+        with self._guard:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
     def found(self, keys: Iterable[K]) -> dict[K, V]:
         """The values kept under these keys (absent keys are left out)."""
         if not self._entries:

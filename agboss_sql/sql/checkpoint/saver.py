@@ -60,11 +60,11 @@ class SqlCheckpointSaver(AsyncSaver):
     `close()` never leaves a sync call waiting.
 
     `value_cache_bytes`: how many bytes of serialised values the saver keeps to answer later
-    reads without fetching them again, and at most as many again of decoded lists kept to
-    decode a growing list's next value from (see the package's docstring; 0 keeps none).
-    Apart from these, a `DeltaChannel`'s history walk (`get_delta_channel_history`) keeps
-    the channel versions of the last `DELTA_BODIES` checkpoint bodies it decoded, with their
-    bytes, so that the next turn's walk decodes only the new ones.
+    reads without fetching them again, at most as many again of decoded lists kept to
+    decode a growing list's next value from, and at most as many again of the checkpoint
+    bodies a `DeltaChannel`'s history walk (`get_delta_channel_history`) decoded, their
+    channel versions with their bytes, so that the next turn's walk decodes only the new
+    ones (see the package's docstring; 0 keeps none of the three).
 
     `fenced=True`: every checkpoint and pending write is written only while the lease in
     `configurable["agboss_lease"]` is held at its epoch by the instance it names (checked
