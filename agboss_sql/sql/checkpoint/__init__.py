@@ -92,7 +92,9 @@ as a pickle of the objects (bounded by `value_cache_bytes` too), and a value who
 begin with every element of that list is decoded as a load of the pickle (new objects,
 equal in type and value to what the serde makes) followed by the serde's decoding of the
 elements after them. Only for LangGraph's default serde, and only lists of builtin values
-and pydantic models of them (`_decoded`); anything else the serde decodes every time.
+and pydantic models of them (`_decoded`); anything else the serde decodes every time. A
+pickle loads with the garbage collector paused: a long conversation's cold history read
+otherwise spent most of its time in the collector's full collections (`_decoded`).
 
 The latest checkpoint of a thread is read off the primary key (the greatest
 `checkpoint_id` of `(thread_id, ns_hash)`), never by scanning its history.
