@@ -33,7 +33,7 @@ nothing to free, and move what is alive, the list being made among it, a generat
 until enough has moved to start a full collection, which walks every object of the process
 (some 160,000 beside LangGraph's imports: 100 to 150 ms). Reading back the history of a
 105-turn chat (315 checkpoints, on SQLite) made two of those; with loads paused, one, and the
-read took 1.05-1.17 ms a checkpoint against 1.50-2.20. Nothing a load makes can be garbage of
+read took 1.05-1.17 ms a checkpoint against 1.68-2.18. Nothing a load makes can be garbage of
 a cycle: `exact` admits only trees of builtins and pydantic models (a cycle fails its depth
 bound), and loading them runs no code but pydantic's `__setstate__`. What a load made is
 looked at by the collector's next run.
