@@ -66,16 +66,20 @@ class BoundedCache(Generic[K, V]):
                 _, (_, cost) = self._entries.popitem(last=False)
                 self.size -= cost
 
+    def _touched(self, key: K) -> tuple[V, int] | None:
+        """The entry under `key`, made the most recently used; under the guard."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
     def get(self, key: K) -> V | None:
         """The value kept under `key`, if any (one `found`, without its dictionary)."""
         if not self._entries:
             return None
         with self._guard:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
+            entry = self._touched(key)
+        return None if entry is None else entry[0]
 
     def found(self, keys: Iterable[K]) -> dict[K, V]:
         """The values kept under these keys (absent keys are left out)."""
@@ -84,9 +88,8 @@ class BoundedCache(Generic[K, V]):
         out: dict[K, V] = {}
         with self._guard:
             for key in keys:
-                entry = self._entries.get(key)
+                entry = self._touched(key)
                 if entry is not None:
-                    self._entries.move_to_end(key)
                     out[key] = entry[0]
         return out
 
