@@ -8,7 +8,7 @@ a change to one of these (the migration tests compare the migrated schema with `
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 
 
 def Ident(length: int = 255) -> sa.types.TypeEngine[str]:
@@ -16,6 +16,14 @@ def Ident(length: int = 255) -> sa.types.TypeEngine[str]:
     return sa.String(length).with_variant(
         mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
     )
+
+
+def OrderedIdent(length: int) -> sa.types.TypeEngine[str]:
+    """An identifier compared and ordered by its exact characters (code point order) on every
+    database, whatever its default collation: `COLLATE "C"` on PostgreSQL, whose default
+    collation may order `a1` before `B1` (revision 0012_checkpoint_id_order); MySQL's
+    `utf8mb4_bin` (`Ident`) and SQLite's `BINARY` order so already."""
+    return Ident(length).with_variant(postgresql.VARCHAR(length, collation="C"), "postgresql")
 
 
 def Json() -> sa.types.TypeEngine[str]:

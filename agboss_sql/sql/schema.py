@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from agboss_sql.sql._column_types import Blob, Ident, Json, WideText
+from agboss_sql.sql._column_types import Blob, Ident, Json, OrderedIdent, WideText
 
 metadata = sa.MetaData(
     naming_convention={
@@ -328,17 +328,20 @@ execution_history = sa.Table(
 # keyed by its SHA-256 (`*_hash`: exact, bounded) and, where a read answers it, kept whole
 # beside the key. Channel values are stored once per channel version
 # (`agboss_checkpoint_blobs`), not once per checkpoint; values and checkpoint bodies are
-# LangGraph's serde output (type tag + bytes).
+# LangGraph's serde output (type tag + bytes). Checkpoint ids order a thread's history (its
+# latest, a listing's pages, the ranges of pending writes a page reads), so they are ordered
+# by their exact characters on every database, as LangGraph's own savers order them in
+# Python (`OrderedIdent`).
 
 checkpoints = sa.Table(
     "agboss_checkpoints",
     metadata,
     sa.Column("thread_hash", Hash(64), primary_key=True),
     sa.Column("ns_hash", Hash(64), primary_key=True),
-    sa.Column("checkpoint_id", Ident(64), primary_key=True),
+    sa.Column("checkpoint_id", OrderedIdent(64), primary_key=True),
     sa.Column("thread_id", sa.Text(), nullable=False),
     sa.Column("checkpoint_ns", sa.Text(), nullable=False),
-    sa.Column("parent_checkpoint_id", Ident(64), nullable=True),
+    sa.Column("parent_checkpoint_id", OrderedIdent(64), nullable=True),
     # SHA-256 of the metadata's `run_id` (any text), for `delete_for_runs`.
     sa.Column("run_hash", Hash(64), nullable=True),
     sa.Column("checkpoint_type", sa.String(64), nullable=False),
@@ -367,7 +370,7 @@ checkpoint_writes = sa.Table(
     metadata,
     sa.Column("thread_hash", Hash(64), primary_key=True),
     sa.Column("ns_hash", Hash(64), primary_key=True),
-    sa.Column("checkpoint_id", Ident(64), primary_key=True),
+    sa.Column("checkpoint_id", OrderedIdent(64), primary_key=True),
     sa.Column("task_hash", Hash(64), primary_key=True),
     sa.Column("idx", sa.Integer(), primary_key=True, autoincrement=False),
     sa.Column("task_id", sa.Text(), nullable=False),

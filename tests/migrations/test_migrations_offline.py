@@ -67,20 +67,31 @@ _REBUILT = re.compile(r"^CREATE TABLE _alembic_tmp_(\w+) ")
 _RENAMED = re.compile(r"^ALTER TABLE _alembic_tmp_\w+ RENAME TO \w+$")
 _PK = re.compile(r"CONSTRAINT (pk_\w+) PRIMARY KEY \([^)]*\)")
 _MODIFIED = re.compile(r"^ALTER TABLE (\w+) MODIFY COLUMN (\w+) (.+)$")
+_ALTERED_TYPES = re.compile(r"^ALTER TABLE (\w+) (ALTER COLUMN \w+ TYPE .+)$")
+_ALTERED_TYPE = re.compile(r"ALTER COLUMN (\w+) TYPE ([^,]+)")
 
 
 def _retyped(statements: set[str]) -> set[str]:
     """`statements` with each column a later revision retypes in place (MySQL's
-    `MODIFY COLUMN`) given its final definition in its table's `CREATE TABLE`."""
+    `MODIFY COLUMN`, its whole definition; PostgreSQL's `ALTER COLUMN … TYPE`, its type,
+    nullability kept) given its final definition in its table's `CREATE TABLE`."""
     for statement in sorted(statements):
+        changes: list[tuple[str, str, str]] = []  # (column, pattern of the old, the new)
         if found := _MODIFIED.match(statement):
             table, column, definition = found.groups()
-            statements.discard(statement)
-            create = next(s for s in statements if s.startswith(f"CREATE TABLE {table} ("))
-            statements.discard(create)
-            statements.add(
-                re.sub(rf"([(,] ){column} [^,]+", rf"\g<1>{column} {definition}", create, count=1)
-            )
+            changes.append((column, r"[^,]+", definition))
+        elif found := _ALTERED_TYPES.match(statement):
+            table = found[1]
+            for column, column_type in _ALTERED_TYPE.findall(found[2]):
+                changes.append((column, r"[^,]+?(?=(?: NOT NULL)?(?:,| \)))", column_type))
+        else:
+            continue
+        statements.discard(statement)
+        create = next(s for s in statements if s.startswith(f"CREATE TABLE {table} ("))
+        statements.discard(create)
+        for column, old, new in changes:
+            create = re.sub(rf"([(,] ){column} {old}", rf"\g<1>{column} {new}", create, count=1)
+        statements.add(create)
     return statements
 
 

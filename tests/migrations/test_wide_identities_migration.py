@@ -97,7 +97,7 @@ def test_effects_stored_before_replay_after_and_a_key_at_the_limit_is_kept(
     migrate.upgrade(empty_url, BEFORE)
     _on(empty_url, lambda _c, stores: _store(stores, "short"))
 
-    migrate.upgrade(empty_url)
+    migrate.upgrade(empty_url, AFTER)
     assert migrate.current(empty_url) == AFTER
 
     assert _on(empty_url, lambda _c, s: _stored(s, "short")) == ("short", {"intent": "short"})
@@ -108,7 +108,7 @@ def test_effects_stored_before_replay_after_and_a_key_at_the_limit_is_kept(
 def test_the_downgrade_refuses_to_narrow_a_column_holding_a_long_identity(
     empty_url: str,
 ) -> None:
-    migrate.upgrade(empty_url)
+    migrate.upgrade(empty_url, AFTER)
     _on(empty_url, lambda _c, stores: _store(stores, "short"))
     _on(empty_url, lambda _c, stores: _store(stores, LONG))
     try:
@@ -120,7 +120,7 @@ def test_the_downgrade_refuses_to_narrow_a_column_holding_a_long_identity(
     else:  # where a text column has no such bound: nothing to lose
         assert migrate.current(empty_url) == BEFORE
         assert _on(empty_url, lambda _c, s: _stored(s, LONG)) == (LONG, {"intent": LONG})
-        migrate.upgrade(empty_url)
+        migrate.upgrade(empty_url, AFTER)
 
     async def forget_long(connection: SqlConnection, _stores: Any) -> None:
         for table in ("agboss_fenced_effect_results", "agboss_outbound_calls"):

@@ -20,6 +20,10 @@ NAMING = {"dialect_name", "drivername", "NAME", "get_backend_name"}
 
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "migrations/test_checkpoint_id_order_migration.py",
+        'if url.get_backend_name() != "postgresql":',
+    ): "a database whose default collation is ICU's is made with PostgreSQL's own DDL",
+    (
         "checkpoint/test_import.py",
         'if url.get_backend_name() != "postgresql":',
     ): "the official PostgresSaver, imported from there, runs on PostgreSQL alone",
