@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
@@ -27,6 +28,30 @@ def connected(url: str) -> Iterator[sa.Connection]:
         with engine.connect() as connection:
             yield connection
     finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def scratch_database(url: str, name: str, options: str = "") -> Iterator[str]:
+    """A database `name` of its own on `url`'s server, created anew (`utf8mb4_bin` on MySQL
+    and MariaDB, as the project asks; then `options`, more of `CREATE DATABASE`), its URL
+    yielded, dropped after."""
+    # Imported here: the processes the tests spawn import this module without it.
+    from support.sql import server_admin
+
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), name
+    server = make_url(url)
+    admin_url, quote, force = server_admin(migrate.sync_url(server))
+    engine = sa.create_engine(admin_url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}{force}")
+            charset = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" if quote == "`" else ""
+            connection.exec_driver_sql(f"CREATE DATABASE {quote}{name}{quote}{charset}{options}")
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}{force}")
         engine.dispose()
 
 

@@ -8,20 +8,16 @@ answers hold before and after it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from langgraph.checkpoint.base import empty_checkpoint
-from migration_support import drop_every_table, schema_difference
+from migration_support import connected, drop_every_table, schema_difference, scratch_database
 from sqlalchemy.engine import make_url
-from support.sql import server_admin
 
 from agboss_sql.sql import migrate
 from agboss_sql.sql.checkpoint import SqlCheckpointSaver
-from agboss_sql.sql.migrate import sync_url
 
 pytestmark = pytest.mark.database
 
@@ -43,27 +39,15 @@ def ordered_url(scratch_url: str) -> Iterator[tuple[str, bool]]:
         drop_every_table(scratch_url)
         yield scratch_url, False
         return
-    name = f"{url.database}_ordered"
-    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), name
-    admin_url, quote, force = server_admin(sync_url(url))
-    engine = sa.create_engine(admin_url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as connection:
-            icu = connection.exec_driver_sql(
-                "SELECT 1 FROM pg_collation WHERE collname = 'en-US-x-icu'"
-            ).first()
-            if icu is None or connection.dialect.server_version_info < (15,):
-                pytest.skip("this PostgreSQL server has no ICU collations (PostgreSQL 15+)")
-            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}{force}")
-            connection.exec_driver_sql(
-                f"CREATE DATABASE {quote}{name}{quote} TEMPLATE template0 "
-                "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
-            )
-        yield url.set(database=name).render_as_string(hide_password=False), True
-    finally:
-        with engine.connect() as connection:
-            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quote}{name}{quote}{force}")
-        engine.dispose()
+    with connected(scratch_url) as connection:
+        icu = connection.exec_driver_sql(
+            "SELECT 1 FROM pg_collation WHERE collname = 'en-US-x-icu'"
+        ).first()
+        if icu is None or connection.dialect.server_version_info < (15,):
+            pytest.skip("this PostgreSQL server has no ICU collations (PostgreSQL 15+)")
+    icu_en_us = " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with scratch_database(scratch_url, f"{url.database}_ordered", icu_en_us) as ordered:
+        yield ordered, True
 
 
 def _store(url: str) -> None:
