@@ -215,8 +215,11 @@ class Dialect(Protocol):
         """Keyword arguments for `create_async_engine` on this dialect under `timeouts`."""
         ...
 
-    def lock_database(self, connection: sa.Connection) -> contextlib.AbstractContextManager[None]:
-        """The migration lock around one transaction on a synchronous connection."""
+    def lock_database(
+        self, connection: sa.Connection, lock_ms: int
+    ) -> contextlib.AbstractContextManager[None]:
+        """The migration lock around one transaction on a synchronous connection, whose
+        statements wait up to `lock_ms` for each lock another session holds."""
         ...
 
 

@@ -504,11 +504,14 @@ MIGRATION_LOCK_NAME = "agboss_sql_migrations"
 
 
 @contextlib.contextmanager
-def lock_database(connection: sa.Connection) -> Iterator[None]:
+def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
     """Run the body in one transaction on `connection` (a sync connection with no
     transaction begun) while holding the migration lock, taken before the transaction
     begins and released after it ends, so the next holder sees all it committed (DDL
-    commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S`.
+    commits implicitly here). Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it; in the body,
+    each lock a statement waits for (a table's metadata lock, a row's) up to `lock_ms` in
+    whole seconds, at least one (`lock_wait_timeout`, `innodb_lock_wait_timeout`, set for
+    the body and given back after it).
 
     The lock is `GET_LOCK` on one server; on a Galera cluster, where `GET_LOCK` is local to
     a node, it is a row of `MIGRATION_LOCK_TABLE` (see `galera_lock`), and the session is
@@ -516,6 +519,7 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
     if _galera_session(connection):
         with (
             galera_lock(connection, MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S, _conflict),
+            _body_lock_bound(connection, lock_ms),
             connection.begin(),
         ):
             yield
@@ -530,13 +534,43 @@ def lock_database(connection: sa.Connection) -> Iterator[None]:
             "another agboss-sql migration is still running; retry when it has finished"
         )
     try:
-        with connection.begin():
+        with _body_lock_bound(connection, lock_ms), connection.begin():
             yield
     finally:
         # A lost connection has lost its session, and the lock with it.
         if not connection.invalidated:
             with connection.begin():
                 connection.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
+
+
+_LOCK_WAITS = ("lock_wait_timeout", "innodb_lock_wait_timeout")
+"""The session's bounds on a statement's lock waits: metadata locks (DDL), row locks."""
+
+
+@contextlib.contextmanager
+def _body_lock_bound(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
+    """The session's lock waits bounded by `lock_ms` (whole seconds, at least one) while in
+    the body, then given back their values before it (unless the connection was lost)."""
+    seconds = max(1, -(-int(lock_ms) // 1000))
+    with connection.begin():
+        before = connection.exec_driver_sql(
+            "SELECT " + ", ".join(f"@@SESSION.{name}" for name in _LOCK_WAITS)
+        ).one()
+        connection.exec_driver_sql(
+            "SET " + ", ".join(f"SESSION {name} = {seconds}" for name in _LOCK_WAITS)
+        )
+    try:
+        yield
+    finally:
+        if not connection.invalidated:
+            with contextlib.suppress(Exception), connection.begin():
+                connection.exec_driver_sql(
+                    "SET "
+                    + ", ".join(
+                        f"SESSION {name} = {int(value)}"
+                        for name, value in zip(_LOCK_WAITS, before, strict=True)
+                    )
+                )
 
 
 def _conflict(exc: BaseException) -> bool:

@@ -458,30 +458,33 @@ MIGRATION_LOCK_KEY = -7712121202080047754
 
 
 @contextlib.contextmanager
-def lock_database(connection: sa.Connection) -> Iterator[None]:
+def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
     """Run the body in one transaction on `connection` (a sync connection with no
     transaction begun) while holding the database's migration lock, a session advisory
     lock taken before the transaction begins and released after it ends, so the next
-    holder sees all it committed. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it.
+    holder sees all it committed. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it; in the
+    body, each lock a statement waits for (a table's, a row's) up to `lock_ms`
+    (`lock_timeout`, for that transaction only).
 
     Behind a transaction pooler (`?agboss_pooling=transaction`) a session lock would stay
     with a server session the pooler lends to others: the lock is then transaction-scoped
     (`pg_advisory_xact_lock`), taken first in the body's transaction and released by its
     end; the next holder's statements after its own lock see all it committed."""
+    body_bound = f"SET LOCAL lock_timeout = '{int(lock_ms)}ms'"
     if _pg_pooling.pooling_of(connection.engine.url) is not None:
         with connection.begin():
             connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
             connection.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
-            # The body waits on locks as long as a direct session's migration does.
-            connection.exec_driver_sql("SET LOCAL lock_timeout = DEFAULT")
+            connection.exec_driver_sql(body_bound)
             yield
         return
     with connection.begin():
-        # SET LOCAL: the bound applies to waiting for this lock only, not to the body.
+        # SET LOCAL: this bound applies to waiting for the migration lock only.
         connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
         connection.execute(sa.select(sa.func.pg_advisory_lock(MIGRATION_LOCK_KEY)))
     try:
         with connection.begin():
+            connection.exec_driver_sql(body_bound)
             yield
     finally:
         # A lost connection has lost its session, and the lock with it.

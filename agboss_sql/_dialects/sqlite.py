@@ -217,18 +217,25 @@ MIGRATION_LOCK_TIMEOUT_S = 600
 
 
 @contextlib.contextmanager
-def lock_database(connection: sa.Connection) -> Iterator[None]:
+def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
     """Run the body in one `BEGIN IMMEDIATE` transaction on `connection` (a sync
     pysqlite connection with no transaction begun): the database's write lock, held from
-    the first statement until commit. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it."""
+    the first statement until commit. Waits up to `MIGRATION_LOCK_TIMEOUT_S` for it; in the
+    body, up to `lock_ms` for any other lock (a commit outside WAL waits for readers)."""
     with connection.begin():
-        previous = connection.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        previous = int(connection.exec_driver_sql("PRAGMA busy_timeout").scalar() or 0)
         connection.exec_driver_sql(f"PRAGMA busy_timeout = {MIGRATION_LOCK_TIMEOUT_S * 1000}")
         try:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            connection.exec_driver_sql(f"PRAGMA busy_timeout = {previous}")
+            raise
+        connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(lock_ms)}")
+        try:
+            yield
         finally:
-            connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(previous or 0)}")
-        yield
+            with contextlib.suppress(Exception):
+                connection.exec_driver_sql(f"PRAGMA busy_timeout = {previous}")
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------

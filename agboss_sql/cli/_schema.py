@@ -33,6 +33,15 @@ def _upgrade_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="upgrade a MySQL/MariaDB database even though its text is not collated utf8mb4_bin",
     )
+    parser.add_argument(
+        "--lock-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="how long a statement of the migration waits for a lock another session holds "
+        "(an application's open transaction on a table it alters) before the upgrade stops, "
+        "in milliseconds (whole seconds on MySQL/MariaDB; default: 10000)",
+    )
 
 
 def _upgrade(args: argparse.Namespace) -> int:
@@ -41,7 +50,10 @@ def _upgrade(args: argparse.Namespace) -> int:
     url = writable_database(args)
     refuse_collation(url, forced=args.force)
     known_revision(args.revision)
-    done = migrate.upgrade(url, args.revision)
+    if args.lock_ms is not None and args.lock_ms < 1:
+        raise CommandFailed(f"--lock-ms must be at least 1, not {args.lock_ms}", MISUSED)
+    lock_ms = migrate.LOCK_MS if args.lock_ms is None else args.lock_ms
+    done = migrate.upgrade(url, args.revision, lock_ms=lock_ms)
     if done.changed:
         print(f"upgraded {shown(url)}: {_revision(done.before)} -> {_revision(done.after)}")
     else:

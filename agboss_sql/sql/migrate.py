@@ -39,6 +39,7 @@ from agboss_sql.contracts.errors import (
     SchemaNotReadyError,
     SchemaUnversionedError,
     StoreRefusedError,
+    StoreTimeoutError,
 )
 from agboss_sql.sql.connection import SqlConnection, normalize_url
 from agboss_sql.sql.schema import metadata
@@ -52,6 +53,14 @@ DATABASE_URL_ENV = "AGBOSS_DATABASE_URL"
 
 DEFAULT_DATABASE_URL = "sqlite:///.agboss/agboss.sqlite"
 """The database used when neither a URL nor `AGBOSS_DATABASE_URL` is given."""
+
+LOCK_MS = 10_000
+"""How long, by default, a migration's statement waits for a lock another session holds (a
+table's, a row's) before the migration stops with `StoreTimeoutError(what="lock")`. Not its
+wait for the migration lock, which another migration holds (`MIGRATION_LOCK_TIMEOUT_S` of
+each dialect, 600 s): the wait this bounds is behind an application's open transaction,
+and on PostgreSQL and MySQL every later statement on that table queues behind the waiting
+DDL, so an unbounded wait stalls the application too."""
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -332,58 +341,126 @@ async def require_head(connection: SqlConnection) -> None:
 _VERSION = sa.table(VERSION_TABLE, sa.column("version_num"))
 
 
-def upgrade(url: str | URL | None = None, revision: str = "head") -> Migration:
+def upgrade(
+    url: str | URL | None = None, revision: str = "head", *, lock_ms: int = LOCK_MS
+) -> Migration:
     """Upgrade the database at `url` to `revision`, under the migration lock; safe to
-    run from several instances at once (the later ones find it done)."""
+    run from several instances at once (the later ones find it done). Each lock another
+    session holds is waited for up to `lock_ms`; past it `StoreTimeoutError(what="lock")`,
+    naming the revision the database is left at (see `upgrade_on`)."""
     with connect(url) as connection:
-        return upgrade_on(connection, revision)
+        return upgrade_on(connection, revision, lock_ms=lock_ms)
 
 
-def downgrade(url: str | URL | None, revision: str) -> Migration:
+def downgrade(url: str | URL | None, revision: str, *, lock_ms: int = LOCK_MS) -> Migration:
     """Downgrade the database at `url` to `revision` (`"base"`: drop the whole schema),
-    under the migration lock."""
+    under the migration lock, waiting up to `lock_ms` for each lock as `upgrade` does."""
     with connect(url) as connection:
-        return _migrate_on(connection, revision, upgrading=False)
+        return _migrate_on(connection, revision, upgrading=False, lock_ms=lock_ms)
 
 
-def upgrade_on(connection: sa.Connection, revision: str = "head") -> Migration:
+def upgrade_on(
+    connection: sa.Connection, revision: str = "head", *, lock_ms: int = LOCK_MS
+) -> Migration:
     """Upgrade through a caller's own synchronous connection (Alembic's "Sharing a
     Connection" recipe; from async code, `await connection.run_sync(upgrade_on)`): the
     migration runs in its own transaction on it, committed before return, under the
     migration lock. The connection must have no transaction begun: the lock is taken
     before the migration's transaction and released after its commit. (On SQLite the
     migration sends `BEGIN IMMEDIATE` itself: the driver's default transaction handling
-    is expected, not an engine that sends its own `BEGIN`.)"""
-    return _migrate_on(connection, revision, upgrading=True)
+    is expected, not an engine that sends its own `BEGIN`.)
+
+    A statement of the migration that waits longer than `lock_ms` (milliseconds; whole
+    seconds on MySQL, at least one) for a lock another session holds, such as an
+    application's transaction still open on a table the revision alters, stops it with
+    `StoreTimeoutError(what="lock")`: the statement applied nothing; on PostgreSQL and
+    SQLite nothing of the upgrade was (one transaction), on MySQL/MariaDB the revisions
+    before it stay (DDL commits as it runs). The error names the revision the database is
+    at; running the upgrade again continues from there."""
+    return _migrate_on(connection, revision, upgrading=True, lock_ms=lock_ms)
 
 
-def _migrate_on(connection: sa.Connection, revision: str, *, upgrading: bool) -> Migration:
+def _migrate_on(
+    connection: sa.Connection, revision: str, *, upgrading: bool, lock_ms: int = LOCK_MS
+) -> Migration:
     if connection.in_transaction():
         raise ValueError(
             "the connection is in a transaction: migrations take the database's migration "
             "lock before their own transaction; commit or roll back first"
         )
-    with migration_lock(connection):
-        before = _current_on(connection)
-        if upgrading and revision == "head" and before == head():
-            # What every instance after the first finds at start-up: nothing to run.
-            return Migration(before, before)
-        if upgrading and before is None:
-            present = agboss_tables_on(connection)
-            if present:
-                raise SchemaUnversionedError(
-                    f"the agboss tables exist ({len(present)} of {len(metadata.tables)}, e.g. "
-                    f"{min(present)}) but carry no revision, so an upgrade would create them "
-                    "again: if they match the current schema, run `agboss-sql stamp --url URL` "
-                    "(or `--revision REV` for an older one), then upgrade"
-                )
-        config = alembic_config(connection.engine.url)
-        config.attributes["connection"] = connection
-        if not upgrading:
-            _refuse_downgrade(config, connection, before, revision)
-        step = alembic.command.upgrade if upgrading else alembic.command.downgrade
-        step(config, revision)
-        return Migration(before, _current_on(connection))
+    if isinstance(lock_ms, bool) or not isinstance(lock_ms, int) or lock_ms < 1:
+        raise ValueError(f"lock_ms must be a whole number of milliseconds, at least 1: {lock_ms!r}")
+    before: str | None = None
+    in_body = False
+    try:
+        with migration_lock(connection, lock_ms=lock_ms):
+            in_body = True
+            before = _current_on(connection)
+            return _migrate_locked(connection, revision, before, upgrading=upgrading)
+    except Exception as exc:
+        if in_body and dialect_for(connection.dialect.name).is_lock_timeout(exc):
+            raise _lock_wait_passed(connection, revision, before, lock_ms, upgrading) from exc
+        raise
+
+
+def _migrate_locked(
+    connection: sa.Connection, revision: str, before: str | None, *, upgrading: bool
+) -> Migration:
+    """The migration itself, under the migration lock, from revision `before`."""
+    if upgrading and revision == "head" and before == head():
+        # What every instance after the first finds at start-up: nothing to run.
+        return Migration(before, before)
+    if upgrading and before is None:
+        present = agboss_tables_on(connection)
+        if present:
+            raise SchemaUnversionedError(
+                f"the agboss tables exist ({len(present)} of {len(metadata.tables)}, e.g. "
+                f"{min(present)}) but carry no revision, so an upgrade would create them "
+                "again: if they match the current schema, run `agboss-sql stamp --url URL` "
+                "(or `--revision REV` for an older one), then upgrade"
+            )
+    config = alembic_config(connection.engine.url)
+    config.attributes["connection"] = connection
+    if not upgrading:
+        _refuse_downgrade(config, connection, before, revision)
+    step = alembic.command.upgrade if upgrading else alembic.command.downgrade
+    step(config, revision)
+    return Migration(before, _current_on(connection))
+
+
+def _lock_wait_passed(
+    connection: sa.Connection, revision: str, before: str | None, lock_ms: int, upgrading: bool
+) -> StoreTimeoutError:
+    """The error of a migration one of whose statements waited `lock_ms` for a lock, naming
+    the revision the database is left at (read anew: on MySQL the revisions before the one
+    that waited stay applied)."""
+    try:
+        now: str | None = _current_on(connection)
+        if connection.in_transaction():
+            connection.rollback()
+        at = f"the database is at revision {now or 'none (no agboss tables)'}"
+        # Where DDL commits as it runs (MySQL), a revision's statements before the one that
+        # waited stay applied, recorded or not.
+        transactional = MigrationContext.configure(connection).impl.transactional_ddl
+        if now == before:
+            at += ", as before"
+            if transactional:
+                at += ": nothing of this migration was applied"
+        else:
+            at += (
+                f" (from {before or 'none'}: the revisions before the one that waited stay applied)"
+            )
+    except Exception:
+        at = "its revision could not be read back"
+    direction = "upgrade" if upgrading else "downgrade"
+    return StoreTimeoutError(
+        "lock",
+        lock_ms,
+        f"the {direction} to {revision} stopped: one of its statements waited {lock_ms} ms "
+        "(lock_ms) for a lock another session holds on a table it changes, such as an open "
+        f"transaction that read or wrote it, and applied nothing; {at}. Run it again when that "
+        "transaction has ended, or give it a longer lock_ms (agboss-sql upgrade --lock-ms)",
+    )
 
 
 def _refuse_downgrade(
@@ -409,11 +486,12 @@ def _refuse_downgrade(
 
 
 @contextmanager
-def migration_lock(connection: sa.Connection) -> Iterator[None]:
+def migration_lock(connection: sa.Connection, *, lock_ms: int = LOCK_MS) -> Iterator[None]:
     """Run the body in one transaction on `connection` (no transaction begun) while
     holding the database's migration lock (see the module docstring), from before its
-    first statement until after its commit."""
-    with dialect_for(connection.dialect.name).lock_database(connection):
+    first statement until after its commit; its statements wait up to `lock_ms` for each
+    lock another session holds."""
+    with dialect_for(connection.dialect.name).lock_database(connection, lock_ms):
         yield
 
 

@@ -118,7 +118,7 @@ def _replace_the_lock(url: str, barrier: Barrier | None) -> None:
     ops = dialect_for(make_url(url).get_backend_name())
 
     @contextlib.contextmanager
-    def transaction_only(connection: sa.Connection) -> Iterator[None]:
+    def transaction_only(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
         with connection.begin():
             if barrier is not None:
                 barrier.wait(timeout=60)
