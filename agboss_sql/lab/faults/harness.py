@@ -42,6 +42,41 @@ class WaitTimeout(AssertionError):
     """A bounded wait of the harness ended without the event it waited for."""
 
 
+_TOLD = {
+    "held": ("hold",),
+    "hold-timeout": ("hold",),
+    "tree-run": ("tree", "epoch", "taken_over_from"),
+    "tree-skip": ("tree",),
+    "tree-done": ("tree", "epoch"),
+    "handover": ("tree", "epoch", "error"),
+    "lease-lost": ("tree", "reason"),
+    "op-error": ("op", "error", "message"),
+    "retry": ("what", "error"),
+    "eof": (),
+}
+"""The events a failed wait's message tells, with the fields it gives of each."""
+
+STORY_EVENTS = 40
+"""How many of those events, the last ones, a failed wait's message tells."""
+
+
+def story(events: Sequence[Event]) -> str:
+    """What the pods did that bears on a wait that failed, in one line: the last
+    `STORY_EVENTS` events of the kinds `_TOLD` names (which pod ran, held, lost or gave
+    up which tree, and its errors), oldest first. A flaky run read from CI's output alone
+    is then explained by the run itself."""
+    told = [e for e in events if e.get("kind") in _TOLD][-STORY_EVENTS:]
+    if not told:
+        return "the pods reported no tree, hold or error"
+    parts = []
+    for event in told:
+        fields = (
+            f"{name}={str(event[name])[:120]}" for name in _TOLD[event["kind"]] if name in event
+        )
+        parts.append(" ".join((f"pod-{event.get('pod_index', '?')}", event["kind"], *fields)))
+    return f"what the pods reported last ({len(told)}): " + " | ".join(parts)
+
+
 @dataclass
 class Pod:
     """One pod process and what it said."""
@@ -179,7 +214,10 @@ class Cluster:
                         return event
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WaitTimeout(f"waited {timeout_s:.0f} s for {what}: it did not happen")
+                    raise WaitTimeout(
+                        f"waited {timeout_s:.0f} s for {what}: it did not happen; "
+                        + story(self.events)
+                    )
                 self._changed.wait(left)
 
     def wait_all(
