@@ -432,23 +432,21 @@ def _lock_wait_passed(
     connection: sa.Connection, revision: str, before: str | None, lock_ms: int, upgrading: bool
 ) -> StoreTimeoutError:
     """The error of a migration one of whose statements waited `lock_ms` for a lock, naming
-    the revision the database is left at (read anew: on MySQL the revisions before the one
-    that waited stay applied)."""
+    the revision the database is left at (read anew: where DDL commits as it runs, MySQL's,
+    the revisions before the one that waited stay applied, and that one's statements before
+    the one that waited)."""
     try:
         now: str | None = _current_on(connection)
         if connection.in_transaction():
             connection.rollback()
         at = f"the database is at revision {now or 'none (no agboss tables)'}"
-        # Where DDL commits as it runs (MySQL), a revision's statements before the one that
-        # waited stay applied, recorded or not.
-        transactional = MigrationContext.configure(connection).impl.transactional_ddl
-        if now == before:
-            at += ", as before"
-            if transactional:
-                at += ": nothing of this migration was applied"
+        if MigrationContext.configure(connection).impl.transactional_ddl:
+            at += ", as before: nothing of this migration stays (one transaction)"
         else:
+            at += ", as before" if now == before else f", from {before or 'none'}"
             at += (
-                f" (from {before or 'none'}: the revisions before the one that waited stay applied)"
+                "; DDL commits as it runs here, so the statements of the next revision that "
+                "ran before the one that waited stay, and running it again completes that revision"
             )
     except Exception:
         at = "its revision could not be read back"

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from migration_support import connected, table_names
+from support.capabilities import embedded_url, require
 
 from agboss_sql.contracts import ApplicationContext, FinishResult
 from agboss_sql.contracts.clocks import VirtualClock
+from agboss_sql.contracts.errors import StoreTimeoutError
 from agboss_sql.contracts.types import ChildStatus
 from agboss_sql.sql import migrate
 from agboss_sql.sql.connection import SqlConnection
@@ -132,3 +134,70 @@ def test_the_downgrade_drops_the_counts_and_the_upgrade_counts_again(empty_url: 
     assert "agboss_child_parents" not in table_names(empty_url)
     migrate.upgrade(empty_url)
     assert _counts(empty_url)[("a", "p")] == 3
+
+
+def _as_a_stopped_upgrade_leaves_it(url: str, *, emptied: bool) -> None:
+    """The state an upgrade stopped at the fill leaves on MySQL/MariaDB (DDL commits as it
+    runs; the fill waited past `lock_ms` on a child's row): the table created, the revision
+    still 0009. Made so on every database: upgraded, the counts (`emptied`) deleted, the
+    revision set back."""
+    migrate.upgrade(url, "0010_child_parents")
+    if emptied:
+        with connected(url) as connection, connection.begin():
+            connection.execute(sa.text("DELETE FROM agboss_child_parents"))
+    migrate.stamp(url, BEFORE, force=True)
+
+
+def test_an_upgrade_stopped_at_the_fill_is_finished_by_the_next(empty_url: str) -> None:
+    migrate.upgrade(empty_url, BEFORE)
+    _write_children(empty_url)
+    _as_a_stopped_upgrade_leaves_it(empty_url, emptied=True)
+    assert _counts(empty_url) == {}
+
+    done = migrate.upgrade(empty_url)
+
+    assert (done.before, done.after) == (BEFORE, migrate.head())
+    assert _counts(empty_url) == {("a", "p"): 3, ("a", "a-4"): 1, ("b", "p"): 1, ("a", "done"): 0}
+
+
+def test_a_counts_table_with_rows_at_0009_is_refused(empty_url: str) -> None:
+    migrate.upgrade(empty_url, BEFORE)
+    _write_children(empty_url)
+    _as_a_stopped_upgrade_leaves_it(empty_url, emptied=False)
+
+    with pytest.raises(RuntimeError, match="already exists with rows"):
+        migrate.upgrade(empty_url)
+
+    assert migrate.current(empty_url) == BEFORE
+    assert _counts(empty_url) == {("a", "p"): 3, ("a", "a-4"): 1, ("b", "p"): 1, ("a", "done"): 0}
+
+
+def test_a_fill_held_up_by_a_workers_row_lock_stops_and_the_next_upgrade_completes_it(
+    empty_url: str,
+) -> None:
+    """The real stop: a worker's transaction holds a child's row locked. Where the fill's
+    read waits for it (MySQL/MariaDB: `INSERT … SELECT` locks what it reads), the upgrade
+    stops at `lock_ms` with the table made and empty; where it does not (PostgreSQL reads a
+    snapshot), it runs through. Either way, once the worker's transaction ends, an upgrade
+    leaves every count right."""
+    require(not embedded_url(empty_url), "row locks a reader could wait on (SQLite has one writer)")
+    migrate.upgrade(empty_url, BEFORE)
+    _write_children(empty_url)
+    with connected(empty_url) as worker:
+        worker.execute(
+            sa.text(
+                "UPDATE agboss_child_executions SET attempt = attempt "
+                "WHERE child_execution_id = 'a-2'"
+            )
+        )
+        try:
+            migrate.upgrade(empty_url, lock_ms=1_000)
+        except StoreTimeoutError as stopped:
+            assert stopped.what == "lock"
+            assert migrate.current(empty_url) == BEFORE
+            assert "agboss_child_parents" in table_names(empty_url)
+            assert _counts(empty_url) == {}
+        worker.rollback()
+    migrate.upgrade(empty_url, lock_ms=1_000)
+    assert migrate.current(empty_url) == migrate.head()
+    assert _counts(empty_url) == {("a", "p"): 3, ("a", "a-4"): 1, ("b", "p"): 1, ("a", "done"): 0}
