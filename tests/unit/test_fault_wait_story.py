@@ -15,15 +15,17 @@ def test_the_story_tells_trees_holds_and_errors_and_leaves_the_rest() -> None:
         {"kind": "ready", "pod_index": 0},
         {
             "kind": "tree-run",
+            "pod": "pod-2",
             "pod_index": 1,
             "tree": "tree-1-0",
             "epoch": 2,
             "taken_over_from": "pod-0",
         },
-        {"kind": "effect", "pod_index": 1, "tree": "tree-1-0"},
-        {"kind": "held", "pod_index": 0, "hold": "unsubmitted"},
+        {"kind": "effect", "pod": "pod-2", "pod_index": 1, "tree": "tree-1-0"},
+        {"kind": "held", "pod": "pod-1", "pod_index": 0, "hold": "unsubmitted"},
         {
             "kind": "op-error",
+            "pod": "pod-1",
             "pod_index": 0,
             "op": "leases.renew",
             "error": "StoreTimeoutError",
@@ -32,8 +34,8 @@ def test_the_story_tells_trees_holds_and_errors_and_leaves_the_rest() -> None:
     ]
     told = story(events)
     assert told.startswith("what the pods reported last (3): ")
-    assert "pod-1 tree-run tree=tree-1-0 epoch=2 taken_over_from=pod-0" in told
-    assert "pod-0 held hold=unsubmitted" in told
+    assert "pod-2 tree-run tree=tree-1-0 epoch=2 taken_over_from=pod-0" in told
+    assert "pod-1 held hold=unsubmitted" in told
     assert f"message={'x' * 120} " not in told and f"message={'x' * 120}" in told
     assert "ready" not in told and "effect" not in told
     assert told.index("tree-run") < told.index("held") < told.index("op-error")
@@ -54,4 +56,4 @@ def test_a_failed_wait_says_what_happened(tmp_path: Path) -> None:
     with pytest.raises(WaitTimeout) as failed:
         cluster.wait_for(lambda e: e.get("kind") == "held", 0.0, "a pod to reach hold work")
     assert "waited 0 s for a pod to reach hold work: it did not happen; " in str(failed.value)
-    assert "pod-2 tree-run tree=tree-2-0 epoch=1" in str(failed.value)
+    assert "pod index 2 tree-run tree=tree-2-0 epoch=1" in str(failed.value)

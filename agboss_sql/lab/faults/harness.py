@@ -73,7 +73,15 @@ def story(events: Sequence[Event]) -> str:
         fields = (
             f"{name}={str(event[name])[:120]}" for name in _TOLD[event["kind"]] if name in event
         )
-        parts.append(" ".join((f"pod-{event.get('pod_index', '?')}", event["kind"], *fields)))
+        parts.append(
+            " ".join(
+                (
+                    str(event.get("pod") or f"pod index {event.get('pod_index', '?')}"),
+                    event["kind"],
+                    *fields,
+                )
+            )
+        )
     return f"what the pods reported last ({len(told)}): " + " | ".join(parts)
 
 
