@@ -5,7 +5,9 @@ The database URL comes from `-x url=...`, else the config's `sqlalchemy.url`
 else `sqlite:///.agboss/agboss.sqlite`. A connection handed over in
 `config.attributes["connection"]` (Alembic's "Sharing a Connection" recipe,
 used by `agboss_sql.sql.migrate`) is used as it is, inside the caller's
-migration lock; otherwise the environment connects and takes the lock itself.
+migration lock; otherwise the environment connects and takes the lock itself, its
+statements waiting up to `-x lock_ms=N` (default `migrate.LOCK_MS`) for another session's
+locks.
 """
 
 from __future__ import annotations
@@ -52,8 +54,24 @@ def _run_online() -> None:
     if shared is not None:
         _run_on(shared)
         return
-    with migrate.connect(_url()) as connection, migrate.migration_lock(connection):
+    with (
+        migrate.connect(_url()) as connection,
+        migrate.migration_lock(connection, lock_ms=_lock_ms()),
+    ):
         _run_on(connection)
+
+
+def _lock_ms() -> int:
+    """`-x lock_ms=N`: how long a statement waits for a lock another session holds
+    (`migrate.LOCK_MS` by default)."""
+    given = context.get_x_argument(as_dictionary=True).get("lock_ms")
+    if given is None:
+        return migrate.LOCK_MS
+    if not given.isdigit() or int(given) < 1:
+        raise ValueError(
+            f"-x lock_ms must be a whole number of milliseconds, at least 1: {given!r}"
+        )
+    return int(given)
 
 
 if context.is_offline_mode():

@@ -11,8 +11,11 @@ upgrade runs through.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +31,8 @@ pytestmark = pytest.mark.database
 BEFORE = "0008_lz4_values"
 ALTERED = "agboss_checkpoint_blobs"
 """The table the next revision (0009_appended_values) alters on every database."""
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 RELEASE_S = 60
 """When the holder's transaction ends on its own: were the bound not applied, the upgrade
@@ -135,3 +140,33 @@ def test_the_command_takes_the_bound_and_says_why_it_stopped(
     assert "waited 1000 ms (lock_ms) for a lock another session holds" in err
     assert f"the database is at revision {BEFORE}" in err
     assert migrate.current(at_before) == BEFORE
+
+
+def _alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`alembic` in the checkout (`alembic.ini`), on `url`."""
+    ini = str(REPOSITORY / "alembic.ini")
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", ini, "-x", f"url={url}", *args],
+        capture_output=True,
+        text=True,
+        timeout=RELEASE_S * 2,
+        check=False,
+    )
+
+
+def test_alembic_in_a_checkout_takes_the_bound_as_an_x_argument(
+    at_before: str, reader: sa.Connection
+) -> None:
+    refused = _alembic(at_before, "-x", "lock_ms=soon", "upgrade", "head")
+    assert refused.returncode != 0
+    assert "-x lock_ms must be a whole number of milliseconds" in refused.stderr
+    assert migrate.current(at_before) == BEFORE
+
+    done = _alembic(at_before, "-x", "lock_ms=1000", "upgrade", "head")
+    if embedded_url(at_before):
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode != 0, "the upgrade waited out the holder"
+    assert "lock" in done.stderr.lower(), done.stderr
+    assert migrate.current(at_before) == BEFORE
+    assert reader.in_transaction(), "the holder's transaction ended before the bound"
