@@ -374,9 +374,10 @@ def upgrade_on(
     seconds on MySQL, at least one) for a lock another session holds, such as an
     application's transaction still open on a table the revision alters, stops it with
     `StoreTimeoutError(what="lock")`: the statement applied nothing; on PostgreSQL and
-    SQLite nothing of the upgrade was (one transaction), on MySQL/MariaDB the revisions
-    before it stay (DDL commits as it runs). The error names the revision the database is
-    at; running the upgrade again continues from there."""
+    SQLite nothing of the upgrade was (one transaction); on MySQL/MariaDB, where DDL commits
+    as it runs, the revisions before it stay, and so do the statements of its own revision
+    that ran before it. The error names the revision the database is at; running the upgrade
+    again continues from there and completes that revision."""
     return _migrate_on(connection, revision, upgrading=True, lock_ms=lock_ms)
 
 
