@@ -69,6 +69,15 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str:
             f"nothing answers at {where} ({why}): start the database server, "
             "or correct the host and port in the URL"
         )
+    if "connection timeout expired" in lowered or isinstance(_innermost(chain), TimeoutError):
+        from agboss_sql._timeouts import Timeouts
+
+        return (
+            f"{where} did not answer the connection within {Timeouts().connect_ms / 1000:g} s "
+            "(Timeouts.connect_ms): a server that "
+            "accepts it and never greets is frozen or overloaded; check it, or the host and "
+            "port in the URL"
+        )
     database = _database_of(url)
     if f'database "{database}" does not exist' in lowered or "unknown database" in lowered:
         return (

@@ -33,7 +33,6 @@ from sqlalchemy.engine import URL
 
 from agboss_sql._dialects import dialect_for
 from agboss_sql._dialects._mysql_failover import nodes_of
-from agboss_sql._dialects._pg_hosts import several_hosts
 from agboss_sql._dialects.mysql_collation import Collation, collation_of
 from agboss_sql.contracts.errors import (
     SchemaNotReadyError,
@@ -517,11 +516,15 @@ def connect(url: str | URL | None = None) -> Iterator[sa.Connection]:
 
 
 def _failing_over(engine: sa.Engine, url: URL) -> sa.Engine:
-    """`engine` (of `sync_url(url)`), its connections failed over when `url` names several
-    servers, within the default `Timeouts.connect_ms` (a migration has no `Timeouts`)."""
+    """`engine` (of `sync_url(url)`), each new connection bounded by the default
+    `Timeouts.connect_ms` (a migration has no `Timeouts`), its server's greeting included (a
+    frozen server accepts TCP and never greets): libpq's `connect_timeout` unless the URL
+    sets one, PyMySQL's reads during the set-up; and failed over when `url` names several
+    servers. A migration's statements then run unbounded (an index build takes as long as it
+    needs); their lock waits are `lock_ms`'s."""
     connect_ms = Timeouts().connect_ms
     name = dialect_for(url.get_backend_name()).NAME
-    if name == "postgresql" and several_hosts(url) and "connect_timeout" not in url.query:
+    if name == "postgresql" and "connect_timeout" not in url.query:
         from agboss_sql._dialects.postgresql import session_options
 
         timeout = session_options(Timeouts(connect_ms=connect_ms))["connect_timeout"]
@@ -530,8 +533,10 @@ def _failing_over(engine: sa.Engine, url: URL) -> sa.Engine:
         def _bounded(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["connect_timeout"] = timeout  # libpq's, per host
 
-    elif name == "mysql" and len(nodes := nodes_of(url)) > 1:
+    elif name == "mysql":
         from agboss_sql._dialects._mysql_sync import connect_params
+
+        nodes = nodes_of(url)
 
         @sa.event.listens_for(engine, "do_connect")
         def _first_serving(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from migration_support import connected, table_names
 from sqlalchemy.engine import make_url
 from support.capabilities import embedded_url
-from support.ports import closed_port
+from support.ports import closed_port, silent_listener
 
 from agboss_sql.cli import FAILED, INTERRUPTED, MISUSED, main, shown
 from agboss_sql.sql import migrate
@@ -75,6 +75,33 @@ def test_nothing_listening_is_one_line(
     assert one_line(err, command) == (
         f"nothing answers at 127.0.0.1:{port} (connection refused): start the database "
         "server, or correct the host and port in the URL"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "scheme"), [("upgrade", "postgresql://postgres@"), ("current", "mysql://root@")]
+)
+def test_a_server_that_never_greets_ends_the_wait_at_the_connect_bound(
+    command: str, scheme: str
+) -> None:
+    """A frozen server accepts the connection and never greets: the migration commands'
+    wait ends at the default `Timeouts.connect_ms` (5 s; libpq counts whole seconds), one
+    line saying so. Unbounded, the command would wait for ever: it runs in a process of its
+    own, given a minute (room for a loaded machine) before the test fails."""
+    with silent_listener() as port:
+        done = subprocess.run(
+            [str(SCRIPTS / "agboss-sql"), command, "--url", f"{scheme}127.0.0.1:{port}/frozen"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert done.returncode == FAILED
+    assert one_line(done.stderr, command) == (
+        f"127.0.0.1:{port} did not answer the connection within 5 s (Timeouts.connect_ms): a "
+        "server that accepts it and never greets is frozen or overloaded; check it, or the "
+        "host and port in the URL"
     )
 
 
