@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 
+from agboss_sql._dialects.base import migration_lock_timeout
+
 MIGRATION_LOCK_TABLE = "agboss_migration_lock"
 """The table of the migration lock row on a Galera cluster (outside the project's metadata:
 it must exist before the first migration, and migrations never touch it)."""
@@ -58,11 +60,7 @@ def galera_lock(
             if not conflict(exc):
                 raise
         if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"the migration lock row ({MIGRATION_LOCK_TABLE}) was not free within "
-                f"{timeout_s} s: another agboss-sql migration is still "
-                "running; retry when it has finished"
-            )
+            raise migration_lock_timeout(timeout_s, f"a row of {MIGRATION_LOCK_TABLE}")
         time.sleep(MIGRATION_LOCK_POLL_S)
     try:
         yield

@@ -288,3 +288,17 @@ class ServerDialect(Dialect, ServerDriver, Protocol):
 
 class InlineDialect(Dialect, InlineDriver, Protocol):
     """An embedded database: its statements and its inline driver."""
+
+
+def migration_lock_timeout(timeout_s: int, lock: str) -> BaseException:
+    """The error of a migration that waited `timeout_s` for the database's migration lock
+    (`lock` names it), held by another migration: nothing of it ran."""
+    from agboss_sql.contracts.errors import StoreTimeoutError
+
+    return StoreTimeoutError(
+        "lock",
+        timeout_s * 1000,
+        f"the database's migration lock ({lock}) was not free within {timeout_s} s: another "
+        "agboss-sql migration is still running; nothing of this one ran: retry when it has "
+        "finished",
+    )

@@ -37,7 +37,13 @@ from agboss_sql._dialects._mysql_failover import nodes_of as nodes_of
 from agboss_sql._dialects._mysql_failover import without_failover as without_failover
 from agboss_sql._dialects._mysql_galera_lock import MIGRATION_LOCK_TABLE as MIGRATION_LOCK_TABLE
 from agboss_sql._dialects._mysql_galera_lock import galera_lock
-from agboss_sql._dialects.base import Capabilities, Suffixed, wrapped_driver_error
+from agboss_sql._dialects._mysql_lock_waits import bounded_lock_waits
+from agboss_sql._dialects.base import (
+    Capabilities,
+    Suffixed,
+    migration_lock_timeout,
+    wrapped_driver_error,
+)
 from agboss_sql._timeouts import Timeouts
 from agboss_sql.contracts.errors import ServerSettingError
 from agboss_sql.contracts.limits import MIN_MAX_ALLOWED_PACKET
@@ -519,7 +525,7 @@ def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
     if _galera_session(connection):
         with (
             galera_lock(connection, MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S, _conflict),
-            _body_lock_bound(connection, lock_ms),
+            bounded_lock_waits(connection, lock_ms),
             connection.begin(),
         ):
             yield
@@ -529,48 +535,15 @@ def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
             sa.select(sa.func.get_lock(MIGRATION_LOCK_NAME, MIGRATION_LOCK_TIMEOUT_S))
         ).scalar()
     if got != 1:
-        raise TimeoutError(
-            f"GET_LOCK('{MIGRATION_LOCK_NAME}') not granted within {MIGRATION_LOCK_TIMEOUT_S} s: "
-            "another agboss-sql migration is still running; retry when it has finished"
-        )
+        raise migration_lock_timeout(MIGRATION_LOCK_TIMEOUT_S, f"GET_LOCK('{MIGRATION_LOCK_NAME}')")
     try:
-        with _body_lock_bound(connection, lock_ms), connection.begin():
+        with bounded_lock_waits(connection, lock_ms), connection.begin():
             yield
     finally:
         # A lost connection has lost its session, and the lock with it.
         if not connection.invalidated:
             with connection.begin():
                 connection.execute(sa.select(sa.func.release_lock(MIGRATION_LOCK_NAME)))
-
-
-_LOCK_WAITS = ("lock_wait_timeout", "innodb_lock_wait_timeout")
-"""The session's bounds on a statement's lock waits: metadata locks (DDL), row locks."""
-
-
-@contextlib.contextmanager
-def _body_lock_bound(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
-    """The session's lock waits bounded by `lock_ms` (whole seconds, at least one) while in
-    the body, then given back their values before it (unless the connection was lost)."""
-    seconds = max(1, -(-int(lock_ms) // 1000))
-    with connection.begin():
-        before = connection.exec_driver_sql(
-            "SELECT " + ", ".join(f"@@SESSION.{name}" for name in _LOCK_WAITS)
-        ).one()
-        connection.exec_driver_sql(
-            "SET " + ", ".join(f"SESSION {name} = {seconds}" for name in _LOCK_WAITS)
-        )
-    try:
-        yield
-    finally:
-        if not connection.invalidated:
-            with contextlib.suppress(Exception), connection.begin():
-                connection.exec_driver_sql(
-                    "SET "
-                    + ", ".join(
-                        f"SESSION {name} = {int(value)}"
-                        for name, value in zip(_LOCK_WAITS, before, strict=True)
-                    )
-                )
 
 
 def _conflict(exc: BaseException) -> bool:

@@ -16,7 +16,7 @@ from sqlalchemy.sql.expression import ColumnElement
 from agboss_sql._dialects import _pg_pooling
 from agboss_sql._dialects._pg_hosts import libpq_hosts
 from agboss_sql._dialects._pg_prepare import prepare
-from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
+from agboss_sql._dialects.base import Capabilities, migration_lock_timeout, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
 
@@ -474,14 +474,14 @@ def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
     if _pg_pooling.pooling_of(connection.engine.url) is not None:
         with connection.begin():
             connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
-            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+            _take_migration_lock(connection, sa.func.pg_advisory_xact_lock)
             connection.exec_driver_sql(body_bound)
             yield
         return
     with connection.begin():
         # SET LOCAL: this bound applies to waiting for the migration lock only.
         connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
-        connection.execute(sa.select(sa.func.pg_advisory_lock(MIGRATION_LOCK_KEY)))
+        _take_migration_lock(connection, sa.func.pg_advisory_lock)
     try:
         with connection.begin():
             connection.exec_driver_sql(body_bound)
@@ -491,6 +491,16 @@ def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
         if not connection.invalidated:
             with connection.begin():
                 connection.execute(sa.select(sa.func.pg_advisory_unlock(MIGRATION_LOCK_KEY)))
+
+
+def _take_migration_lock(connection: sa.Connection, taking: Any) -> None:
+    """`taking(MIGRATION_LOCK_KEY)` within the `lock_timeout` set; its timeout typed."""
+    try:
+        connection.execute(sa.select(taking(MIGRATION_LOCK_KEY)))
+    except sa.exc.DBAPIError as exc:
+        if is_lock_timeout(exc):
+            raise migration_lock_timeout(MIGRATION_LOCK_TIMEOUT_S, "an advisory lock") from exc
+        raise
 
 
 # --- checkpoints: folded writes, duplicate handling, metadata filters -------------------

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import sqlite as sq
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
-from agboss_sql._dialects.base import Capabilities, wrapped_driver_error
+from agboss_sql._dialects.base import Capabilities, migration_lock_timeout, wrapped_driver_error
 from agboss_sql._dialects.on_conflict import OnConflict
 from agboss_sql._timeouts import Timeouts
 
@@ -227,8 +227,10 @@ def lock_database(connection: sa.Connection, lock_ms: int) -> Iterator[None]:
         connection.exec_driver_sql(f"PRAGMA busy_timeout = {MIGRATION_LOCK_TIMEOUT_S * 1000}")
         try:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
-        except BaseException:
+        except BaseException as exc:
             connection.exec_driver_sql(f"PRAGMA busy_timeout = {previous}")
+            if isinstance(exc, sa.exc.DBAPIError) and is_busy(exc):
+                raise migration_lock_timeout(MIGRATION_LOCK_TIMEOUT_S, "the write lock") from exc
             raise
         connection.exec_driver_sql(f"PRAGMA busy_timeout = {int(lock_ms)}")
         try:

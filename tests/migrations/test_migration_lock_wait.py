@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from migration_support import connected
+from sqlalchemy.engine import make_url
 from support.capabilities import embedded_url
 
+from agboss_sql._dialects import dialect_for
 from agboss_sql.cli import FAILED, MISUSED, main
 from agboss_sql.contracts.errors import StoreTimeoutError
 from agboss_sql.sql import migrate
@@ -170,3 +172,20 @@ def test_alembic_in_a_checkout_takes_the_bound_as_an_x_argument(
     assert "lock" in done.stderr.lower(), done.stderr
     assert migrate.current(at_before) == BEFORE
     assert reader.in_transaction(), "the holder's transaction ended before the bound"
+
+
+def test_the_migration_locks_wait_ends_in_a_typed_error(
+    at_before: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another migration holds the migration lock past `MIGRATION_LOCK_TIMEOUT_S` (1 s
+    here): the upgrade ends in `StoreTimeoutError(what="lock")` saying so, nothing ran."""
+    monkeypatch.setattr(
+        dialect_for(make_url(at_before).get_backend_name()), "MIGRATION_LOCK_TIMEOUT_S", 1
+    )
+    with connected(at_before) as holder, migrate.migration_lock(holder):
+        with pytest.raises(StoreTimeoutError) as waited:
+            migrate.upgrade(at_before)
+    assert waited.value.what == "lock"
+    assert waited.value.bound_ms == 1_000
+    assert "another agboss-sql migration is still running" in str(waited.value)
+    assert migrate.current(at_before) == BEFORE
