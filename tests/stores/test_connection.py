@@ -878,7 +878,11 @@ async def test_conflicts_that_persist_past_retry_ms_end_in_a_typed_retry_timeout
     `retry_ms`, then fails typed (`what="retry"`), never as the raw driver error."""
     require(row_locks(db), "transient conflicts (SQLite has none)")
     conflict = deadlock_error(db)
-    connection = SqlConnection(sql_url, timeouts=Timeouts(retry_ms=200))
+    # 1 s: room for a second attempt on a loaded machine (with 200 ms, a first attempt
+    # that took that long was the only one). The pool's connection is opened first, so no
+    # attempt waits for a new one.
+    connection = SqlConnection(sql_url, timeouts=Timeouts(retry_ms=1_000))
+    await connection.execute("SELECT 1")
     attempts = 0
 
     def step() -> Step[None]:
