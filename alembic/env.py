@@ -67,11 +67,9 @@ def _lock_ms() -> int:
     given = context.get_x_argument(as_dictionary=True).get("lock_ms")
     if given is None:
         return migrate.LOCK_MS
-    if not given.isdigit() or int(given) < 1:
-        raise ValueError(
-            f"-x lock_ms must be a whole number of milliseconds, at least 1: {given!r}"
-        )
-    return int(given)
+    if not given.isdigit():
+        raise ValueError(f"-x lock_ms must be a whole number of milliseconds: {given!r}")
+    return int(given)  # its range is `migration_lock`'s to check
 
 
 if context.is_offline_mode():

@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.expression import ColumnElement
 
 from agboss_sql._timeouts import Timeouts
+from agboss_sql.contracts.errors import StoreTimeoutError
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +291,9 @@ class InlineDialect(Dialect, InlineDriver, Protocol):
     """An embedded database: its statements and its inline driver."""
 
 
-def migration_lock_timeout(timeout_s: int, lock: str) -> BaseException:
+def migration_lock_timeout(timeout_s: int, lock: str) -> StoreTimeoutError:
     """The error of a migration that waited `timeout_s` for the database's migration lock
     (`lock` names it), held by another migration: nothing of it ran."""
-    from agboss_sql.contracts.errors import StoreTimeoutError
-
     return StoreTimeoutError(
         "lock",
         timeout_s * 1000,

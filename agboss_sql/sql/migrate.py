@@ -388,8 +388,6 @@ def _migrate_on(
             "the connection is in a transaction: migrations take the database's migration "
             "lock before their own transaction; commit or roll back first"
         )
-    if isinstance(lock_ms, bool) or not isinstance(lock_ms, int) or lock_ms < 1:
-        raise ValueError(f"lock_ms must be a whole number of milliseconds, at least 1: {lock_ms!r}")
     before: str | None = None
     in_body = False
     try:
@@ -488,7 +486,10 @@ def migration_lock(connection: sa.Connection, *, lock_ms: int = LOCK_MS) -> Iter
     """Run the body in one transaction on `connection` (no transaction begun) while
     holding the database's migration lock (see the module docstring), from before its
     first statement until after its commit; its statements wait up to `lock_ms` for each
-    lock another session holds."""
+    lock another session holds (`ValueError` before any lock unless a whole number of
+    milliseconds, at least 1)."""
+    if isinstance(lock_ms, bool) or not isinstance(lock_ms, int) or lock_ms < 1:
+        raise ValueError(f"lock_ms must be a whole number of milliseconds, at least 1: {lock_ms!r}")
     with dialect_for(connection.dialect.name).lock_database(connection, lock_ms):
         yield
 
