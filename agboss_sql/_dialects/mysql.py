@@ -37,6 +37,7 @@ from agboss_sql._dialects._mysql_failover import nodes_of as nodes_of
 from agboss_sql._dialects._mysql_failover import without_failover as without_failover
 from agboss_sql._dialects._mysql_galera_lock import MIGRATION_LOCK_TABLE as MIGRATION_LOCK_TABLE
 from agboss_sql._dialects._mysql_galera_lock import galera_lock
+from agboss_sql._dialects._mysql_literals import rendered
 from agboss_sql._dialects._mysql_lock_waits import bounded_lock_waits
 from agboss_sql._dialects.base import (
     Capabilities,
@@ -382,7 +383,7 @@ async def execute(
     format the text, which turns a compiled `%%` back into `%`."""
     cursor = await raw.cursor(_cursor_class())
     try:
-        count = await cursor.execute(sql, params)
+        count = await cursor.execute(sql if params is None else rendered(raw, sql, params))
         rows = list(await cursor.fetchall()) if cursor.description is not None else None
         # A script (several statements in one text) answers a result per statement: the
         # rows are those of the last one that returns rows, the count the first one's.

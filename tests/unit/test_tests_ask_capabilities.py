@@ -36,6 +36,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         'if url.get_backend_name() not in ("mysql", "mariadb"):',
     ): "a URL's failover alternates are read by the MySQL/MariaDB dialect alone",
     (
+        "stores/test_mysql_literals.py",
+        'if url.get_backend_name() not in ("mysql", "mariadb"):',
+    ): "only the MySQL/MariaDB drivers send parameters written into the statement's text",
+    (
         "stores/test_sync_failover.py",
         'if server.get_backend_name() == "postgresql":',
     ): "a URL names its servers each database's way (libpq's ?host= list, MySQL's failover)",

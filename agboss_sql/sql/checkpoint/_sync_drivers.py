@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import URL
 
+from agboss_sql._dialects import _mysql_literals as mysql_literals
 from agboss_sql._dialects import _mysql_sync as mysql_sync
 from agboss_sql._dialects import _pg_pooling as pg_pooling
 from agboss_sql._dialects import inline_dialect
@@ -353,7 +354,9 @@ class MysqlDriver:
     def execute(self, raw: Any, sql: str, params: Mapping[str, Any] | None) -> Rows:
         cursor = raw.cursor()
         try:
-            count = cursor.execute(sql, params)
+            count = cursor.execute(
+                sql if params is None else mysql_literals.rendered(raw, sql, params)
+            )
             rows = list(cursor.fetchall()) if cursor.description is not None else None
             # A script answers a result per statement: the rows of the last that returns
             # rows, the count of the first.
