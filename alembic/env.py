@@ -7,7 +7,8 @@ else `sqlite:///.agboss/agboss.sqlite`. A connection handed over in
 used by `agboss_sql.sql.migrate`) is used as it is, inside the caller's
 migration lock; otherwise the environment connects and takes the lock itself, its
 statements waiting up to `-x lock_ms=N` (default `migrate.LOCK_MS`) for another session's
-locks.
+locks: past that the command ends in `StoreTimeoutError`, naming the revision the database
+is left at, as `agboss-sql upgrade` does.
 """
 
 from __future__ import annotations
@@ -54,11 +55,24 @@ def _run_online() -> None:
     if shared is not None:
         _run_on(shared)
         return
+    lock_ms = _lock_ms()
     with (
         migrate.connect(_url()) as connection,
-        migrate.migration_lock(connection, lock_ms=_lock_ms()),
+        migrate.migrating(connection, _target(), direction=_command(), lock_ms=lock_ms),
     ):
         _run_on(connection)
+
+
+def _target() -> str:
+    """The revision the command migrates to, as given (`head`, `-1`, an id)."""
+    given = context.get_revision_argument()
+    return str(given) if given else "head"
+
+
+def _command() -> str:
+    """The alembic command running (`upgrade`, `downgrade`, `stamp`, ...), for the errors."""
+    cmd = getattr(config.cmd_opts, "cmd", None)
+    return cmd[0].__name__ if cmd else "migration"
 
 
 def _lock_ms() -> int:

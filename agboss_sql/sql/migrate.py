@@ -388,16 +388,31 @@ def _migrate_on(
             "the connection is in a transaction: migrations take the database's migration "
             "lock before their own transaction; commit or roll back first"
         )
+    direction = "upgrade" if upgrading else "downgrade"
+    with migrating(connection, revision, direction=direction, lock_ms=lock_ms) as before:
+        return _migrate_locked(connection, revision, before, upgrading=upgrading)
+
+
+@contextmanager
+def migrating(
+    connection: sa.Connection, revision: str, *, direction: str, lock_ms: int = LOCK_MS
+) -> Iterator[str | None]:
+    """`migration_lock` for a migration to `revision` (`direction`: "upgrade",
+    "downgrade"), giving the revision the database is at under the lock. A statement of the
+    body that waits `lock_ms` for a lock another session holds ends the migration in
+    `StoreTimeoutError(what="lock")`, naming the revision the database is left at, read
+    anew once the lock is released (the library's migrations and alembic's environment
+    both run under it)."""
     before: str | None = None
     in_body = False
     try:
         with migration_lock(connection, lock_ms=lock_ms):
             in_body = True
             before = _current_on(connection)
-            return _migrate_locked(connection, revision, before, upgrading=upgrading)
+            yield before
     except Exception as exc:
         if in_body and dialect_for(connection.dialect.name).is_lock_timeout(exc):
-            raise _lock_wait_passed(connection, revision, before, lock_ms, upgrading) from exc
+            raise _lock_wait_passed(connection, revision, before, lock_ms, direction) from exc
         raise
 
 
@@ -427,7 +442,7 @@ def _migrate_locked(
 
 
 def _lock_wait_passed(
-    connection: sa.Connection, revision: str, before: str | None, lock_ms: int, upgrading: bool
+    connection: sa.Connection, revision: str, before: str | None, lock_ms: int, direction: str
 ) -> StoreTimeoutError:
     """The error of a migration one of whose statements waited `lock_ms` for a lock, naming
     the revision the database is left at (read anew: where DDL commits as it runs, MySQL's,
@@ -448,14 +463,14 @@ def _lock_wait_passed(
             )
     except Exception:
         at = "its revision could not be read back"
-    direction = "upgrade" if upgrading else "downgrade"
     return StoreTimeoutError(
         "lock",
         lock_ms,
         f"the {direction} to {revision} stopped: one of its statements waited {lock_ms} ms "
         "(lock_ms) for a lock another session holds on a table it changes, such as an open "
         f"transaction that read or wrote it, and applied nothing; {at}. Run it again when that "
-        "transaction has ended, or give it a longer lock_ms (agboss-sql upgrade --lock-ms)",
+        "transaction has ended, or give it a longer lock_ms (agboss-sql upgrade --lock-ms MS, "
+        "alembic -x lock_ms=MS)",
     )
 
 
