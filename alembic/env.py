@@ -64,8 +64,12 @@ def _run_online() -> None:
 
 
 def _target() -> str:
-    """The revision the command migrates to, as given (`head`, `-1`, an id)."""
-    given = context.get_revision_argument()
+    """The revision the command migrates to (`head` resolved to its id); `head` for a
+    command that names none (`check`, `current`)."""
+    try:
+        given = context.get_revision_argument()
+    except KeyError:
+        given = None
     return str(given) if given else "head"
 
 
