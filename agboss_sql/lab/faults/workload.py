@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agboss_sql.contracts.errors import (
-    DuplicateChildError,
     DuplicateExecutionError,
     DuplicatePauseError,
     ExecutionFencedError,
@@ -370,18 +369,23 @@ class Workload:
         self, tree: str, step: str, keeper: LeaseKeeper, lease: ExecutionLease
     ) -> None:
         config, queue = self.config, self.stores.queue
-        for index in range(config.children):
-            with contextlib.suppress(DuplicateChildError):
-                await queue.enqueue(
-                    QueuedChild(
-                        tenant_id=config.tenant_id,
-                        root_execution_id=tree,
-                        parent_execution_id=tree,
-                        child_execution_id=f"{tree}.c{index}",
-                        depth=1,
-                        payload={"index": index},
-                    )
+        # All of them in one step, as the runtime queues a run's children: queued one by
+        # one, the first could finish before the next was queued, see none left, and wake
+        # the tree while its sibling was still to run. Ids queued already (a take-over
+        # running this step again) are skipped.
+        await queue.enqueue_many(
+            [
+                QueuedChild(
+                    tenant_id=config.tenant_id,
+                    root_execution_id=tree,
+                    parent_execution_id=tree,
+                    child_execution_id=f"{tree}.c{index}",
+                    depth=1,
+                    payload={"index": index},
                 )
+                for index in range(config.children)
+            ]
+        )
         while True:
             keeper.guard()
             woken = await self.stores.tree.get(config.tenant_id, tree, WOKEN_KEY)
