@@ -50,8 +50,11 @@ def _escaped_bytes(value: bytes) -> str:
 
 
 _BYTE_ESCAPES: tuple[tuple[bytes, bytes], ...] = tuple(
-    (char.encode("ascii"), _ESCAPES[ord(char)].encode("ascii"))
-    for char in ("\\", "\0", "\n", "\r", "\032", '"', "'")
+    (bytes([code]), _ESCAPES[code].encode("ascii"))
+    for code in sorted(
+        (code for code in range(128) if _ESCAPES[code] != chr(code)),
+        key=lambda code: code != ord("\\"),  # the backslash first
+    )
 )
 
 
